@@ -1,0 +1,160 @@
+"""Scaled dot-product and multi-head attention (section 3.2), masks, key/value cache.
+
+Shape vocabulary (used across the package):
+  B batch, L query length, S key/value length, H heads, K head dim (d_k = d_v),
+  D model dim (d_model), F feed-forward dim (d_ff), V vocabulary.
+
+Masks are boolean, `True` where attention is allowed, shaped [B, 1, L, S] so they
+broadcast over heads.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+if TYPE_CHECKING:
+  from transformer.model import ModelConfig
+
+# A large negative number instead of -inf: a fully masked row (a padding query)
+# then softmaxes to a uniform distribution instead of NaN.
+_MASK_VALUE = -1e10
+
+
+def segment_mask(q_segments_BL: jax.Array, kv_segments_BS: jax.Array) -> jax.Array:
+  """Allows attention within a segment; segment 0 is padding and is never attended.
+
+  With one sequence per row the segment ids are `tokens != 0`, and this is the
+  paper's padding mask; with packed rows it also keeps packed examples apart.
+  """
+  same = q_segments_BL[:, :, None] == kv_segments_BS[:, None, :]
+  return (same & (kv_segments_BS[:, None, :] != 0))[:, None, :, :]
+
+
+def causal_mask(length: int) -> jax.Array:
+  """[1, 1, L, L] mask letting position i attend to positions <= i (section 3.2.3)."""
+  return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
+
+
+def dot_product_attention(
+  query_BLHK: jax.Array,
+  key_BSHK: jax.Array,
+  value_BSHK: jax.Array,
+  mask_B1LS: jax.Array | None,
+  *,
+  dropout_rng: jax.Array | None = None,
+  dropout_rate: float = 0.0,
+) -> tuple[jax.Array, jax.Array]:
+  """Eq. 1: softmax(Q K^T / sqrt(d_k)) V, per head; the softmax runs in float32.
+
+  Returns the attended values [B, L, H, K] and the weights [B, H, L, S].
+  """
+  depth = query_BLHK.shape[-1]
+  query_BLHK = query_BLHK / jnp.sqrt(depth).astype(query_BLHK.dtype)
+  logits_BHLS = jnp.einsum('blhk,bshk->bhls', query_BLHK, key_BSHK).astype(jnp.float32)
+  if mask_B1LS is not None:
+    logits_BHLS = jnp.where(mask_B1LS, logits_BHLS, _MASK_VALUE)
+  weights_BHLS = jax.nn.softmax(logits_BHLS, axis=-1)
+  if dropout_rng is not None and dropout_rate > 0.0:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights_BHLS.shape)
+    weights_BHLS = jnp.where(keep, weights_BHLS / (1.0 - dropout_rate), 0.0)
+  out_BLHK = jnp.einsum('bhls,bshk->blhk', weights_BHLS.astype(value_BSHK.dtype), value_BSHK)
+  return out_BLHK, weights_BHLS
+
+
+def _dense(
+  config: ModelConfig, features: tuple[int, ...], axis: int | tuple[int, ...], names, name: str
+):
+  """A DenseGeneral whose kernel and bias carry logical axis names."""
+  # DenseGeneral initialises the kernel flattened to [fan_in, fan_out]: Glorot uniform.
+  kernel_init = nn.initializers.xavier_uniform()
+  return nn.DenseGeneral(
+    features=features,
+    axis=axis,
+    dtype=config.dtype,
+    kernel_init=nn.with_logical_partitioning(kernel_init, names),
+    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[-len(features):]),
+    name=name,
+  )
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention (section 3.2.2): h parallel heads of eq. 1, then W^O.
+
+  Self-attention when `inputs_kv` is `inputs_q`; encoder-decoder (cross)
+  attention when `inputs_kv` is the encoder output. With `decode`, a
+  self-attention layer keeps a key/value cache of `config.max_decode_len`
+  positions and a cross-attention layer projects the encoder output into keys
+  and values once, when the cache is created, and reuses them at every step.
+  """
+
+  config: ModelConfig
+  is_cross_attention: bool = False
+  decode: bool = False  # Decoder attention under `config.decode` (the encoder never caches).
+
+  @nn.compact
+  def __call__(
+    self,
+    inputs_q_BLD: jax.Array,
+    inputs_kv_BSD: jax.Array,
+    mask_B1LS: jax.Array | None,
+    *,
+    deterministic: bool,
+  ) -> jax.Array:
+    cfg = self.config
+    heads, head_dim = cfg.num_heads, cfg.d_model // cfg.num_heads
+    projection = lambda name: _dense(cfg, (heads, head_dim), -1, ('embed', 'heads', 'kv'), name)
+    query_BLHK = projection('query')(inputs_q_BLD)
+
+    if self.decode and self.is_cross_attention:
+      # Keys and values of the encoder output, projected once per source sentence.
+      key_BSHK = self.variable('cache', 'cross_key', lambda: projection('key')(inputs_kv_BSD))
+      value_BSHK = self.variable(
+        'cache', 'cross_value', lambda: projection('value')(inputs_kv_BSD))
+      key_BSHK, value_BSHK = key_BSHK.value, value_BSHK.value
+    else:
+      key_BSHK = projection('key')(inputs_kv_BSD)
+      value_BSHK = projection('value')(inputs_kv_BSD)
+
+    if self.decode and not self.is_cross_attention:
+      key_BSHK, value_BSHK, mask_B1LS = self._update_cache(key_BSHK, value_BSHK, mask_B1LS)
+
+    dropout_rng = None
+    if not deterministic and cfg.attention_dropout_rate > 0.0:
+      dropout_rng = self.make_rng('dropout')
+    out_BLHK, weights_BHLS = dot_product_attention(
+      query_BLHK, key_BSHK, value_BSHK, mask_B1LS,
+      dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate)
+    # Read by eval.py's attention maps through `mutable=['intermediates']`.
+    self.sow('intermediates', 'attention_weights', weights_BHLS)
+    return _dense(cfg, (cfg.d_model,), (-2, -1), ('heads', 'kv', 'embed'), 'out')(out_BLHK)
+
+  def _update_cache(self, key_B1HK, value_B1HK, mask_B11S):
+    """Writes one step's key/value at the cache index; masks positions not yet written.
+
+    The call that creates the cache (no cache passed in) writes nothing: it only
+    allocates [B, max_decode_len, H, K] buffers and sets the index to 0.
+    """
+    cfg = self.config
+    is_initialized = self.has_variable('cache', 'cached_key')
+    batch, _, heads, head_dim = key_B1HK.shape
+    shape = (batch, cfg.max_decode_len, heads, head_dim)
+    cached_key = self.variable('cache', 'cached_key', jnp.zeros, shape, key_B1HK.dtype)
+    cached_value = self.variable('cache', 'cached_value', jnp.zeros, shape, value_B1HK.dtype)
+    cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
+    if not is_initialized:
+      return key_B1HK, value_B1HK, mask_B11S
+    if key_B1HK.shape[1] != 1:
+      raise ValueError(f'Cached decoding takes one token per step, got {key_B1HK.shape[1]}.')
+    index = cache_index.value
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key_B1HK, (0, index, 0, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(
+      cached_value.value, value_B1HK, (0, index, 0, 0))
+    cache_index.value = index + 1
+    # Causality: step `index` sees cache positions 0..index.
+    written_11S = (jnp.arange(cfg.max_decode_len) <= index)[None, None, None, :]
+    mask = written_11S if mask_B11S is None else (mask_B11S & written_11S)
+    return cached_key.value, cached_value.value, mask

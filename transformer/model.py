@@ -1,0 +1,257 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (section 3, figure 1).
+
+Inputs are token ids with explicit segment ids and positions, so one code path
+serves padded batches (segments = tokens != 0), packed batches (several
+examples per row) and one-token-at-a-time cached decoding. Shapes follow the
+vocabulary in `transformer/attention.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from transformer import attention, layers
+
+NORMS = ('post_ln', 'pre_ln')
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyperparameters of the model, built once from `config.model` (see configs/)."""
+
+  vocab_size: int
+  num_layers: int = 6
+  d_model: int = 512
+  num_heads: int = 8
+  d_ff: int = 2048
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  norm: str = 'post_ln'
+  share_embeddings: bool = True
+  max_len: int = 512
+  dtype: Any = jnp.float32
+  # Variants: `replace(deterministic=True)` for evaluation, `replace(decode=True,
+  # max_decode_len=N)` for cached one-token-per-step decoding.
+  deterministic: bool = False
+  decode: bool = False
+  max_decode_len: int = 0
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
+    """Validates `config.model` (errors name the offending key) and builds the dataclass."""
+    m = config.model
+    errors = []
+    if m.d_model % m.num_heads:
+      errors.append(
+        f'config.model.d_model={m.d_model} is not divisible by '
+        f'config.model.num_heads={m.num_heads}.')
+    if m.norm not in NORMS:
+      errors.append(f'config.model.norm={m.norm!r} is not one of {NORMS}.')
+    if config.dtype not in DTYPES:
+      errors.append(f'config.dtype={config.dtype!r} is not one of {tuple(DTYPES)}.')
+    for key in ('num_layers', 'd_model', 'num_heads', 'd_ff', 'max_len'):
+      if m[key] < 1:
+        errors.append(f'config.model.{key}={m[key]} must be positive.')
+    if config.vocab_size < 8:
+      errors.append(f'config.vocab_size={config.vocab_size} is too small.')
+    for key in ('dropout_rate', 'attention_dropout_rate'):
+      if not 0.0 <= m[key] < 1.0:
+        errors.append(f'config.model.{key}={m[key]} must be in [0, 1).')
+    if errors:
+      raise ValueError('Invalid model config:\n  ' + '\n  '.join(errors))
+    return cls(
+      vocab_size=config.vocab_size,
+      num_layers=m.num_layers,
+      d_model=m.d_model,
+      num_heads=m.num_heads,
+      d_ff=m.d_ff,
+      dropout_rate=m.dropout_rate,
+      attention_dropout_rate=m.attention_dropout_rate,
+      norm=m.norm,
+      share_embeddings=m.share_embeddings,
+      max_len=m.max_len,
+      dtype=DTYPES[config.dtype],
+    )
+
+  def replace(self, **changes) -> ModelConfig:
+    return dataclasses.replace(self, **changes)
+
+
+def _positions_or_default(tokens_BL: jax.Array, positions_BL: jax.Array | None) -> jax.Array:
+  if positions_BL is not None:
+    return positions_BL
+  return jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]), tokens_BL.shape)
+
+
+def _segments_or_default(tokens_BL: jax.Array, segments_BL: jax.Array | None) -> jax.Array:
+  return (tokens_BL != 0).astype(jnp.int32) if segments_BL is None else segments_BL
+
+
+def _constrain(x_BLD: jax.Array) -> jax.Array:
+  return nn.with_logical_constraint(x_BLD, ('batch', 'length', 'embed'))
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention then FFN, each a residual sub-layer (section 3.1)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BLD, self_attention_mask, *, deterministic: bool):
+    cfg = self.config
+    x_BLD = layers.residual(
+      cfg, x_BLD,
+      lambda h: attention.MultiHeadAttention(cfg, name='self_attention')(
+        h, h, self_attention_mask, deterministic=deterministic),
+      norm_name='self_attention_norm', deterministic=deterministic)
+    x_BLD = layers.residual(
+      cfg, x_BLD,
+      lambda h: layers.FeedForward(cfg, name='ffn')(h, deterministic=deterministic),
+      norm_name='ffn_norm', deterministic=deterministic)
+    return _constrain(x_BLD)
+
+
+class DecoderLayer(nn.Module):
+  """Masked self-attention, encoder-decoder attention, FFN (section 3.1)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, y_BLD, encoded_BSD, self_attention_mask, cross_attention_mask, *,
+               deterministic: bool):
+    cfg = self.config
+    y_BLD = layers.residual(
+      cfg, y_BLD,
+      lambda h: attention.MultiHeadAttention(cfg, decode=cfg.decode, name='self_attention')(
+        h, h, self_attention_mask, deterministic=deterministic),
+      norm_name='self_attention_norm', deterministic=deterministic)
+    y_BLD = layers.residual(
+      cfg, y_BLD,
+      lambda h: attention.MultiHeadAttention(
+        cfg, is_cross_attention=True, decode=cfg.decode, name='cross_attention')(
+        h, encoded_BSD, cross_attention_mask, deterministic=deterministic),
+      norm_name='cross_attention_norm', deterministic=deterministic)
+    y_BLD = layers.residual(
+      cfg, y_BLD,
+      lambda h: layers.FeedForward(cfg, name='ffn')(h, deterministic=deterministic),
+      norm_name='ffn_norm', deterministic=deterministic)
+    return _constrain(y_BLD)
+
+
+def _embed_with_positions(
+  cfg: ModelConfig, embed: layers.Embed, tokens_BL, positions_BL, deterministic: bool
+):
+  """Token embedding * sqrt(d_model) + sinusoidal encoding, then dropout (3.4, 3.5, 5.4)."""
+  x_BLD = embed(tokens_BL) + layers.sinusoidal_encoding(positions_BL, cfg.d_model).astype(cfg.dtype)
+  return _constrain(nn.Dropout(cfg.dropout_rate)(x_BLD, deterministic=deterministic))
+
+
+
+class Encoder(nn.Module):
+  """N encoder layers over embedded source tokens."""
+
+  config: ModelConfig
+  embed: layers.Embed
+
+  @nn.compact
+  def __call__(self, src_tokens_BS, src_segments_BS, src_positions_BS):
+    cfg = self.config
+    x_BSD = _embed_with_positions(cfg, self.embed, src_tokens_BS, src_positions_BS,
+                                  cfg.deterministic)
+    mask = attention.segment_mask(src_segments_BS, src_segments_BS)
+    for i in range(cfg.num_layers):
+      x_BSD = EncoderLayer(cfg, name=f'layer_{i}')(x_BSD, mask, deterministic=cfg.deterministic)
+    if cfg.norm == 'pre_ln':
+      x_BSD = layers.layer_norm(cfg, 'final_norm')(x_BSD).astype(cfg.dtype)
+    return x_BSD
+
+
+class Decoder(nn.Module):
+  """N decoder layers over shifted target tokens, then the softmax projection."""
+
+  config: ModelConfig
+  embed: layers.Embed
+
+  @nn.compact
+  def __call__(self, encoded_BSD, src_segments_BS, tgt_input_tokens_BL, tgt_segments_BL,
+               tgt_positions_BL):
+    cfg = self.config
+    if cfg.decode:
+      # One token per step: its position is the number of tokens decoded so far.
+      is_initialized = self.has_variable('cache', 'position')
+      position = self.variable('cache', 'position', lambda: jnp.array(0, jnp.int32))
+      tgt_positions_BL = jnp.full_like(tgt_input_tokens_BL, position.value)
+      if is_initialized:
+        position.value += 1
+      self_attention_mask = None  # The key/value cache applies causality itself.
+      cross_attention_mask = attention.segment_mask(
+        jnp.ones_like(tgt_input_tokens_BL), src_segments_BS)
+    else:
+      self_attention_mask = (
+        attention.segment_mask(tgt_segments_BL, tgt_segments_BL)
+        & attention.causal_mask(tgt_input_tokens_BL.shape[1]))
+      cross_attention_mask = attention.segment_mask(tgt_segments_BL, src_segments_BS)
+
+    y_BLD = _embed_with_positions(cfg, self.embed, tgt_input_tokens_BL, tgt_positions_BL,
+                                  cfg.deterministic)
+    for i in range(cfg.num_layers):
+      y_BLD = DecoderLayer(cfg, name=f'layer_{i}')(
+        y_BLD, encoded_BSD, self_attention_mask, cross_attention_mask,
+        deterministic=cfg.deterministic)
+    if cfg.norm == 'pre_ln':
+      y_BLD = layers.layer_norm(cfg, 'final_norm')(y_BLD).astype(cfg.dtype)
+
+    if cfg.share_embeddings:
+      logits_BLV = self.embed.attend(y_BLD)
+    else:
+      logits_BLV = nn.DenseGeneral(
+        cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name='logits',
+        kernel_init=nn.with_logical_partitioning(
+          nn.initializers.xavier_uniform(), ('embed', 'vocab')))(y_BLD)
+    logits_BLV = nn.with_logical_constraint(logits_BLV, ('batch', 'length', 'vocab'))
+    return logits_BLV.astype(jnp.float32)
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder model: `__call__` for training, `encode`/`decode` for inference."""
+
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    if cfg.share_embeddings:
+      # Section 3.4: one matrix for both embedding layers and the pre-softmax projection.
+      self.src_embed = self.tgt_embed = layers.Embed(cfg, name='shared_embedding')
+    else:
+      self.src_embed = layers.Embed(cfg, name='src_embedding')
+      self.tgt_embed = layers.Embed(cfg, name='tgt_embedding')
+    self.encoder = Encoder(cfg, self.src_embed, name='encoder')
+    self.decoder = Decoder(cfg, self.tgt_embed, name='decoder')
+
+  def encode(self, src_tokens_BS, src_segments_BS=None, src_positions_BS=None):
+    """Encoder output [B, S, D]."""
+    return self.encoder(
+      src_tokens_BS, _segments_or_default(src_tokens_BS, src_segments_BS),
+      _positions_or_default(src_tokens_BS, src_positions_BS))
+
+  def decode(self, encoded_BSD, src_segments_BS, tgt_input_tokens_BL, tgt_segments_BL=None,
+             tgt_positions_BL=None):
+    """Logits [B, L, V] (float32) of the next token at every target position."""
+    return self.decoder(
+      encoded_BSD, src_segments_BS, tgt_input_tokens_BL,
+      _segments_or_default(tgt_input_tokens_BL, tgt_segments_BL),
+      _positions_or_default(tgt_input_tokens_BL, tgt_positions_BL))
+
+  def __call__(self, src_tokens_BS, tgt_input_tokens_BL, src_segments_BS=None,
+               tgt_segments_BL=None, src_positions_BS=None, tgt_positions_BL=None):
+    src_segments_BS = _segments_or_default(src_tokens_BS, src_segments_BS)
+    encoded_BSD = self.encode(src_tokens_BS, src_segments_BS, src_positions_BS)
+    return self.decode(encoded_BSD, src_segments_BS, tgt_input_tokens_BL, tgt_segments_BL,
+                       tgt_positions_BL)

@@ -1,0 +1,456 @@
+"""Autoregressive decoding: greedy, sampling and beam search.
+
+All decoders drive a model through one step function and run in a single
+`lax.while_loop` with static shapes, so they can be traced inside `jax.jit`
+(pass the step function by closure; `batch_size`, `beam_size`,
+`max_decode_len` and `top_k` are static, everything else may be traced).
+
+Shape vocabulary (suffixes on array names):
+  B: batch size (source sentences).
+  K: beam size.
+  N: rows given to the model per step: B for greedy decoding and sampling,
+     B * K for beam search, where row b * K + k is beam k of sentence b.
+  V: vocabulary size.
+  L: `max_decode_len`, the static number of output positions.
+  C: candidates kept per sentence in one beam-search step (2 * K).
+
+Step-function contract:
+  `logits_fn(tokens_N1, state) -> (logits_NV, new_state)`. `tokens_N1` holds
+  the last token of every row (BOS on the first call); each call advances the
+  state by one position. `state` is any pytree: leaves with ndim >= 1 have
+  leading dimension N (one row per hypothesis) and are expanded and reordered
+  with the beams; leaves with ndim 0 are shared scalars (a cache index, a step
+  counter) and are passed through untouched. Logits may be any float dtype;
+  they are cast to float32.
+
+Output conventions:
+  Tokens are int32 without BOS. A sequence ends with its EOS token and every
+  later position holds `pad_id` (0).
+
+Length limits (`max_lengths`, int32[B]):
+  `max_lengths[b]`, clipped to [1, max_decode_len], is the largest number of
+  output tokens for sentence b, EOS included. A hypothesis that reaches it
+  without EOS is finished there: it is not extended, no EOS is written (its
+  row simply stops after `max_lengths[b]` tokens) and nothing is added to its
+  log-probability. In beam search such a truncated hypothesis competes with
+  the EOS-terminated ones under the same length penalty.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+PyTree = Any
+LogitsFn = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
+
+NEG_INF = float('-inf')
+
+
+# ------------------------------------------------------------------------------
+# Helpers.
+# ------------------------------------------------------------------------------
+
+
+def length_penalty(length: jax.Array | int, alpha: jax.Array | float) -> jax.Array:
+  """GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016).
+
+  Beam search divides the log-probability of a finished hypothesis by this.
+
+  Args:
+    length: number of output tokens (EOS included), any integer shape.
+    alpha: exponent; 0 disables length normalisation.
+
+  Returns:
+    float32 array with the shape of `length`.
+  """
+  length = jnp.asarray(length, jnp.float32)
+  return ((5.0 + length) / 6.0) ** jnp.asarray(alpha, jnp.float32)
+
+
+def expand_to_beams(tree: PyTree, beam_size: int) -> PyTree:
+  """Repeats every row `beam_size` times: leaves [B, ...] -> [B * K, ...].
+
+  Row b * K + k of the result is a copy of row b. Scalar (ndim 0) leaves are
+  shared and returned unchanged.
+  """
+
+  def expand(x):
+    x = jnp.asarray(x)
+    return x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0)
+
+  return jax.tree.map(expand, tree)
+
+
+def gather_beams(x_BK: jax.Array, beam_indices_BJ: jax.Array) -> jax.Array:
+  """Selects beams per sentence: x[B, K, ...], indices[B, J] -> [B, J, ...]."""
+  batch_B1 = jnp.arange(x_BK.shape[0])[:, None]
+  return x_BK[batch_B1, beam_indices_BJ]
+
+
+def reorder_beam_rows(tree: PyTree, beam_indices_BK: jax.Array) -> PyTree:
+  """Reorders the rows of a flat beam state after beams were selected.
+
+  Args:
+    tree: pytree whose ndim >= 1 leaves have leading dimension N = B * K (row
+      b * K + k is beam k of sentence b). Scalar leaves are returned unchanged.
+    beam_indices_BK: int[B, K]; new beam k of sentence b continues old beam
+      `beam_indices_BK[b, k]` of the same sentence.
+
+  Returns:
+    The pytree with row b * K + k taken from row b * K + beam_indices_BK[b, k].
+  """
+  batch_size, beam_size = beam_indices_BK.shape
+  rows_N = (jnp.arange(batch_size)[:, None] * beam_size + beam_indices_BK).reshape(-1)
+
+  def gather(x):
+    x = jnp.asarray(x)
+    return x if x.ndim == 0 else jnp.take(x, rows_N, axis=0)
+
+  return jax.tree.map(gather, tree)
+
+
+def filter_logits(
+    logits: jax.Array, *, top_k: int = 0, top_p: jax.Array | float = 1.0
+) -> jax.Array:
+  """Masks to -inf every token outside the top-k set and the top-p nucleus.
+
+  Tokens are ranked by logit (ties broken by lower token id). Top-k keeps the
+  `top_k` highest ranked tokens; 0 (or >= V) disables it. Top-p (nucleus) then
+  keeps the smallest highest-ranked set whose probability mass is >= `top_p`,
+  with the mass measured on the distribution renormalised after top-k; the top
+  token is always kept and `top_p >= 1` disables it. Both filters act on ranks,
+  so exactly the stated number of tokens survives even with tied logits.
+
+  Args:
+    logits: float[..., V].
+    top_k: static int.
+    top_p: float in (0, 1]; may be a traced scalar.
+
+  Returns:
+    float[..., V]: `logits` with excluded tokens set to -inf.
+  """
+  vocab_size = logits.shape[-1]
+  use_top_k = 0 < top_k < vocab_size
+  use_top_p = not (isinstance(top_p, (int, float)) and top_p >= 1.0)
+  if not (use_top_k or use_top_p):
+    return logits
+
+  order = jnp.argsort(-logits, axis=-1, stable=True)  # Token ids, best first.
+  rank = jnp.argsort(order, axis=-1)  # Rank of every token id.
+  sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+  position = jnp.arange(vocab_size)
+  keep_sorted = jnp.ones(sorted_logits.shape, dtype=bool)
+  if use_top_k:
+    keep_sorted = jnp.broadcast_to(position < top_k, sorted_logits.shape)
+    sorted_logits = jnp.where(keep_sorted, sorted_logits, NEG_INF)
+  if use_top_p:
+    probs = jax.nn.softmax(sorted_logits.astype(jnp.float32), axis=-1)
+    cumulative = jnp.cumsum(probs, axis=-1)
+    mass_before = jnp.concatenate(
+        [jnp.zeros_like(cumulative[..., :1]), cumulative[..., :-1]], axis=-1)
+    in_nucleus = (mass_before < top_p) | (position == 0) | (top_p >= 1.0)
+    keep_sorted = keep_sorted & in_nucleus
+  keep = jnp.take_along_axis(keep_sorted, rank, axis=-1)
+  return jnp.where(keep, logits, NEG_INF)
+
+
+def _row_limits(max_lengths: jax.Array, batch_size: int, max_decode_len: int) -> jax.Array:
+  """Validates `max_lengths` and clips it to [1, max_decode_len]."""
+  if max_decode_len < 1:
+    raise ValueError(f'max_decode_len must be >= 1, got {max_decode_len}.')
+  max_lengths = jnp.asarray(max_lengths, jnp.int32)
+  if max_lengths.shape != (batch_size,):
+    raise ValueError(
+        f'max_lengths must have shape ({batch_size},), got {max_lengths.shape}.')
+  return jnp.clip(max_lengths, 1, max_decode_len)
+
+
+# ------------------------------------------------------------------------------
+# Greedy decoding and sampling.
+# ------------------------------------------------------------------------------
+
+
+def _decode_one_per_row(
+    logits_fn: LogitsFn,
+    init_state: PyTree,
+    choose_fn: Callable[[jax.Array, jax.Array], jax.Array],
+    *,
+    batch_size: int,
+    max_decode_len: int,
+    max_lengths: jax.Array,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+) -> jax.Array:
+  """Extends one hypothesis per row; `choose_fn(logits_BV, step) -> int[B]`."""
+  limits_B = _row_limits(max_lengths, batch_size, max_decode_len)
+
+  def cond_fn(carry):
+    step, _, _, done_B, _ = carry
+    return (step < max_decode_len) & ~jnp.all(done_B)
+
+  def body_fn(carry):
+    step, tokens_BL, last_B, done_B, state = carry
+    logits_BV, state = logits_fn(last_B[:, None], state)
+    next_B = choose_fn(logits_BV.astype(jnp.float32), step).astype(jnp.int32)
+    next_B = jnp.where(done_B, pad_id, next_B)  # Finished rows only get padding.
+    tokens_BL = tokens_BL.at[:, step].set(next_B)
+    done_B = done_B | (next_B == eos_id) | (step + 1 >= limits_B)
+    return step + 1, tokens_BL, next_B, done_B, state
+
+  init = (
+      jnp.array(0, jnp.int32),
+      jnp.full((batch_size, max_decode_len), pad_id, jnp.int32),
+      jnp.full((batch_size,), bos_id, jnp.int32),
+      jnp.zeros((batch_size,), bool),
+      init_state,
+  )
+  _, tokens_BL, _, _, _ = lax.while_loop(cond_fn, body_fn, init)
+  return tokens_BL
+
+
+def greedy_decode(
+    logits_fn: LogitsFn,
+    init_state: PyTree,
+    *,
+    batch_size: int,
+    max_decode_len: int,
+    max_lengths: jax.Array,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int = 0,
+) -> jax.Array:
+  """Decodes by taking the most likely token at every step.
+
+  Row b stops after EOS or after `max_lengths[b]` tokens (see module doc); the
+  loop stops when every row has stopped. Finished rows keep being fed `pad_id`
+  until then, and their outputs are padded.
+
+  Args:
+    logits_fn: step function (see module doc) over N = B rows.
+    init_state: initial state, ndim >= 1 leaves with leading dimension B.
+    batch_size: B (static).
+    max_decode_len: L, static bound on the output length.
+    max_lengths: int32[B], per-row maximum output length, EOS included.
+    bos_id: token fed on the first step.
+    eos_id: end-of-sequence token.
+    pad_id: token written after EOS.
+
+  Returns:
+    int32[B, L] output tokens.
+  """
+  return _decode_one_per_row(
+      logits_fn, init_state, lambda logits_BV, _: jnp.argmax(logits_BV, axis=-1),
+      batch_size=batch_size, max_decode_len=max_decode_len,
+      max_lengths=max_lengths, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+
+
+def sample_decode(
+    logits_fn: LogitsFn,
+    init_state: PyTree,
+    rng: jax.Array,
+    *,
+    batch_size: int,
+    max_decode_len: int,
+    max_lengths: jax.Array,
+    bos_id: int,
+    eos_id: int,
+    temperature: jax.Array | float = 1.0,
+    top_k: int = 0,
+    top_p: jax.Array | float = 1.0,
+    pad_id: int = 0,
+) -> jax.Array:
+  """Decodes by sampling with temperature, top-k and top-p (combinable).
+
+  At every step the logits are divided by `temperature`, filtered with
+  `filter_logits(top_k=..., top_p=...)` (so the nucleus is measured on the
+  tempered distribution) and one token per row is sampled. A temperature <= 0
+  decodes greedily; small positive temperatures approach greedy decoding
+  continuously (the logits are shifted by their maximum before scaling, so a
+  tiny temperature cannot overflow). Step t uses `jax.random.fold_in(rng, t)`,
+  so a fixed key gives reproducible samples. Length handling is as in
+  `greedy_decode`.
+
+  Args:
+    logits_fn: step function (see module doc) over N = B rows.
+    init_state: initial state, ndim >= 1 leaves with leading dimension B.
+    rng: a typed key from `jax.random.key` (legacy uint32 keys are rejected).
+    batch_size: B (static).
+    max_decode_len: L, static bound on the output length.
+    max_lengths: int32[B], per-row maximum output length, EOS included.
+    bos_id: token fed on the first step.
+    eos_id: end-of-sequence token.
+    temperature: softmax temperature; may be traced.
+    top_k: static; keep only the k most likely tokens (0: all).
+    top_p: nucleus mass in (0, 1]; may be traced (1: all).
+    pad_id: token written after EOS.
+
+  Returns:
+    int32[B, L] output tokens.
+  """
+  if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    raise TypeError('sample_decode expects a typed key from jax.random.key, got an array '
+                    f'of dtype {rng.dtype} (a legacy PRNGKey?).')
+  greedy_only = isinstance(temperature, (int, float)) and temperature <= 0
+
+  def choose_fn(logits_BV, step):
+    greedy_B = jnp.argmax(logits_BV, axis=-1)
+    if greedy_only:
+      return greedy_B
+    positive = temperature > 0
+    shifted_BV = logits_BV - jnp.max(logits_BV, axis=-1, keepdims=True)
+    scaled_BV = shifted_BV / jnp.where(positive, temperature, 1.0)
+    filtered_BV = filter_logits(scaled_BV, top_k=top_k, top_p=top_p)
+    sampled_B = jax.random.categorical(jax.random.fold_in(rng, step), filtered_BV, axis=-1)
+    return jnp.where(positive, sampled_B, greedy_B)
+
+  return _decode_one_per_row(
+      logits_fn, init_state, choose_fn, batch_size=batch_size,
+      max_decode_len=max_decode_len, max_lengths=max_lengths, bos_id=bos_id,
+      eos_id=eos_id, pad_id=pad_id)
+
+
+# ------------------------------------------------------------------------------
+# Beam search.
+# ------------------------------------------------------------------------------
+
+
+def beam_search(
+    logits_fn: LogitsFn,
+    init_state: PyTree,
+    *,
+    beam_size: int,
+    alpha: jax.Array | float,
+    max_decode_len: int,
+    max_lengths: jax.Array,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int = 0,
+) -> tuple[jax.Array, jax.Array]:
+  """Beam search with the GNMT length penalty and early stopping.
+
+  Every sentence keeps K alive hypotheses (no EOS yet) and the K best finished
+  ones. Per step, the K * V one-token extensions of the alive hypotheses are
+  scored by log-probability and the best C = 2K candidates kept:
+    * finished: candidates ranked among the best K that end here, by EOS or by
+      reaching `max_lengths[b]`, enter the finished set with score
+      `log_prob / length_penalty(length, alpha)` (the finished set keeps its
+      best K). Admitting only the top K ranks, as fairseq does, means that
+      beam_size 1 with alpha 0 is exactly greedy decoding.
+    * alive: the best K candidates that do not end here become the new alive
+      set, and the state rows are gathered to follow them.
+  Finished hypotheses are never extended and their scores never change.
+
+  Sentence b is done once it has reached `max_lengths[b]` or once no alive
+  hypothesis can beat its worst finished one (so it needs K finished). Every
+  future hypothesis extends an alive one, so its log-prob is at most the best
+  alive log-prob (<= 0), and its length lies in (current, max_lengths[b]];
+  hence its score is at most
+  `best_alive_logp / max(lp(current + 1), lp(max_lengths[b]))`, as lp is
+  monotone in the length. With alpha >= 0 that is the usual bound with the
+  penalty at the maximum length; with alpha < 0 it uses the next length. The
+  finished set of a done sentence is frozen and the loop ends when every
+  sentence is done.
+
+  Since reaching the limit finishes a hypothesis, every sentence ends with
+  finished hypotheses, so the usual "return the alive beams of a sentence
+  that finished none" fallback never applies and is not needed. Slots left
+  empty (fewer than K possible outputs with non-zero probability) have score
+  -inf and all-pad tokens.
+
+  Args:
+    logits_fn: step function (see module doc) over N = B * K rows.
+    init_state: initial state, ndim >= 1 leaves with leading dimension B; it
+      is expanded to B * K rows here.
+    beam_size: K (static).
+    alpha: length-penalty exponent (paper: 0.6); may be traced.
+    max_decode_len: L, static bound on the output length.
+    max_lengths: int32[B], per-sentence maximum output length, EOS included;
+      its shape gives B.
+    bos_id: token fed on the first step.
+    eos_id: end-of-sequence token.
+    pad_id: token written after EOS.
+
+  Returns:
+    tokens int32[B, K, L] and scores float32[B, K] (length-normalised
+    log-probabilities), best first.
+  """
+  max_lengths = jnp.asarray(max_lengths)
+  batch_size, = max_lengths.shape
+  num_rows = batch_size * beam_size
+  limits_B = _row_limits(max_lengths, batch_size, max_decode_len)
+  max_penalty_B = length_penalty(limits_B, alpha)
+
+  def cond_fn(carry):
+    step, done_B = carry[0], carry[-2]
+    return (step < max_decode_len) & ~jnp.all(done_B)
+
+  def body_fn(carry):
+    (step, alive_seqs_BKL, alive_logp_BK, last_BK, fin_seqs_BKL, fin_scores_BK,
+     done_B, state) = carry
+    length = step + 1  # Output length of every candidate made in this step.
+
+    logits_NV, state = logits_fn(last_BK.reshape(num_rows, 1), state)
+    vocab_size = logits_NV.shape[-1]
+    logp_BKV = jax.nn.log_softmax(logits_NV.astype(jnp.float32), axis=-1).reshape(
+        batch_size, beam_size, vocab_size)
+    cand_logp_BKV = alive_logp_BK[:, :, None] + logp_BKV
+
+    # Best C candidates per sentence; C = 2K leaves at least K without EOS.
+    num_cands = min(2 * beam_size, beam_size * vocab_size)
+    top_logp_BC, top_flat_BC = lax.top_k(
+        cand_logp_BKV.reshape(batch_size, beam_size * vocab_size), num_cands)
+    top_beam_BC = top_flat_BC // vocab_size
+    top_token_BC = (top_flat_BC % vocab_size).astype(jnp.int32)
+    top_seqs_BCL = gather_beams(alive_seqs_BKL, top_beam_BC).at[:, :, step].set(top_token_BC)
+    at_limit_B = length >= limits_B
+    ends_BC = (top_token_BC == eos_id) | at_limit_B[:, None]
+
+    # Finished set: best K of the old finished and the admitted candidates.
+    admitted_BC = (ends_BC & (jnp.arange(num_cands) < beam_size)[None, :]
+                   & (top_logp_BC > NEG_INF))
+    cand_scores_BC = jnp.where(
+        admitted_BC, top_logp_BC / length_penalty(length, alpha), NEG_INF)
+    merged_scores_BM = jnp.concatenate([fin_scores_BK, cand_scores_BC], axis=1)
+    merged_seqs_BML = jnp.concatenate([fin_seqs_BKL, top_seqs_BCL], axis=1)
+    new_fin_scores_BK, fin_pick_BK = lax.top_k(merged_scores_BM, beam_size)
+    new_fin_seqs_BKL = gather_beams(merged_seqs_BML, fin_pick_BK)
+    # A done sentence's finished set is frozen.
+    fin_scores_BK = jnp.where(done_B[:, None], fin_scores_BK, new_fin_scores_BK)
+    fin_seqs_BKL = jnp.where(done_B[:, None, None], fin_seqs_BKL, new_fin_seqs_BKL)
+
+    # Alive set: best K candidates that do not end here.
+    alive_logp_BK, alive_pick_BK = lax.top_k(
+        jnp.where(ends_BC, NEG_INF, top_logp_BC), beam_size)
+    alive_seqs_BKL = gather_beams(top_seqs_BCL, alive_pick_BK)
+    last_BK = gather_beams(top_token_BC, alive_pick_BK)
+    state = reorder_beam_rows(state, gather_beams(top_beam_BC, alive_pick_BK))
+
+    # Early stopping (see docstring); scores are sorted, so index 0 / -1.
+    best_penalty_B = jnp.maximum(length_penalty(length + 1, alpha), max_penalty_B)
+    best_reachable_B = alive_logp_BK[:, 0] / best_penalty_B
+    done_B = done_B | at_limit_B | (fin_scores_BK[:, -1] >= best_reachable_B)
+    return (step + 1, alive_seqs_BKL, alive_logp_BK, last_BK, fin_seqs_BKL,
+            fin_scores_BK, done_B, state)
+
+  seqs_BKL = jnp.full((batch_size, beam_size, max_decode_len), pad_id, jnp.int32)
+  # All beams start identical; only beam 0 is live so the first step does not
+  # produce K copies of every candidate.
+  alive_logp_BK = jnp.where(jnp.arange(beam_size) == 0, 0.0, NEG_INF)
+  init = (
+      jnp.array(0, jnp.int32),
+      seqs_BKL,
+      jnp.broadcast_to(alive_logp_BK, (batch_size, beam_size)).astype(jnp.float32),
+      jnp.full((batch_size, beam_size), bos_id, jnp.int32),
+      seqs_BKL,
+      jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
+      jnp.zeros((batch_size,), bool),
+      expand_to_beams(init_state, beam_size),
+  )
+  carry = lax.while_loop(cond_fn, body_fn, init)
+  fin_seqs_BKL, fin_scores_BK = carry[4], carry[5]
+  fin_seqs_BKL = jnp.where((fin_scores_BK > NEG_INF)[:, :, None], fin_seqs_BKL, pad_id)
+  return fin_seqs_BKL, fin_scores_BK

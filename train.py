@@ -1,0 +1,35 @@
+"""Trains the Transformer: `python train.py --config=configs/default.py --workdir=DIR`.
+
+Every config field can be overridden on the command line, e.g.
+`--config.model.num_layers=2 --config.data.manual_dir=../shared/data/multi30k`.
+A workdir that holds checkpoints is resumed from the latest one.
+"""
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from transformer import dry_run, training
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
+_DRY_RUN = flags.DEFINE_bool(
+  'dry_run', False, 'Validate the config, print the parameter table, FLOPs per token and '
+  '`params: N`, then exit without data, training or compiles.')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if _DRY_RUN.value:
+    dry_run.run(_CONFIG.value)
+    return
+  if _WORKDIR.value is None:
+    raise app.UsageError('--workdir is required (except with --dry_run).')
+  logging.info('Config:\n%s', _CONFIG.value)
+  training.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config'])
+  app.run(main)

@@ -1,0 +1,240 @@
+"""Prepares translation datasets and opens their splits for random access.
+
+Prepared data lives under `config.data.data_dir` (with `~` expanded). For the
+local builders (`multi30k`, `parallel_text`) it is keyed by its source files:
+`<data_dir>/<name>-<fingerprint[:16]>/`, where the fingerprint is the sha256 of
+the source files' names and bytes (of the URLs when Multi30k is downloaded).
+Changed files therefore get a new directory and are prepared again; unchanged
+files reuse the prepared data. The catalog WMT14 builders live at the usual TFDS
+place `<data_dir>/wmt14_translate/<pair>/<version>/` and are keyed by their TFDS
+name and version.
+"""
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ml_collections
+import tensorflow_datasets as tfds
+from absl import logging
+
+from transformer.datasets import multi30k, parallel_text
+
+LOCAL_BUILDERS: Mapping[str, type[parallel_text.ParallelText]] = {
+    'multi30k': multi30k.Multi30k,
+    'parallel_text': parallel_text.ParallelText,
+}
+CATALOG_DATASETS = ('wmt14_translate/de-en', 'wmt14_translate/fr-en')
+DATASETS = tuple(LOCAL_BUILDERS) + CATALOG_DATASETS
+FILE_FORMAT = 'array_record'
+
+
+def _check_name(data_config: ml_collections.ConfigDict) -> str:
+  name = data_config.dataset
+  if name not in DATASETS:
+    raise ValueError(
+        f'config.data.dataset={name!r} is not supported; use one of {DATASETS}.'
+    )
+  return name
+
+
+def _manual_dir(data_config: ml_collections.ConfigDict) -> str | None:
+  manual_dir = data_config.manual_dir
+  return os.path.abspath(os.path.expanduser(manual_dir)) if manual_dir else None
+
+
+def _data_root(data_config: ml_collections.ConfigDict) -> str:
+  return os.path.abspath(os.path.expanduser(data_config.data_dir))
+
+
+def _required_languages(data_config: ml_collections.ConfigDict) -> list[str]:
+  return [data_config.source_lang, data_config.target_lang]
+
+
+def fingerprint(data_config: ml_collections.ConfigDict) -> str:
+  """Returns the key of the dataset's source (hex sha256 or TFDS name).
+
+  Args:
+    data_config: `config.data`.
+
+  Raises:
+    ValueError: For an unknown dataset, or missing required source files.
+  """
+  name = _check_name(data_config)
+  if name in LOCAL_BUILDERS:
+    return LOCAL_BUILDERS[name].source_fingerprint(
+        _manual_dir(data_config), _languages_to_require(data_config)
+    )
+  return name.replace('/', '-')
+
+
+def _languages_to_require(
+    data_config: ml_collections.ConfigDict,
+) -> list[str] | None:
+  # Multi30k has fixed languages (all required); parallel_text requires the
+  # train and validation files of the configured source and target.
+  if data_config.dataset == 'parallel_text':
+    return _required_languages(data_config)
+  return None
+
+
+def dataset_dir(data_config: ml_collections.ConfigDict) -> str:
+  """Returns the directory keyed by the source files (holds data, vocab).
+
+  `<data_dir>/<name>-<fingerprint[:16]>` for the local builders,
+  `<data_dir>/<name>-<pair>` for catalog datasets (vocabularies only; TFDS keeps
+  their data in `<data_dir>/<name>/<pair>/`).
+
+  Args:
+    data_config: `config.data`.
+  """
+  data_root = _data_root(data_config)
+  name = _check_name(data_config)
+  key = fingerprint(data_config)
+  if name in LOCAL_BUILDERS:
+    return os.path.join(data_root, f'{name}-{key[:16]}')
+  return os.path.join(data_root, key)
+
+
+def prepare(data_config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
+  """Prepares the dataset if needed and returns its builder.
+
+  Prepares into `dataset_dir(data_config)` (array_record files) unless that
+  directory already holds prepared data for the same source files. Checks that
+  `config.data.source_lang` and `config.data.target_lang` are languages of the
+  dataset.
+
+  Args:
+    data_config: `config.data`.
+
+  Returns:
+    The prepared `tfds.core.DatasetBuilder`.
+
+  Raises:
+    ValueError: For an unknown dataset, bad source files (see `ParallelText`),
+      or languages the dataset does not have.
+  """
+  name = _check_name(data_config)
+  manual_dir = _manual_dir(data_config)
+  if name in LOCAL_BUILDERS:
+    builder = LOCAL_BUILDERS[name](
+        manual_dir=manual_dir,
+        languages=_languages_to_require(data_config),
+        data_dir=dataset_dir(data_config),
+        file_format=FILE_FORMAT,
+    )
+  else:
+    # Registers the catalog translation builders (lazily: it is slow).
+    import tensorflow_datasets.translate  # noqa: F401
+
+    builder = tfds.builder(
+        name,
+        data_dir=_data_root(data_config),
+        file_format=FILE_FORMAT,
+    )
+  _check_languages(data_config, available=languages(builder))
+  builder.download_and_prepare(
+      download_config=tfds.download.DownloadConfig(
+          manual_dir=manual_dir, try_download_gcs=False
+      )
+  )
+  logging.info('Dataset %s ready in %s.', name, builder.data_dir)
+  return builder
+
+
+def languages(builder: tfds.core.DatasetBuilder) -> list[str]:
+  """Returns the languages of a translation builder."""
+  features = builder.info.features
+  if isinstance(features, tfds.features.Translation):  # Catalog (WMT).
+    return list(features.languages)
+  return list(features['translation'].languages)
+
+
+def _check_languages(
+    data_config: ml_collections.ConfigDict,
+    available: Sequence[str],
+    where: str = '',
+) -> None:
+  for key in ('source_lang', 'target_lang'):
+    lang = data_config[key]
+    if lang not in available:
+      raise ValueError(
+          f'config.data.{key}={lang!r} is not a language of dataset '
+          f'{data_config.dataset!r}{where}; available: {sorted(available)}.'
+      )
+  if data_config.source_lang == data_config.target_lang:
+    raise ValueError(
+        'config.data.source_lang and config.data.target_lang are both '
+        f'{data_config.source_lang!r}.'
+    )
+
+
+def split_languages(builder: tfds.core.DatasetBuilder, split: str) -> list[str]:
+  """Languages with source files in `split` (all, for catalog datasets)."""
+  metadata = builder.info.metadata or {}
+  by_split = metadata.get('split_languages', {})
+  return list(by_split.get(split, languages(builder)))
+
+
+def split_num_lines(
+    data_config: ml_collections.ConfigDict, split: str
+) -> int | None:
+  """Lines in the split's source files, counting dropped empty lines.
+
+  Args:
+    data_config: `config.data`.
+    split: Split name.
+
+  Returns:
+    The line count, or None for catalog datasets (which have no line index).
+  """
+  metadata = prepare(data_config).info.metadata or {}
+  return metadata.get('num_lines', {}).get(split)
+
+
+def get_data_source(
+    data_config: ml_collections.ConfigDict, split: str
+) -> Any:
+  """Returns a random-access source of `split` (prepares the data if needed).
+
+  Elements are dicts: `{'translation': {lang: bytes}, 'index': int}` for the
+  local builders, `{lang: bytes}` for the catalog ones; use
+  `translation_pair` / `example_index` to read them.
+
+  Args:
+    data_config: `config.data`.
+    split: Split name, e.g. 'train', 'validation', 'test_2016_flickr'.
+
+  Raises:
+    ValueError: For an unknown split, or a split without the configured source
+      or target language.
+  """
+  builder = prepare(data_config)
+  if split not in builder.info.splits:
+    raise ValueError(
+        f'Split {split!r} is not in dataset {data_config.dataset!r}; '
+        f'available: {sorted(builder.info.splits)}.'
+    )
+  _check_languages(
+      data_config, split_languages(builder, split), f' split {split!r}'
+  )
+  return builder.as_data_source(split)
+
+
+def translation_pair(
+    example: Mapping[str, Any], source_lang: str, target_lang: str
+) -> tuple[str, str]:
+  """Returns the (source, target) strings of a data source element."""
+  texts = example.get('translation', example)
+  return _text(texts[source_lang]), _text(texts[target_lang])
+
+
+def example_index(example: Mapping[str, Any], position: int) -> int:
+  """Returns the original line index, or `position` when there is none."""
+  if 'index' in example:
+    return int(example['index'])
+  return position
+
+
+def _text(value: bytes | str) -> str:
+  return value.decode('utf-8') if isinstance(value, bytes) else value

@@ -1,0 +1,68 @@
+"""Model inspection for `train.py --dry_run`: parameter table and FLOPs per token."""
+
+from __future__ import annotations
+
+import collections
+import re
+
+import flax
+import jax
+import numpy as np
+
+from transformer.model import ModelConfig
+
+
+def parameter_table(params) -> tuple[list[tuple[str, str, int]], int]:
+  """Rows (module, shape summary, count) with layer indices folded, and the total count.
+
+  `encoder/layer_3/ffn/wi/kernel` is counted under `encoder/layer_*/ffn`.
+  """
+  groups: dict[str, list] = collections.defaultdict(lambda: [0, set()])
+  for path, leaf in flax.traverse_util.flatten_dict(params).items():
+    # encoder/layer_3/ffn/wi/kernel -> encoder/layer_3/ffn; shared_embedding/embedding as is.
+    module = '/'.join(path[:3] if len(path) > 3 else path[:-1])
+    match = re.search(r'layer_(\d+)', module)
+    folded = re.sub(r'layer_\d+', 'layer_*', module)
+    groups[folded][0] += int(np.prod(leaf.shape))
+    if match:
+      groups[folded][1].add(match.group(1))
+  rows = []
+  for module, (count, layer_ids) in groups.items():
+    copies = max(len(layer_ids), 1)
+    detail = f'{copies} x {count // copies:,}' if 'layer_*' in module else ''
+    rows.append((module, detail, count))
+  total = sum(count for _, _, count in rows)
+  return rows, total
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
+  """Model FLOPs per target token of a training step (forward + backward = 3 x forward).
+
+  Counts matmuls only (2 FLOPs per multiply-add), for a source of the same length
+  as the target, one source token per target token: the encoder's work on the
+  source is charged to the target token it pairs with.
+  """
+  d, f, layers = cfg.d_model, cfg.d_ff, cfg.num_layers
+  projections = 2 * 4 * d * d  # Q, K, V and output projections.
+  ffn = 2 * 2 * d * f
+  scores = 2 * 2 * seq_len * d  # Q K^T and weights x V, over `seq_len` keys.
+  encoder = layers * (projections + ffn + scores)
+  decoder = layers * (2 * projections + ffn + 2 * scores)
+  softmax = 2 * d * cfg.vocab_size
+  forward = encoder + decoder + softmax
+  return {'forward': float(forward), 'train': 3.0 * forward}
+
+
+def format_table(rows: list[tuple[str, str, int]], total: int) -> str:
+  width = max(len(module) for module, _, _ in rows)
+  lines = [f'{"module":<{width}}  {"layers x per layer":>22}  {"params":>13}']
+  lines += [f'{module:<{width}}  {detail:>22}  {count:>13,}' for module, detail, count in rows]
+  lines.append(f'{"total":<{width}}  {"":>22}  {total:>13,}')
+  return '\n'.join(lines)
+
+
+def abstract_params(model, seq_len: int = 8):
+  """Parameter shapes of `model` via `jax.eval_shape` (nothing allocated or computed)."""
+  tokens = jax.ShapeDtypeStruct((1, seq_len), np.int32)
+  shapes = jax.eval_shape(lambda s, t: model.init(jax.random.key(0), s, t), tokens, tokens)
+  return flax.linen.meta.unbox(shapes['params'])

@@ -1,0 +1,240 @@
+"""Shared SentencePiece (unigram) vocabulary for source and target.
+
+Trained on the training split (both languages, at most
+`config.data.spm_train_sentences` sentences) with `config.vocab_size` pieces.
+The model is saved at `config.data.vocab_path`, or by default next to the
+prepared data at `<dataset_dir>/spm_<lang>-<lang>_<vocab_size>_<sentences>.model`
+(`dataset_dir` is keyed by the data fingerprint). An existing model is loaded,
+never retrained or overwritten.
+"""
+
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+
+import ml_collections
+import numpy as np
+import sentencepiece as spm
+from absl import logging
+
+from transformer import datasets
+
+PAD_ID = 0
+EOS_ID = 1
+BOS_ID = 2
+UNK_ID = 3
+
+_READ_CHUNK = 1024  # Examples read at once from the data source.
+
+
+class Tokenizer:
+  """SentencePiece tokenizer with fixed special ids (pad 0, eos 1, bos 2, unk 3)."""
+
+  def __init__(self, model_proto: bytes):
+    """Creates the tokenizer from a serialized SentencePiece model."""
+    self._proto = model_proto
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    specials = {
+        'pad': (self._sp.pad_id(), PAD_ID),
+        'eos': (self._sp.eos_id(), EOS_ID),
+        'bos': (self._sp.bos_id(), BOS_ID),
+        'unk': (self._sp.unk_id(), UNK_ID),
+    }
+    for name, (got, want) in specials.items():
+      if got != want:
+        raise ValueError(f'SentencePiece model has {name} id {got}, expected {want}.')
+
+  @classmethod
+  def load(cls, path: str) -> 'Tokenizer':
+    """Loads a `.model` file."""
+    with open(path, 'rb') as f:
+      return cls(f.read())
+
+  def __reduce__(self):
+    return (Tokenizer, (self._proto,))
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of pieces, special ids included."""
+    return self._sp.get_piece_size()
+
+  def encode(self, text: str) -> list[int]:
+    """Returns the piece ids of `text` (no BOS or EOS)."""
+    return self._sp.encode(text)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Returns the text of `ids`, up to the first EOS; PAD and BOS are ignored."""
+    kept = []
+    for i in ids:
+      i = int(i)
+      if i == EOS_ID:
+        break
+      if i not in (PAD_ID, BOS_ID):
+        kept.append(i)
+    return self._sp.decode(kept)
+
+  def id_to_piece(self, piece_id: int) -> str:
+    """Returns the piece string of an id (e.g. '▁the', '<pad>')."""
+    return self._sp.id_to_piece(int(piece_id))
+
+  def serialized_model(self) -> bytes:
+    """Returns the serialized SentencePiece model."""
+    return self._proto
+
+
+def train_tokenizer(
+    sentences: Iterable[str],
+    vocab_size: int,
+    *,
+    model_path: str | None = None,
+    max_sentences: int | None = None,
+    num_threads: int = 2,
+) -> Tokenizer:
+  """Trains a unigram SentencePiece model from an iterator of sentences.
+
+  Args:
+    sentences: Training sentences (no temporary text file is written).
+    vocab_size: Number of pieces, special ids included.
+    model_path: Where to save the model (written atomically, never replacing
+      an existing file); None: not saved.
+    max_sentences: SentencePiece's `input_sentence_size` (0/None: all).
+    num_threads: Trainer threads.
+
+  Returns:
+    The trained tokenizer.
+
+  Raises:
+    ValueError: If the corpus cannot give `vocab_size` pieces.
+  """
+  model = _InMemoryFile()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        model_type='unigram',
+        vocab_size=vocab_size,
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        bos_id=BOS_ID,
+        unk_id=UNK_ID,
+        pad_piece='<pad>',
+        eos_piece='</s>',
+        bos_piece='<s>',
+        unk_piece='<unk>',
+        character_coverage=1.0,
+        input_sentence_size=max_sentences or 0,
+        shuffle_input_sentence=True,
+        num_threads=num_threads,
+        minloglevel=1,
+    )
+  except RuntimeError as e:
+    raise ValueError(
+        f'SentencePiece training with vocab_size={vocab_size} failed: {e}'
+    ) from e
+  tokenizer = Tokenizer(model.data)
+  if model_path:
+    _write_atomically(model_path, model.data)
+    logging.info('Saved SentencePiece model (%d pieces) to %s.', vocab_size, model_path)
+  return tokenizer
+
+
+def vocab_path(config: ml_collections.ConfigDict) -> str:
+  """Returns where the model of `config` lives (`config.data.vocab_path` or default)."""
+  if config.data.vocab_path:
+    return os.path.expanduser(config.data.vocab_path)
+  langs = '-'.join(sorted([config.data.source_lang, config.data.target_lang]))
+  name = f'spm_{langs}_{config.vocab_size}_{config.data.spm_train_sentences}.model'
+  return os.path.join(datasets.dataset_dir(config.data), name)
+
+
+def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
+  """Loads the model at `vocab_path(config)`, training it first if absent.
+
+  Training reads `config.data.train_split` of `config.data.dataset` (both
+  languages, at most `config.data.spm_train_sentences` sentences drawn in a
+  random order seeded by `config.seed`).
+
+  Args:
+    config: The full config (uses `vocab_size`, `seed` and `data.*`).
+
+  Raises:
+    ValueError: If an existing model's vocabulary size differs from
+      `config.vocab_size`.
+  """
+  path = vocab_path(config)
+  if os.path.exists(path):
+    tokenizer = Tokenizer.load(path)
+    if tokenizer.vocab_size != config.vocab_size:
+      raise ValueError(
+          f'SentencePiece model {path} has vocab size {tokenizer.vocab_size} but '
+          f'config.vocab_size is {config.vocab_size}; use a matching '
+          'config.vocab_size or another config.data.vocab_path.'
+      )
+    logging.info('Loaded SentencePiece model %s.', path)
+    return tokenizer
+  logging.info('Training SentencePiece model %s.', path)
+  source = datasets.get_data_source(config.data, config.data.train_split)
+  sentences = _training_sentences(
+      source,
+      (config.data.source_lang, config.data.target_lang),
+      config.data.spm_train_sentences,
+      config.seed,
+  )
+  train_tokenizer(
+      sentences,
+      config.vocab_size,
+      model_path=path,
+      max_sentences=config.data.spm_train_sentences,
+  )
+  return Tokenizer.load(path)  # The file wins if another process wrote it first.
+
+
+def _training_sentences(
+    source: Sequence, languages: Sequence[str], max_sentences: int, seed: int
+) -> Iterator[str]:
+  """Yields both sides of examples in a seeded random order, up to a limit."""
+  order = np.random.default_rng(seed).permutation(len(source))
+  count = 0
+  for start in range(0, len(order), _READ_CHUNK):
+    positions = order[start : start + _READ_CHUNK].tolist()
+    for example in _read(source, positions):
+      for text in datasets.translation_pair(example, *languages):
+        if count >= max_sentences:
+          return
+        count += 1
+        yield text
+
+
+def _read(source: Sequence, positions: list[int]) -> list:
+  getitems = getattr(source, '__getitems__', None)
+  if getitems is not None:
+    return getitems(positions)
+  return [source[i] for i in positions]
+
+
+class _InMemoryFile:
+  """Receives the model bytes from SentencePiece's `model_writer`."""
+
+  def __init__(self):
+    self.data = b''
+
+  def write(self, data: bytes) -> None:
+    self.data += data
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+  """Writes `data` to a new file `path`, atomically; never overwrites.
+
+  If `path` appeared meanwhile (another process trained too), it is kept.
+  """
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix='.tmp-', suffix='.model')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data)
+    os.link(tmp, path)  # Atomic, and fails rather than replace `path`.
+  except FileExistsError:
+    logging.warning('%s appeared while training; keeping it.', path)
+  finally:
+    os.unlink(tmp)

@@ -1,0 +1,305 @@
+"""The training loop: sharded state set-up, jitted train/eval steps, evaluation, resume."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from jax.sharding import Mesh
+
+from transformer import checkpoints, input_pipeline, losses, metrics, optim, sharding, tokenizer
+from transformer.model import ModelConfig, Transformer
+
+Batch = dict[str, jax.Array]
+
+# Config keys that may change when a run is resumed: they alter neither the model
+# nor the optimizer state.
+RESUMABLE_KEYS = (
+  'num_train_steps', 'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
+  'keep_checkpoints', 'data.manual_dir', 'data.data_dir', 'data.vocab_path',
+)
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a resumed run needs besides the data position."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  dropout_key: jax.Array  # Raw key data (uint32), so that checkpoints hold plain arrays.
+
+
+def validate_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+  """Checks everything that can be checked before data or compiles; errors name the key."""
+  ModelConfig.from_config(config)
+  num_devices = jax.device_count() if num_devices is None else num_devices
+  data, fsdp, _ = sharding.mesh_shape(config.mesh, num_devices)
+  rows = input_pipeline.train_rows(config)  # Global rows per batch.
+  errors = []
+  if rows % (data * fsdp):
+    errors.append(
+      f'config.data.tokens_per_batch // config.data.max_len = {rows} rows per batch do not '
+      f'divide over the {data * fsdp} data-parallel shards (config.mesh.data x config.mesh.fsdp).')
+  if config.grad_accum_steps < 1 or rows % (config.grad_accum_steps * data * fsdp):
+    errors.append(
+      f'config.grad_accum_steps={config.grad_accum_steps} must divide the {rows} rows per '
+      f'batch into equal micro-batches over {data * fsdp} shards.')
+  if config.data.max_len > config.model.max_len or config.data.max_eval_len > config.model.max_len:
+    errors.append(
+      f'config.data.max_len={config.data.max_len} and config.data.max_eval_len='
+      f'{config.data.max_eval_len} must not exceed config.model.max_len={config.model.max_len}.')
+  for key in ('num_train_steps', 'warmup_steps', 'log_every_steps', 'eval_every_steps',
+              'checkpoint_every_steps', 'keep_checkpoints'):
+    if config[key] < 1:
+      errors.append(f'config.{key}={config[key]} must be positive.')
+  if config.data.source_lang == config.data.target_lang:
+    errors.append(f'config.data.source_lang and target_lang are both {config.data.source_lang!r}.')
+  if errors:
+    raise ValueError('Invalid config:\n  ' + '\n  '.join(errors))
+
+
+def create_models(config: ml_collections.ConfigDict) -> tuple[Transformer, Transformer]:
+  """The training model (dropout on) and the evaluation model (deterministic)."""
+  model_config = ModelConfig.from_config(config)
+  return Transformer(model_config), Transformer(model_config.replace(deterministic=True))
+
+
+def _dummy_batch(rows: int, length: int) -> Batch:
+  tokens = jnp.ones((rows, length), jnp.int32)
+  return {'src_tokens': tokens, 'tgt_input_tokens': tokens}
+
+
+def _init_state(key: jax.Array, *, model: Transformer, optimizer, config) -> TrainState:
+  """Initial state with logically-annotated (boxed) parameters."""
+  params_key, dropout_key = jax.random.split(key)
+  batch = _dummy_batch(1, config.data.max_len)
+  params = model.init(params_key, batch['src_tokens'], batch['tgt_input_tokens'])['params']
+  return TrainState(
+    step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
+    dropout_key=jax.random.key_data(dropout_key))
+
+
+def abstract_state_and_shardings(config, model, optimizer, mesh: Mesh):
+  """Shapes of the state (nothing allocated) and the NamedSharding of every array."""
+  init = functools.partial(_init_state, model=model, optimizer=optimizer, config=config)
+  boxed = jax.eval_shape(init, jax.random.key(0))
+  state_shardings = sharding.logical_shardings(nn.get_partition_spec(boxed), mesh)
+  abstract = jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+    nn.meta.unbox(boxed), state_shardings)
+  return abstract, state_shardings
+
+
+def create_train_state(config, model, optimizer, mesh: Mesh, key: jax.Array):
+  """Initialises every array directly into its sharding (never whole on one device)."""
+  _, state_shardings = abstract_state_and_shardings(config, model, optimizer, mesh)
+  init = functools.partial(_init_state, model=model, optimizer=optimizer, config=config)
+  init_unboxed = lambda k: nn.meta.unbox(init(k))
+  return jax.jit(init_unboxed, out_shardings=state_shardings)(key)
+
+
+def _forward(params, batch: Batch, model: Transformer, rngs=None):
+  return model.apply(
+    {'params': params}, batch['src_tokens'], batch['tgt_input_tokens'],
+    src_segments_BS=batch['src_segments'], tgt_segments_BL=batch['tgt_segments'],
+    src_positions_BS=batch['src_positions'], tgt_positions_BL=batch['tgt_positions'],
+    rngs=rngs)
+
+
+def train_step(state: TrainState, batch: Batch, *, model, optimizer, config):
+  """One optimizer update on the global batch, accumulated over `grad_accum_steps` slices.
+
+  The loss is the mean over all real target tokens of the whole batch, so the
+  update does not depend on how the batch is split into micro-batches.
+  """
+  accum = config.grad_accum_steps
+  step_key = jax.random.fold_in(jax.random.wrap_key_data(state.dropout_key), state.step)
+  micro_batches = jax.tree.map(lambda x: x.reshape(accum, -1, *x.shape[1:]), batch)
+
+  def summed_loss(params, micro_batch, key):
+    logits = _forward(params, micro_batch, model, rngs={'dropout': key})
+    _, sums = losses.loss_and_metrics(logits, micro_batch['tgt_tokens'], config.label_smoothing)
+    return sums['loss_sum'], sums
+
+  grad_fn = jax.grad(summed_loss, has_aux=True)
+
+  def accumulate(carry, inputs):
+    index, micro_batch = inputs
+    grads, sums = grad_fn(state.params, micro_batch, jax.random.fold_in(step_key, index))
+    return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+  zero_sums = {k: jnp.zeros((), jnp.float32)
+               for k in ('loss_sum', 'nll_sum', 'correct_sum', 'num_tokens')}
+  init = (jax.tree.map(jnp.zeros_like, state.params), zero_sums)
+  (grads, sums), _ = jax.lax.scan(accumulate, init, (jnp.arange(accum), micro_batches))
+  grads = jax.tree.map(lambda g: g / jnp.maximum(sums['num_tokens'], 1.0), grads)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  sums['grad_norm_sum'] = optax.tree.norm(grads)
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums
+
+
+def eval_step(params, batch: Batch, *, model, config) -> dict[str, jax.Array]:
+  logits = _forward(params, batch, model)
+  _, sums = losses.loss_and_metrics(logits, batch['tgt_tokens'], config.label_smoothing)
+  return sums
+
+
+def to_global(batch: dict[str, np.ndarray], mesh: Mesh) -> Batch:
+  """This process's rows of the global batch -> global arrays sharded over data x fsdp."""
+  batch_sharding = sharding.batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in batch.items()}
+
+
+def evaluate(eval_fn, params, batches: Iterable[dict[str, np.ndarray]], mesh: Mesh):
+  """Summed metrics over a whole split (every example counted once)."""
+  total = None
+  for batch in batches:
+    sums = eval_fn(params, to_global(batch, mesh))
+    total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+  if total is None:
+    raise ValueError('The evaluation split is empty.')
+  return jax.device_get(total)
+
+
+def _flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  return {'.'.join(k): v for k, v in flax.traverse_util.flatten_dict(config.to_dict()).items()}
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Writes the resolved config to WORKDIR/config.json, warning about changes on resume."""
+  path = os.path.join(workdir, 'config.json')
+  if os.path.exists(path):
+    with open(path) as f:
+      previous = _flatten(ml_collections.ConfigDict(json.load(f)))
+    current = _flatten(config)
+    for key in sorted(set(previous) | set(current)):
+      if previous.get(key) != current.get(key):
+        level = logging.INFO if key in RESUMABLE_KEYS else logging.WARNING
+        logging.log(level, 'Config key %s changed since the last run: %r -> %r (the command '
+                    'line wins).', key, previous.get(key), current.get(key))
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+  os.replace(tmp, path)
+
+
+class _Progress:
+  """Console line: step, loss, steps/s, tokens/s, time left."""
+
+  def __init__(self, start_step: int, total_steps: int):
+    self.total_steps = total_steps
+    self.last_step, self.last_time = start_step, time.perf_counter()
+
+  def rates(self, step: int, tokens: float) -> tuple[float, float, float]:
+    now = time.perf_counter()
+    elapsed = max(now - self.last_time, 1e-9)
+    steps_per_sec = (step - self.last_step) / elapsed
+    self.last_step, self.last_time = step, now
+    eta = (self.total_steps - step) / max(steps_per_sec, 1e-9)
+    return steps_per_sec, tokens / elapsed, eta
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains `config` in `workdir`, resuming from its latest checkpoint; returns final metrics."""
+  validate_config(config)
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  os.makedirs(workdir, exist_ok=True)
+
+  mesh = sharding.create_mesh(config.mesh)
+  model, eval_model = create_models(config)
+  optimizer = optim.create_optimizer(config)
+  abstract_state, state_shardings = abstract_state_and_shardings(config, model, optimizer, mesh)
+
+  checkpointer = checkpoints.Checkpointer(workdir, keep=config.keep_checkpoints)
+  latest = checkpointer.latest_step()
+  if latest is not None:
+    # Before any data preparation or compile: a foreign checkpoint is an error.
+    checkpointer.check_compatible(latest, abstract_state)
+  if jax.process_index() == 0:
+    write_config(config, workdir)
+
+  vocab = tokenizer.get_tokenizer(config)
+  train_iter = input_pipeline.train_iterator(
+    config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count())
+
+  params_key, _ = jax.random.split(jax.random.key(config.seed))  # Named: params, (data).
+  if latest is None:
+    state = create_train_state(config, model, optimizer, mesh, params_key)
+  else:
+    state = checkpointer.restore(latest, abstract_state, train_iter)
+  start_step = int(state.step)
+
+  writer = metrics.MetricsWriter(workdir)
+  writer.truncate_after(start_step)
+  batch_sharding = sharding.batch_sharding(mesh)
+  batch_shardings = {k: batch_sharding for k in input_pipeline.BATCH_KEYS}
+  p_train_step = jax.jit(
+    functools.partial(train_step, model=model, optimizer=optimizer, config=config),
+    in_shardings=(state_shardings, batch_shardings),
+    out_shardings=(state_shardings, sharding.replicated(mesh)),
+    donate_argnums=(0,))
+  p_eval_step = jax.jit(
+    functools.partial(eval_step, model=eval_model, config=config),
+    in_shardings=(state_shardings.params, batch_shardings),
+    out_shardings=sharding.replicated(mesh))
+
+  def run_eval(step: int) -> dict[str, float]:
+    sums = evaluate(p_eval_step, state.params,
+                    input_pipeline.eval_batches(config, vocab, config.data.eval_split), mesh)
+    summary = losses.summarize(sums, 'eval')
+    writer.write(step, summary)
+    logging.info('step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f', step,
+                 summary['eval_loss'], summary['eval_perplexity'], summary['eval_accuracy'])
+    return summary
+
+  logging.info('Training from step %d to %d on mesh %s.', start_step, config.num_train_steps,
+               dict(mesh.shape))
+  progress = _Progress(start_step, config.num_train_steps)
+  train_sums, summary = None, {}
+  for step in range(start_step + 1, config.num_train_steps + 1):
+    batch = to_global(next(train_iter), mesh)
+    state, sums = p_train_step(state, batch)
+    train_sums = sums if train_sums is None else jax.tree.map(jnp.add, train_sums, sums)
+
+    if step % config.log_every_steps == 0 or step == config.num_train_steps:
+      train_sums = jax.device_get(train_sums)
+      steps_logged = step - progress.last_step
+      summary = losses.summarize(train_sums, 'train')
+      summary['train_grad_norm'] = float(train_sums['grad_norm_sum']) / steps_logged
+      steps_per_sec, tokens_per_sec, eta = progress.rates(step, float(train_sums['num_tokens']))
+      summary.update(steps_per_sec=steps_per_sec, tokens_per_sec=tokens_per_sec,
+                     learning_rate=float(optim.paper_schedule(
+                       config.model.d_model, config.warmup_steps, config.lr_scale)(step - 1)))
+      writer.write(step, summary)
+      logging.info('step %d/%d | loss %.4f | %.2f steps/s | %.0f tok/s | %s left', step,
+                   config.num_train_steps, summary['train_loss'], steps_per_sec, tokens_per_sec,
+                   time.strftime('%H:%M:%S', time.gmtime(eta)))
+      train_sums = None
+
+    is_last = step == config.num_train_steps
+    if step % config.eval_every_steps == 0 or is_last:
+      summary.update(run_eval(step))
+    if step % config.checkpoint_every_steps == 0 or is_last:
+      checkpointer.save(step, state, train_iter, force=True)
+
+  if start_step >= config.num_train_steps:
+    logging.info('Nothing to train: the checkpoint is at step %d.', start_step)
+    summary = run_eval(start_step)
+  checkpointer.wait_until_finished()
+  checkpointer.close()
+  writer.close()
+  return summary

@@ -27,9 +27,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.vocab_size = 8000  # Shared SentencePiece vocabulary size (both languages).
 
   # Optimisation (section 5.3 of the paper).
-  config.num_train_steps = 6000  # Optimizer updates to train for.
-  config.warmup_steps = 1000  # Linear warmup of the inverse-sqrt schedule (paper: 4000).
-  config.lr_scale = 2.0  # Multiplier on d_model^-0.5 * min(step^-0.5, step*warmup^-1.5).
+  config.num_train_steps = 1500  # Optimizer updates to train for (~15 epochs).
+  config.warmup_steps = 400  # Linear warmup of the inverse-sqrt schedule (paper: 4000).
+  config.lr_scale = 0.5  # Multiplier on d_model^-0.5 * min(step^-0.5, step*warmup^-1.5).
   config.adam_b1 = 0.9  # Adam beta1 (paper: 0.9).
   config.adam_b2 = 0.98  # Adam beta2 (paper: 0.98).
   config.adam_eps = 1e-9  # Adam epsilon (paper: 1e-9).
@@ -37,9 +37,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.grad_accum_steps = 1  # Micro-batches accumulated per optimizer update.
 
   # Logging, evaluation and checkpoints.
-  config.log_every_steps = 50  # Console/metrics cadence for training rows.
-  config.eval_every_steps = 500  # Validation loss cadence (always also at the end).
-  config.checkpoint_every_steps = 1000  # Checkpoint cadence (always also at the end).
+  config.log_every_steps = 25  # Console/metrics cadence for training rows.
+  config.eval_every_steps = 250  # Validation loss cadence (always also at the end).
+  config.checkpoint_every_steps = 100  # Checkpoint cadence (always also at the end).
   config.keep_checkpoints = 5  # Most recent checkpoints kept on disk.
 
   # Model (section 3); read through transformer.model.ModelConfig.

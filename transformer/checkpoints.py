@@ -32,12 +32,15 @@ def _leaf_shapes(tree) -> dict[str, tuple[int, ...]]:
 class Checkpointer:
   """Saves and restores {train state, data iterator} under WORKDIR/checkpoints."""
 
-  def __init__(self, workdir: str, *, keep: int, save_interval_steps: int = 1):
+  def __init__(self, workdir: str, *, keep: int | None = None, read_only: bool = False):
+    """`keep`: checkpoints kept when saving; `read_only` (evaluation) never writes or deletes."""
     self.directory = os.path.join(os.path.abspath(os.path.expanduser(workdir)), 'checkpoints')
+    if read_only and not os.path.isdir(self.directory):
+      raise FileNotFoundError(f'No checkpoints directory at {self.directory}.')
     self._manager = ocp.CheckpointManager(
       self.directory,
       options=ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, save_interval_steps=save_interval_steps),
+        max_to_keep=keep, create=not read_only, read_only=read_only),
       item_names=('state', 'data'),
     )
 
@@ -97,3 +100,61 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+
+def select_steps(available: list[int], checkpoint: str) -> list[int]:
+  """Steps named by `checkpoint`: 'latest', a step number, or 'avg:N' (the last N).
+
+  Errors list what exists, so a typo is fixed in one go.
+  """
+  available = sorted(available)
+  if not available:
+    raise ValueError('There are no checkpoints.')
+  if checkpoint == 'latest':
+    return available[-1:]
+  if checkpoint.startswith('avg:'):
+    count = checkpoint[len('avg:'):]
+    if not count.isdigit() or int(count) < 1:
+      raise ValueError(f'checkpoint={checkpoint!r}: expected avg:N with N a positive integer.')
+    if int(count) > len(available):
+      raise ValueError(
+        f'checkpoint={checkpoint!r} needs {count} checkpoints, but there are only '
+        f'{len(available)}: {available}.')
+    return available[-int(count):]
+  if checkpoint.isdigit() and int(checkpoint) in available:
+    return [int(checkpoint)]
+  raise ValueError(
+    f'checkpoint={checkpoint!r} does not exist; the checkpoints are at steps {available} '
+    f"(or use 'latest' or 'avg:N').")
+
+
+def load_params(workdir: str, abstract_state, checkpoint: str = 'latest'):
+  """Parameters of one checkpoint, or the average of several (`avg:N`, section 6.1).
+
+  Returns the parameters and a label naming them (`step_1500`, `avg5_1100-1500`).
+  """
+  checkpointer = Checkpointer(workdir, read_only=True)
+  try:
+    steps = select_steps(checkpointer.all_steps(), checkpoint)
+    total = None
+    for step in steps:
+      params = checkpointer.restore(step, abstract_state, None).params
+      total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
+  finally:
+    checkpointer.close()
+  params = jax.tree.map(lambda x: x / len(steps), total) if len(steps) > 1 else total
+  label = (f'step_{steps[0]}' if len(steps) == 1
+           else f'avg{len(steps)}_{steps[0]}-{steps[-1]}')
+  return params, label
+
+
+def available_steps(workdir: str) -> list[int]:
+  """Steps of the committed checkpoints in `workdir` ([] if there are none yet)."""
+  try:
+    checkpointer = Checkpointer(workdir, read_only=True)
+  except FileNotFoundError:
+    return []
+  try:
+    return sorted(checkpointer.all_steps())
+  finally:
+    checkpointer.close()

@@ -434,3 +434,39 @@ def translation_references(config: ml_collections.ConfigDict, split: str) -> lis
       datasets.translation_pair(ordered[i][1], data.source_lang, data.target_lang)[1]
       for i in range(len(ordered))
   ]
+
+
+@dataclasses.dataclass(frozen=True)
+class _EncodeText:
+  """Tokenizes an (index, raw text) pair like `_EncodeSource` does a dataset example."""
+
+  tokenizer: tokenizer_lib.Tokenizer
+  max_len: int
+  truncated: _Counter
+
+  def __call__(self, indexed: tuple[int, str]) -> dict[str, Any]:
+    index, text = indexed
+    ids = self.tokenizer.encode(text)
+    if len(ids) > self.max_len - 1:
+      ids = ids[: self.max_len - 1]
+      self.truncated.increment()
+    return {'src': np.asarray(ids + [tokenizer_lib.EOS_ID], np.int32), 'index': index}
+
+
+def text_batches(
+    texts: Sequence[str],
+    tokenizer: tokenizer_lib.Tokenizer,
+    batch_size: int,
+    max_len: int,
+) -> grain.MapDataset:
+  """Batches of arbitrary source sentences, shaped like `translation_batches`' batches.
+
+  Empty or whitespace-only lines are skipped (their `index` never occurs), so a
+  caller writing one output per input line leaves them empty.
+  """
+  if batch_size < 1:
+    raise ValueError(f'batch_size={batch_size} must be positive.')
+  truncated = _Counter(f'Truncated %d input lines to {max_len} tokens (running count).')
+  indexed = [(i, text) for i, text in enumerate(texts) if text.strip()]
+  ds = grain.MapDataset.source(indexed).map(_EncodeText(tokenizer, max_len, truncated))
+  return ds.batch(batch_size, batch_fn=_PadTranslationBatch(batch_size, max_len))

@@ -1,0 +1,89 @@
+"""Evaluates checkpoints: `python eval.py --workdir=DIR [--checkpoint=latest|STEP|avg:N]`.
+
+Reads the run's resolved config from WORKDIR/config.json, decodes a split (beam
+search by default, as in the paper: beam 4, alpha 0.6, max length = source + 50)
+and writes WORKDIR/eval/<checkpoint>-<split>.txt and .json (sacreBLEU, chrF,
+length ratio, decode speed). Also translates arbitrary text (--input_file),
+follows a training run (--watch) and draws attention maps (--attention_plot).
+"""
+
+import json
+import sys
+
+from absl import app, flags, logging
+
+from transformer import evaluation, inference
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
+_CHECKPOINT = flags.DEFINE_string(
+  'checkpoint', 'latest', "'latest', a step number, or 'avg:N' (average the last N).")
+_SPLIT = flags.DEFINE_string('split', None, "Split to evaluate (default: config's test_split).")
+_DECODER = flags.DEFINE_enum('decoder', 'beam', inference.DECODERS, 'Decoding algorithm.')
+_BEAM_SIZE = flags.DEFINE_integer('beam_size', 4, 'Beam width (paper: 4).')
+_ALPHA = flags.DEFINE_float('alpha', 0.6, 'Length penalty exponent (paper: 0.6).')
+_MAX_EXTRA_LEN = flags.DEFINE_integer('max_extra_len', 50, 'Output limit: input length + this.')
+_TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Sampling temperature (0: greedy).')
+_TOP_K = flags.DEFINE_integer('top_k', 0, 'Sample from the k most likely tokens (0: all).')
+_TOP_P = flags.DEFINE_float('top_p', 1.0, 'Nucleus sampling mass (1.0: all).')
+_SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 64, 'Sentences decoded at once.')
+_INPUT_FILE = flags.DEFINE_string('input_file', None, "Translate this file ('-': stdin).")
+_OUTPUT_FILE = flags.DEFINE_string('output_file', '-', "Where --input_file's translation goes.")
+_WATCH = flags.DEFINE_bool('watch', False, 'Evaluate every new checkpoint until the final one.')
+_POLL_SECONDS = flags.DEFINE_float('poll_seconds', 30.0, 'With --watch: seconds between looks.')
+_ATTENTION_PLOT = flags.DEFINE_string('attention_plot', None, 'Directory for attention PNGs.')
+_INPUT_TEXT = flags.DEFINE_string('input_text', None, 'Sentence for --attention_plot.')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if _WORKDIR.value is None:
+    raise app.UsageError('--workdir is required.')
+  if _ATTENTION_PLOT.value and not _INPUT_TEXT.value:
+    raise app.UsageError('--attention_plot needs --input_text.')
+  config = evaluation.load_run_config(_WORKDIR.value)
+  options = inference.DecodeOptions(
+    decoder=_DECODER.value, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
+    max_extra_len=_MAX_EXTRA_LEN.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
+    top_p=_TOP_P.value)
+  split = _SPLIT.value or config.data.test_split
+
+  if _WATCH.value:
+    evaluation.watch(config, _WORKDIR.value, split=split, options=options,
+                     batch_size=_BATCH_SIZE.value, poll_seconds=_POLL_SECONDS.value)
+    return
+
+  if _INPUT_FILE.value is not None:
+    lines = evaluation.read_input_lines(_INPUT_FILE.value)  # Fails before any restore.
+  params, label = evaluation.restore_params(config, _WORKDIR.value, _CHECKPOINT.value)
+
+  if _ATTENTION_PLOT.value:
+    paths = evaluation.plot_attention(config, params, _INPUT_TEXT.value, options,
+                                      _ATTENTION_PLOT.value)
+    logging.info('Wrote %d attention maps to %s.', len(paths), _ATTENTION_PLOT.value)
+    return
+
+  if _INPUT_FILE.value is not None:
+    outputs = evaluation.translate_lines(config, params, lines, options=options,
+                                         batch_size=_BATCH_SIZE.value, seed=_SEED.value)
+    text = ''.join(line + '\n' for line in outputs)
+    if _OUTPUT_FILE.value == '-':
+      sys.stdout.write(text)
+    else:
+      with open(_OUTPUT_FILE.value, 'w', encoding='utf-8') as f:
+        f.write(text)
+    return
+
+  lines, results = evaluation.evaluate_split(
+    config, params, split=split, options=options, batch_size=_BATCH_SIZE.value,
+    seed=_SEED.value)
+  results.update(checkpoint=label, split=split, decoder=options.decoder,
+                 beam_size=options.beam_size, alpha=options.alpha)
+  path = evaluation.write_split_results(_WORKDIR.value, label, split, lines, results)
+  print(json.dumps({k: results[k] for k in ('bleu', 'chrf', 'num_sentences')}))
+  logging.info('Wrote %s', path)
+
+
+if __name__ == '__main__':
+  app.run(main)

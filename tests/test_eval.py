@@ -1,0 +1,104 @@
+"""eval.py end to end on a tiny trained run: BLEU files, averaging, text input, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sacrebleu
+
+from configs import tiny
+from transformer import checkpoints, evaluation, inference, training
+
+REPO = Path(__file__).resolve().parents[1]
+MULTI30K = REPO.parent / 'shared' / 'data' / 'multi30k'
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+  """A tiny model trained for 60 steps (checkpoints at 30 and 60)."""
+  if not (MULTI30K / 'train.en.gz').exists():
+    pytest.skip(f'Multi30k not found at {MULTI30K} (the shared data directory is absent).')
+  workdir = tmp_path_factory.mktemp('run')
+  config = tiny.get_config()
+  config.data.manual_dir = str(MULTI30K)
+  config.data.data_dir = str(tmp_path_factory.mktemp('tfds'))
+  training.train_and_evaluate(config, str(workdir))
+  return str(workdir), evaluation.load_run_config(str(workdir))
+
+
+def _eval_py(*args):
+  return subprocess.run([sys.executable, 'eval.py', *args], cwd=REPO, capture_output=True,
+                        text=True, timeout=600, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+
+
+def test_beam_eval_writes_translations_and_bleu_equal_to_sacrebleu_by_hand(run):
+  workdir, config = run
+  result = _eval_py(f'--workdir={workdir}', '--split=validation', '--batch_size=256')
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = Path(workdir) / 'eval'
+  scores = json.loads((out / 'step_60-validation.json').read_text())
+  hypotheses = (out / 'step_60-validation.txt').read_text(encoding='utf-8').split('\n')[:-1]
+  with open(MULTI30K / 'val.de.gz', 'rb') as f:
+    import gzip
+    references = gzip.decompress(f.read()).decode('utf-8').rstrip('\n').split('\n')
+  assert len(hypotheses) == len(references) == scores['num_sentences'] == 1014
+  by_hand = sacrebleu.corpus_bleu(hypotheses, [references])
+  assert scores['bleu'] == pytest.approx(by_hand.score, abs=1e-9)
+  assert scores['bleu_signature'].startswith('nrefs:1|case:mixed|eff:no|tok:13a')
+  for key in ('chrf', 'length_ratio', 'sentences_per_sec', 'tokens_per_sec',
+              'bleu_tokenized_compound_split'):
+    assert np.isfinite(scores[key]), key
+  assert scores['checkpoint'] == 'step_60' and scores['decoder'] == 'beam'
+
+
+def test_checkpoint_averaging_averages_parameters(run):
+  workdir, config = run
+  target = evaluation.abstract_state(config)
+  averaged, label = checkpoints.load_params(workdir, target, 'avg:2')
+  assert label == 'avg2_30-60'
+  p30, _ = checkpoints.load_params(workdir, target, '30')
+  p60, _ = checkpoints.load_params(workdir, target, 'latest')
+  leaf = lambda p: np.asarray(p['encoder']['layer_0']['ffn']['wi']['kernel'])
+  np.testing.assert_allclose(leaf(averaged), (leaf(p30) + leaf(p60)) / 2, rtol=1e-6)
+
+
+def test_translate_lines_keeps_empty_lines_and_alignment(run):
+  workdir, config = run
+  params, _ = evaluation.restore_params(config, workdir, 'latest')
+  lines = ['A man is riding a bike.', '', '   ', 'Two dogs play in the snow.']
+  options = inference.DecodeOptions(decoder='greedy')
+  outputs = evaluation.translate_lines(config, params, lines, options=options, batch_size=2)
+  assert len(outputs) == 4
+  assert outputs[1] == '' and outputs[2] == ''
+  assert outputs[0] and outputs[3]
+  alone = evaluation.translate_lines(config, params, lines[3:], options=options, batch_size=2)
+  assert alone == outputs[3:]
+
+
+def test_missing_checkpoint_lists_existing_steps(run):
+  workdir, _ = run
+  with pytest.raises(ValueError, match=r"checkpoint='45' does not exist.*\[30, 60\]"):
+    checkpoints.select_steps([30, 60], '45')
+  with pytest.raises(ValueError, match='needs 3 checkpoints, but there are only 2'):
+    checkpoints.select_steps([30, 60], 'avg:3')
+  result = _eval_py(f'--workdir={workdir}', '--checkpoint=avg:5')
+  assert result.returncode != 0 and 'there are only 2' in result.stderr
+
+
+def test_workdir_without_config_names_the_file(tmp_path):
+  result = _eval_py(f'--workdir={tmp_path}')
+  assert result.returncode != 0
+  assert f'No resolved config at {tmp_path}/config.json' in result.stderr
+
+
+def test_invalid_utf8_input_names_the_line(tmp_path):
+  path = tmp_path / 'in.txt'
+  path.write_bytes(b'good line\n\xff\xfe bad\n')
+  with pytest.raises(ValueError, match=r'in.txt: line 2 is not valid UTF-8'):
+    evaluation.read_input_lines(str(path))

@@ -1,0 +1,67 @@
+"""The model wired to the decoders: cached greedy decoding equals argmax of the full pass."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import inference
+from transformer import tokenizer as tokenizer_lib
+from transformer.model import ModelConfig, Transformer
+
+VOCAB = 24
+
+
+@functools.cache
+def _setup():
+  cfg = ModelConfig(vocab_size=VOCAB, num_layers=2, d_model=16, num_heads=2, d_ff=32,
+                    deterministic=True)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = nn.meta.unbox(Transformer(cfg).init(jax.random.key(3), tokens, tokens)['params'])
+  src = np.random.default_rng(0).integers(4, VOCAB, size=(3, 6)).astype(np.int32)
+  src[:, -1] = tokenizer_lib.EOS_ID
+  src[1, 3:] = 0  # A shorter row.
+  src[1, 2] = tokenizer_lib.EOS_ID
+  return cfg, params, jnp.asarray(src)
+
+
+def _translate(**options):
+  cfg, params, src = _setup()
+  fn = inference.make_translate_fn(cfg, inference.DecodeOptions(max_extra_len=5, **options))
+  return np.asarray(fn(params, src, jax.random.key(0)))
+
+
+def test_greedy_equals_argmax_of_full_forward_pass():
+  cfg, params, src = _setup()
+  out = _translate(decoder='greedy')
+  assert out.shape == (3, 6 + 5)
+  model = Transformer(cfg)
+  for row in range(3):
+    tokens = list(out[row])
+    length = tokens.index(tokenizer_lib.EOS_ID) + 1 if tokenizer_lib.EOS_ID in tokens else len(
+      [t for t in tokens if t])
+    assert length <= int((src[row] != 0).sum()) + 5  # Per-row limit: source length + 5.
+    tgt_in = jnp.asarray([[tokenizer_lib.BOS_ID] + tokens[:length - 1]])
+    logits = model.apply({'params': params}, src[row:row + 1], tgt_in)
+    np.testing.assert_array_equal(np.argmax(logits[0], -1), tokens[:length])
+    assert not any(tokens[length:])  # Padding after EOS.
+
+
+def test_beam_of_one_equals_greedy():
+  np.testing.assert_array_equal(_translate(decoder='beam', beam_size=1),
+                                _translate(decoder='greedy'))
+
+
+def test_beam_search_runs_and_sampling_is_seeded():
+  beam = _translate(decoder='beam', beam_size=3)
+  assert beam.shape == (3, 11) and beam.dtype == np.int32
+  np.testing.assert_array_equal(_translate(decoder='sample', top_k=5),
+                                _translate(decoder='sample', top_k=5))
+
+
+def test_unknown_decoder_is_rejected():
+  with pytest.raises(ValueError, match='decoder'):
+    inference.DecodeOptions(decoder='viterbi')

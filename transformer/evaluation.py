@@ -1,0 +1,191 @@
+"""Checkpoint evaluation: decode a split or a file, score with sacreBLEU, watch a workdir."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from transformer import (
+  checkpoints,
+  datasets,
+  inference,
+  input_pipeline,
+  metrics,
+  optim,
+  scoring,
+  sharding,
+  training,
+)
+from transformer import tokenizer as tokenizer_lib
+from transformer.model import ModelConfig
+
+
+def load_run_config(workdir: str) -> ml_collections.ConfigDict:
+  """The resolved config that train.py wrote to WORKDIR/config.json."""
+  path = os.path.join(os.path.expanduser(workdir), 'config.json')
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+      f'No resolved config at {path}: --workdir must be a directory written by train.py.')
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def abstract_state(config: ml_collections.ConfigDict):
+  """Shapes and shardings of the train state (restore targets), nothing allocated."""
+  model, _ = training.create_models(config)
+  mesh = sharding.create_mesh(config.mesh)
+  abstract, _ = training.abstract_state_and_shardings(
+    config, model, optim.create_optimizer(config), mesh)
+  return abstract
+
+
+def restore_params(config: ml_collections.ConfigDict, workdir: str, checkpoint: str):
+  """(params, label) of `checkpoint` ('latest', a step, or 'avg:N') in `workdir`."""
+  return checkpoints.load_params(workdir, abstract_state(config), checkpoint)
+
+
+def decode_batches(
+  translate_fn, params, batches: Iterable[dict[str, np.ndarray]],
+  tokenizer: tokenizer_lib.Tokenizer, rng: jax.Array,
+) -> tuple[dict[int, str], dict[str, float]]:
+  """Detokenized translations keyed by input index, and decode-speed figures."""
+  translations: dict[int, str] = {}
+  num_tokens = 0
+  start = time.perf_counter()
+  for i, batch in enumerate(batches):
+    tokens = np.asarray(translate_fn(params, batch['src_tokens'], jax.random.fold_in(rng, i)))
+    for index, valid, row in zip(batch['index'], batch['valid'], tokens, strict=True):
+      if valid:
+        translations[int(index)] = tokenizer.decode(row.tolist())
+        num_tokens += int(np.count_nonzero(row))
+  seconds = time.perf_counter() - start
+  speed = {
+    'decode_seconds': seconds,
+    'sentences_per_sec': len(translations) / max(seconds, 1e-9),
+    'tokens_per_sec': num_tokens / max(seconds, 1e-9),
+  }
+  return translations, speed
+
+
+def _write_text(path: str, lines: Sequence[str]) -> None:
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.writelines(line + '\n' for line in lines)
+  os.replace(tmp, path)
+
+
+def evaluate_split(
+  config: ml_collections.ConfigDict, params, *, split: str, options: inference.DecodeOptions,
+  batch_size: int, seed: int = 0, tokenizer: tokenizer_lib.Tokenizer | None = None,
+) -> tuple[list[str], dict]:
+  """Translates every line of `split` in input order and scores it against the references.
+
+  Returns one output line per line of the split's source file (lines that were
+  empty there stay empty) and the scores.
+  """
+  tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
+  translate_fn = inference.make_translate_fn(ModelConfig.from_config(config), options)
+  batches = input_pipeline.translation_batches(config, tokenizer, split, batch_size)
+  translations, speed = decode_batches(translate_fn, params, batches, tokenizer,
+                                       jax.random.key(seed))
+  references = input_pipeline.translation_references(config, split)
+  ordered = [translations[i] for i in sorted(translations)]
+  results = scoring.corpus_scores(ordered, references)
+  if config.data.target_lang == 'de':
+    results['bleu_tokenized_compound_split'] = scoring.tokenized_compound_split_bleu(
+      ordered, references, 'de')
+  results.update(speed)
+  num_lines = datasets.split_num_lines(config.data, split) or len(references)
+  lines = [translations.get(i, '') for i in range(num_lines)]
+  return lines, results
+
+
+def write_split_results(workdir: str, label: str, split: str, lines: Sequence[str],
+                        results: dict) -> str:
+  """WORKDIR/eval/<label>-<split>.{txt,json}; returns the .json path."""
+  out_dir = os.path.join(workdir, 'eval')
+  os.makedirs(out_dir, exist_ok=True)
+  stem = os.path.join(out_dir, f'{label}-{split}')
+  _write_text(stem + '.txt', lines)
+  tmp = stem + '.json.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(results, f, indent=2, sort_keys=True)
+  os.replace(tmp, stem + '.json')
+  return stem + '.json'
+
+
+def read_input_lines(path: str) -> list[str]:
+  """Lines of a UTF-8 file ('-' for stdin); invalid UTF-8 is an error naming the line."""
+  if path == '-':
+    raw = sys.stdin.buffer.read()
+  else:
+    with open(path, 'rb') as f:
+      raw = f.read()
+  lines = raw.split(b'\n')
+  if lines and lines[-1] == b'':
+    lines.pop()
+  decoded = []
+  for number, line in enumerate(lines, start=1):
+    try:
+      decoded.append(line.decode('utf-8').rstrip('\r'))
+    except UnicodeDecodeError as e:
+      raise ValueError(f'{path}: line {number} is not valid UTF-8 ({e.reason}).') from None
+  return decoded
+
+
+def translate_lines(
+  config: ml_collections.ConfigDict, params, lines: Sequence[str], *,
+  options: inference.DecodeOptions, batch_size: int, seed: int = 0,
+) -> list[str]:
+  """One translation per input line; empty input lines give empty output lines."""
+  tokenizer = tokenizer_lib.get_tokenizer(config)
+  translate_fn = inference.make_translate_fn(ModelConfig.from_config(config), options)
+  batches = input_pipeline.text_batches(lines, tokenizer, batch_size, config.data.max_eval_len)
+  translations, _ = decode_batches(translate_fn, params, batches, tokenizer,
+                                   jax.random.key(seed))
+  return [translations.get(i, '') for i in range(len(lines))]
+
+
+def watch(
+  config: ml_collections.ConfigDict, workdir: str, *, split: str,
+  options: inference.DecodeOptions, batch_size: int, poll_seconds: float = 30.0,
+  timeout_seconds: float | None = None,
+) -> list[int]:
+  """Evaluates each new checkpoint as it appears, until the run's final step is done.
+
+  A side-car next to a training job: BLEU per step goes to WORKDIR/eval/*.json,
+  metrics.jsonl (`{split}_bleu` rows) and TensorBoard. Returns the steps evaluated.
+  """
+  target = abstract_state(config)
+  tokenizer = tokenizer_lib.get_tokenizer(config)
+  writer = metrics.MetricsWriter(os.path.join(workdir, 'eval'))
+  evaluated: list[int] = []
+  started = time.monotonic()
+  try:
+    while True:
+      steps = checkpoints.available_steps(workdir)
+      for step in sorted(set(steps) - set(evaluated)):
+        params, label = checkpoints.load_params(workdir, target, str(step))
+        lines, results = evaluate_split(config, params, split=split, options=options,
+                                        batch_size=batch_size, tokenizer=tokenizer)
+        write_split_results(workdir, label, split, lines, results)
+        writer.write(step, {f'{split}_bleu': results['bleu'], f'{split}_chrf': results['chrf']})
+        writer.flush()
+        logging.info('step %d: %s BLEU %.2f', step, split, results['bleu'])
+        evaluated.append(step)
+      if evaluated and max(evaluated) >= config.num_train_steps:
+        return evaluated
+      if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:
+        logging.warning('Stopped watching after %.0f s.', timeout_seconds)
+        return evaluated
+      time.sleep(poll_seconds)
+  finally:
+    writer.close()

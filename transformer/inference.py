@@ -1,0 +1,98 @@
+"""Translation with a trained model: cached decoding wired to the decoders of `decoding.py`.
+
+The model side of the decoders' contract: `init_state` encodes the source once
+and builds the decoder's cache (self-attention key/value buffers plus the
+cross-attention keys and values of the encoder output); `logits_fn` runs one
+decoder step. Everything is a pure function of (params, source tokens, key), jitted
+once per source length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from transformer import decoding
+from transformer import tokenizer as tokenizer_lib
+from transformer.model import ModelConfig, Transformer
+
+DECODERS = ('beam', 'greedy', 'sample')
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+  """How to decode; the defaults are the paper's (section 6.1)."""
+
+  decoder: str = 'beam'
+  beam_size: int = 4
+  alpha: float = 0.6  # GNMT length penalty exponent.
+  max_extra_len: int = 50  # Output length limit: source length + this.
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    if self.decoder not in DECODERS:
+      raise ValueError(f'decoder={self.decoder!r} is not one of {DECODERS}.')
+    if self.beam_size < 1 or self.max_extra_len < 1:
+      raise ValueError('beam_size and max_extra_len must be positive.')
+
+
+def _init_state(params, src_tokens_BS: jax.Array, model_config: ModelConfig, max_decode_len: int):
+  """Encodes the source and creates the decoding cache (index 0, cross K/V filled)."""
+  model = Transformer(model_config.replace(deterministic=True, decode=True,
+                                           max_decode_len=max_decode_len))
+  src_segments_BS = (src_tokens_BS != 0).astype(jnp.int32)
+  encoded_BSD = model.apply({'params': params}, src_tokens_BS, src_segments_BS,
+                            method=Transformer.encode)
+  bos_B1 = jnp.full((src_tokens_BS.shape[0], 1), tokenizer_lib.BOS_ID, jnp.int32)
+  _, variables = model.apply({'params': params}, encoded_BSD, src_segments_BS, bos_B1,
+                             method=Transformer.decode, mutable=['cache'])
+  return model, {'cache': variables['cache'], 'src_segments': src_segments_BS}
+
+
+def _logits_fn(model: Transformer, params):
+  """One decoder step: (tokens [N, 1], state) -> (logits [N, V], state)."""
+
+  def step(tokens_N1, state):
+    # The encoder output is only read when the cache is created; steps use the
+    # cross-attention keys and values held in the cache.
+    logits_N1V, variables = model.apply(
+      {'params': params, 'cache': state['cache']}, None, state['src_segments'], tokens_N1,
+      method=Transformer.decode, mutable=['cache'])
+    return logits_N1V[:, 0], {**state, 'cache': variables['cache']}
+
+  return step
+
+
+def translate(params, src_tokens_BS: jax.Array, rng: jax.Array, *, model_config: ModelConfig,
+              options: DecodeOptions) -> jax.Array:
+  """Best translation of each source row, int32 [B, S + max_extra_len], 0-padded after EOS.
+
+  Each row's output is limited to its own source length + `max_extra_len`
+  tokens (EOS included), as in the paper.
+  """
+  batch, src_len = src_tokens_BS.shape
+  max_decode_len = src_len + options.max_extra_len
+  model, state = _init_state(params, src_tokens_BS, model_config, max_decode_len)
+  max_lengths_B = jnp.sum(src_tokens_BS != 0, axis=1).astype(jnp.int32) + options.max_extra_len
+  common = dict(max_decode_len=max_decode_len, max_lengths=max_lengths_B,
+                bos_id=tokenizer_lib.BOS_ID, eos_id=tokenizer_lib.EOS_ID)
+  logits_fn = _logits_fn(model, params)
+  if options.decoder == 'beam':
+    tokens_BKL, _ = decoding.beam_search(
+      logits_fn, state, beam_size=options.beam_size, alpha=options.alpha, **common)
+    return tokens_BKL[:, 0]
+  if options.decoder == 'greedy':
+    return decoding.greedy_decode(logits_fn, state, batch_size=batch, **common)
+  return decoding.sample_decode(
+    logits_fn, state, rng, batch_size=batch, temperature=options.temperature,
+    top_k=options.top_k, top_p=options.top_p, **common)
+
+
+def make_translate_fn(model_config: ModelConfig, options: DecodeOptions):
+  """`jax.jit`ed `translate(params, src_tokens, rng)`; one compile per source length."""
+  return jax.jit(functools.partial(translate, model_config=model_config, options=options))

@@ -39,6 +39,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Logging, evaluation and checkpoints.
   config.log_every_steps = 25  # Console/metrics cadence for training rows.
   config.eval_every_steps = 250  # Validation loss cadence (always also at the end).
+  config.eval_bleu_sentences = 512  # Validation sentences decoded for BLEU per eval (0: off).
+  config.eval_bleu_decoder = 'greedy'  # 'greedy' or 'beam' (beam 4, alpha 0.6) for that BLEU.
   config.checkpoint_every_steps = 100  # Checkpoint cadence (always also at the end).
   config.keep_checkpoints = 5  # Most recent checkpoints kept on disk.
 

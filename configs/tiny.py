@@ -21,6 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.log_every_steps = 10
   config.eval_every_steps = 30
   config.checkpoint_every_steps = 30
+  config.eval_bleu_sentences = 32
   config.keep_checkpoints = 3
   config.model.num_layers = 1
   config.model.d_model = 32

@@ -65,6 +65,7 @@ def test_tiny_trains_and_loss_falls(data_dirs, tmp_path):
   assert train_losses[-1] < train_losses[0] - 0.5, train_losses
   assert [r['step'] for r in eval_rows] == [30, 60]
   assert eval_rows[-1]['eval_loss'] < eval_rows[0]['eval_loss']
+  assert all(0.0 <= r['eval_bleu'] <= 100.0 for r in eval_rows)
   assert np.isfinite(final['eval_perplexity'])
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['30', '60']
   assert json.loads((tmp_path / 'config.json').read_text())['model']['d_model'] == 32

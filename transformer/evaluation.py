@@ -6,11 +6,10 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import jax
 import ml_collections
-import numpy as np
 from absl import logging
 
 from transformer import (
@@ -52,29 +51,6 @@ def restore_params(config: ml_collections.ConfigDict, workdir: str, checkpoint: 
   return checkpoints.load_params(workdir, abstract_state(config), checkpoint)
 
 
-def decode_batches(
-  translate_fn, params, batches: Iterable[dict[str, np.ndarray]],
-  tokenizer: tokenizer_lib.Tokenizer, rng: jax.Array,
-) -> tuple[dict[int, str], dict[str, float]]:
-  """Detokenized translations keyed by input index, and decode-speed figures."""
-  translations: dict[int, str] = {}
-  num_tokens = 0
-  start = time.perf_counter()
-  for i, batch in enumerate(batches):
-    tokens = np.asarray(translate_fn(params, batch['src_tokens'], jax.random.fold_in(rng, i)))
-    for index, valid, row in zip(batch['index'], batch['valid'], tokens, strict=True):
-      if valid:
-        translations[int(index)] = tokenizer.decode(row.tolist())
-        num_tokens += int(np.count_nonzero(row))
-  seconds = time.perf_counter() - start
-  speed = {
-    'decode_seconds': seconds,
-    'sentences_per_sec': len(translations) / max(seconds, 1e-9),
-    'tokens_per_sec': num_tokens / max(seconds, 1e-9),
-  }
-  return translations, speed
-
-
 def _write_text(path: str, lines: Sequence[str]) -> None:
   tmp = path + '.tmp'
   with open(tmp, 'w', encoding='utf-8') as f:
@@ -94,7 +70,7 @@ def evaluate_split(
   tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
   translate_fn = inference.make_translate_fn(ModelConfig.from_config(config), options)
   batches = input_pipeline.translation_batches(config, tokenizer, split, batch_size)
-  translations, speed = decode_batches(translate_fn, params, batches, tokenizer,
+  translations, speed = inference.decode_batches(translate_fn, params, batches, tokenizer,
                                        jax.random.key(seed))
   references = input_pipeline.translation_references(config, split)
   ordered = [translations[i] for i in sorted(translations)]
@@ -149,7 +125,7 @@ def translate_lines(
   tokenizer = tokenizer_lib.get_tokenizer(config)
   translate_fn = inference.make_translate_fn(ModelConfig.from_config(config), options)
   batches = input_pipeline.text_batches(lines, tokenizer, batch_size, config.data.max_eval_len)
-  translations, _ = decode_batches(translate_fn, params, batches, tokenizer,
+  translations, _ = inference.decode_batches(translate_fn, params, batches, tokenizer,
                                    jax.random.key(seed))
   return [translations.get(i, '') for i in range(len(lines))]
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
+from collections.abc import Iterable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer import decoding
 from transformer import tokenizer as tokenizer_lib
@@ -96,3 +99,31 @@ def translate(params, src_tokens_BS: jax.Array, rng: jax.Array, *, model_config:
 def make_translate_fn(model_config: ModelConfig, options: DecodeOptions):
   """`jax.jit`ed `translate(params, src_tokens, rng)`; one compile per source length."""
   return jax.jit(functools.partial(translate, model_config=model_config, options=options))
+
+
+def decode_batches(
+  translate_fn, params, batches: Iterable[dict[str, np.ndarray]],
+  tokenizer: tokenizer_lib.Tokenizer, rng: jax.Array, max_sentences: int | None = None,
+) -> tuple[dict[int, str], dict[str, float]]:
+  """Detokenized translations keyed by input index, and decode-speed figures.
+
+  With `max_sentences`, stops after the batch that reaches that many sentences.
+  """
+  translations: dict[int, str] = {}
+  num_tokens = 0
+  start = time.perf_counter()
+  for i, batch in enumerate(batches):
+    tokens = np.asarray(translate_fn(params, batch['src_tokens'], jax.random.fold_in(rng, i)))
+    for index, valid, row in zip(batch['index'], batch['valid'], tokens, strict=True):
+      if valid:
+        translations[int(index)] = tokenizer.decode(row.tolist())
+        num_tokens += int(np.count_nonzero(row))
+    if max_sentences is not None and len(translations) >= max_sentences:
+      break
+  seconds = time.perf_counter() - start
+  speed = {
+    'decode_seconds': seconds,
+    'sentences_per_sec': len(translations) / max(seconds, 1e-9),
+    'tokens_per_sec': num_tokens / max(seconds, 1e-9),
+  }
+  return translations, speed

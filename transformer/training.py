@@ -19,7 +19,17 @@ import optax
 from absl import logging
 from jax.sharding import Mesh
 
-from transformer import checkpoints, input_pipeline, losses, metrics, optim, sharding, tokenizer
+from transformer import (
+  checkpoints,
+  inference,
+  input_pipeline,
+  losses,
+  metrics,
+  optim,
+  scoring,
+  sharding,
+  tokenizer,
+)
 from transformer.model import ModelConfig, Transformer
 
 Batch = dict[str, jax.Array]
@@ -65,6 +75,9 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
               'checkpoint_every_steps', 'keep_checkpoints'):
     if config[key] < 1:
       errors.append(f'config.{key}={config[key]} must be positive.')
+  if config.eval_bleu_decoder not in ('greedy', 'beam'):
+    errors.append(f"config.eval_bleu_decoder={config.eval_bleu_decoder!r} is not 'greedy' or "
+                  "'beam'.")
   if config.data.source_lang == config.data.target_lang:
     errors.append(f'config.data.source_lang and target_lang are both {config.data.source_lang!r}.')
   if errors:
@@ -175,6 +188,19 @@ def evaluate(eval_fn, params, batches: Iterable[dict[str, np.ndarray]], mesh: Me
   return jax.device_get(total)
 
 
+def validation_bleu(config, params, vocab, translate_fn) -> dict[str, float]:
+  """sacreBLEU of the first `config.eval_bleu_sentences` validation sentences."""
+  count = config.eval_bleu_sentences
+  split = config.data.eval_split
+  batches = input_pipeline.translation_batches(config, vocab, split, min(64, count))
+  translations, speed = inference.decode_batches(
+    translate_fn, params, batches, vocab, jax.random.key(config.seed), max_sentences=count)
+  hypotheses = [translations[i] for i in sorted(translations)][:count]
+  references = input_pipeline.translation_references(config, split)[:len(hypotheses)]
+  return {'eval_bleu': scoring.corpus_scores(hypotheses, references)['bleu'],
+          'eval_decode_sentences_per_sec': speed['sentences_per_sec']}
+
+
 def _flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return {'.'.join(k): v for k, v in flax.traverse_util.flatten_dict(config.to_dict()).items()}
 
@@ -257,13 +283,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     in_shardings=(state_shardings.params, batch_shardings),
     out_shardings=sharding.replicated(mesh))
 
+  translate_fn = inference.make_translate_fn(
+    eval_model.config, inference.DecodeOptions(decoder=config.eval_bleu_decoder))
+
   def run_eval(step: int) -> dict[str, float]:
     sums = evaluate(p_eval_step, state.params,
                     input_pipeline.eval_batches(config, vocab, config.data.eval_split), mesh)
     summary = losses.summarize(sums, 'eval')
+    if config.eval_bleu_sentences > 0:
+      summary.update(validation_bleu(config, state.params, vocab, translate_fn))
     writer.write(step, summary)
-    logging.info('step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f', step,
-                 summary['eval_loss'], summary['eval_perplexity'], summary['eval_accuracy'])
+    logging.info('step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f | BLEU %s', step,
+                 summary['eval_loss'], summary['eval_perplexity'], summary['eval_accuracy'],
+                 f"{summary['eval_bleu']:.2f}" if 'eval_bleu' in summary else '-')
     return summary
 
   logging.info('Training from step %d to %d on mesh %s.', start_step, config.num_train_steps,

@@ -102,3 +102,15 @@ def test_invalid_utf8_input_names_the_line(tmp_path):
   path.write_bytes(b'good line\n\xff\xfe bad\n')
   with pytest.raises(ValueError, match=r'in.txt: line 2 is not valid UTF-8'):
     evaluation.read_input_lines(str(path))
+
+
+def test_attention_plot_writes_one_png_per_kind_and_layer(run, tmp_path):
+  workdir, _ = run
+  out = tmp_path / 'maps'
+  result = _eval_py(f'--workdir={workdir}', f'--attention_plot={out}', '--decoder=greedy',
+                    '--input_text=A dog runs on the beach.')
+  assert result.returncode == 0, result.stderr[-3000:]
+  names = sorted(p.name for p in out.iterdir())
+  assert names == ['cross_attention_layer0.png', 'decoder_self_attention_layer0.png',
+                   'encoder_self_attention_layer0.png']
+  assert all((out / n).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' for n in names)

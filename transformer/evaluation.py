@@ -10,9 +10,11 @@ from collections.abc import Sequence
 
 import jax
 import ml_collections
+import numpy as np
 from absl import logging
 
 from transformer import (
+  attention_maps,
   checkpoints,
   datasets,
   inference,
@@ -165,3 +167,27 @@ def watch(
       time.sleep(poll_seconds)
   finally:
     writer.close()
+
+
+def plot_attention(
+  config: ml_collections.ConfigDict, params, text: str, options: inference.DecodeOptions,
+  out_dir: str,
+) -> list[str]:
+  """Translates `text`, then draws the model's attention over source and translation.
+
+  One PNG per kind (encoder self, decoder self, cross) and layer, a panel per
+  head, subword pieces on the axes. Returns the written paths.
+  """
+  tokenizer = tokenizer_lib.get_tokenizer(config)
+  model_config = ModelConfig.from_config(config)
+  src_tokens = np.asarray(tokenizer.encode(text) + [tokenizer_lib.EOS_ID], np.int32)[None]
+  translate_fn = inference.make_translate_fn(model_config, options)
+  output = np.asarray(translate_fn(params, src_tokens, jax.random.key(0)))[0]
+  output = output[:np.flatnonzero(output == tokenizer_lib.EOS_ID)[0] + 1] if (
+    output == tokenizer_lib.EOS_ID).any() else output[output != 0]
+  logging.info('Translation: %s', tokenizer.decode(output.tolist()))
+  weights = attention_maps.collect_attention(params, model_config, src_tokens[0], output)
+  os.makedirs(out_dir, exist_ok=True)
+  return attention_maps.plot_attention(
+    weights, attention_maps.token_labels(tokenizer, src_tokens[0]),
+    attention_maps.token_labels(tokenizer, output), out_dir)

@@ -1,0 +1,192 @@
+"""Decoding speed: greedy and beam search (4 beams, alpha 0.6) over a test split, in one run.
+
+  python bench/decode_speed.py --workdir=workdirs/m30k          # A trained run's weights.
+  python bench/decode_speed.py --config=configs/tiny.py \
+      --config.data.manual_dir=../shared/data/multi30k --max_sentences=64  # Random weights.
+
+With `--workdir` the model is that run's (WORKDIR/config.json, its latest
+checkpoint, or `--checkpoint`); `--config.*` overrides still apply on top (e.g.
+`--config.data.manual_dir`). Without it the parameters are random, initialised
+from `--config`: the speed is that of the architecture, but a random model
+rarely emits EOS, so nearly every output runs to its length limit (source length
++ 50), the slowest case.
+
+Reports, per decoder, from one run on one machine (figures are only comparable
+side by side):
+  * compile time: every distinct batch shape is compiled ahead of time, before
+    any timing (batches are [batch_size, L], L a power of two, so few shapes);
+  * decode time, sentences/s and output tokens/s (EOS included, padding rows of
+    the last batch excluded): each batch timed end to end (copy in, decode,
+    copy out), with the source batches already tokenized.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from transformer import (  # noqa: E402
+  checkpoints,
+  inference,
+  input_pipeline,
+  optim,
+  sharding,
+  tokenizer,
+  training,
+)
+from transformer.model import ModelConfig  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', 'configs/default.py', 'Config of the random model (ignored, but for its '
+  '--config.* overrides, when --workdir is given).')
+_WORKDIR = flags.DEFINE_string(
+  'workdir', None, "A training run's directory: its config.json and checkpoint are used.")
+_CHECKPOINT = flags.DEFINE_string(
+  'checkpoint', 'latest', "With --workdir: 'latest', a step number or 'avg:N'.")
+_SPLIT = flags.DEFINE_string('split', None, 'Split to decode (default: config.data.test_split).')
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 64, 'Sentences per decoding batch.')
+_MAX_SENTENCES = flags.DEFINE_integer('max_sentences', 0, 'Decode at most this many (0: all).')
+
+BEAM_SIZE, ALPHA, MAX_EXTRA_LEN = 4, 0.6, 50
+DECODERS = {
+  'greedy': inference.DecodeOptions(decoder='greedy', max_extra_len=MAX_EXTRA_LEN),
+  f'beam-{BEAM_SIZE}': inference.DecodeOptions(
+    decoder='beam', beam_size=BEAM_SIZE, alpha=ALPHA, max_extra_len=MAX_EXTRA_LEN),
+}
+
+
+def _set(config: ml_collections.ConfigDict, dotted_key: str, value) -> None:
+  *parents, leaf = dotted_key.split('.')
+  for parent in parents:
+    config = config[parent]
+  config[leaf] = value
+
+
+def load_config() -> tuple[ml_collections.ConfigDict, str]:
+  """The run's config (with command-line overrides) or `--config`; and where it came from."""
+  if not _WORKDIR.value:
+    return _CONFIG.value, config_flags.get_config_filename(flags.FLAGS['config'])
+  with open(os.path.join(os.path.expanduser(_WORKDIR.value), 'config.json')) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  for key, value in config_flags.get_override_values(flags.FLAGS['config']).items():
+    _set(config, key, value)
+  return config, _WORKDIR.value
+
+
+def load_params(config: ml_collections.ConfigDict):
+  """Checkpointed parameters with --workdir, otherwise random ones; and their label."""
+  model, _ = training.create_models(config)
+  if _WORKDIR.value:
+    mesh = sharding.create_mesh(config.mesh)
+    abstract_state, _ = training.abstract_state_and_shardings(
+      config, model, optim.create_optimizer(config), mesh)
+    return checkpoints.load_params(_WORKDIR.value, abstract_state, _CHECKPOINT.value)
+  tokens = jnp.ones((1, config.data.max_len), jnp.int32)
+  init = jax.jit(lambda key: model.init(key, tokens, tokens)['params'])
+  return nn.meta.unbox(init(jax.random.key(config.seed))), 'random'
+
+
+def source_batches(config, vocab, split: str) -> tuple[list[dict[str, np.ndarray]], float]:
+  """The split's decoding batches, capped at --max_sentences; and the seconds taken."""
+  start = time.perf_counter()
+  batches, count = [], 0
+  for batch in input_pipeline.translation_batches(config, vocab, split, _BATCH_SIZE.value):
+    valid = batch['valid'].copy()
+    if _MAX_SENTENCES.value:
+      keep = max(0, _MAX_SENTENCES.value - count)
+      valid[np.flatnonzero(valid)[keep:]] = False
+    if not valid.any():
+      break
+    # Rows left out by the cap are decoded as padding (all zeros), keeping the batch shape.
+    batches.append({'src_tokens': np.where(valid[:, None], batch['src_tokens'], 0),
+                    'valid': valid})
+    count += int(valid.sum())
+  return batches, time.perf_counter() - start
+
+
+def output_lengths(tokens_BL: np.ndarray) -> np.ndarray:
+  """Tokens of each output up to and including its EOS (all non-padding if none)."""
+  is_eos = tokens_BL == tokenizer.EOS_ID
+  return np.where(is_eos.any(axis=1), is_eos.argmax(axis=1) + 1, (tokens_BL != 0).sum(axis=1))
+
+
+def measure(model_config: ModelConfig, options: inference.DecodeOptions, params,
+            batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
+  """Compiles every batch shape, then times decoding all batches."""
+  translate = inference.make_translate_fn(model_config, options)
+  key = jax.random.key(0)
+  compiled = {}
+  start = time.perf_counter()
+  for batch in batches:
+    shape = batch['src_tokens'].shape
+    if shape not in compiled:
+      compiled[shape] = translate.lower(params, jnp.asarray(batch['src_tokens']), key).compile()
+  compile_seconds = time.perf_counter() - start
+
+  outputs = []
+  start = time.perf_counter()
+  for batch in batches:
+    src = batch['src_tokens']
+    outputs.append(np.asarray(compiled[src.shape](params, jnp.asarray(src), key)))
+  decode_seconds = time.perf_counter() - start
+
+  sentences = sum(int(b['valid'].sum()) for b in batches)
+  tokens = sum(int(output_lengths(out[b['valid']]).sum())
+               for out, b in zip(outputs, batches, strict=True))
+  return {
+    'shapes': len(compiled), 'compile_s': compile_seconds, 'decode_s': decode_seconds,
+    'sentences': sentences, 'tokens': tokens,
+    'sentences_per_s': sentences / decode_seconds, 'tokens_per_s': tokens / decode_seconds,
+  }
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  config, source = load_config()
+  model_config = ModelConfig.from_config(config)
+  split = _SPLIT.value or config.data.test_split
+  vocab = tokenizer.get_tokenizer(config)
+  params, label = load_params(config)
+  batches, pipeline_seconds = source_batches(config, vocab, split)
+  if not batches:
+    raise ValueError(f'No sentences to decode in split {split!r}.')
+  num_sentences = sum(int(b['valid'].sum()) for b in batches)
+  lengths = sorted({b['src_tokens'].shape[1] for b in batches})
+  logging.info('Decoding %d sentences of %s.', num_sentences, split)
+
+  results = {name: measure(model_config, options, params, batches)
+             for name, options in DECODERS.items()}
+
+  devices = jax.devices()
+  print(f'device: {len(devices)} x {devices[0].device_kind} ({devices[0].platform})')
+  print(f'model: {source}, params: {label}; d_model {model_config.d_model}, '
+        f'{model_config.num_layers}+{model_config.num_layers} layers, '
+        f'vocab {model_config.vocab_size}')
+  print(f'data: {split}, {num_sentences} sentences in {len(batches)} batches of '
+        f'{_BATCH_SIZE.value} (source lengths {lengths}); tokenized in {pipeline_seconds:.1f} s, '
+        'not timed below')
+  print(f'options: output limit source length + {MAX_EXTRA_LEN}; beam alpha {ALPHA}')
+  header = (f'{"decoder":<8} {"shapes":>6} {"compile s":>9} {"decode s":>9} '
+            f'{"sent/s":>9} {"out tok/s":>10} {"tok/sent":>8}')
+  print(header)
+  print('-' * len(header))
+  for name, r in results.items():
+    print(f'{name:<8} {r["shapes"]:>6} {r["compile_s"]:>9.1f} {r["decode_s"]:>9.2f} '
+          f'{r["sentences_per_s"]:>9.1f} {r["tokens_per_s"]:>10,.0f} '
+          f'{r["tokens"] / r["sentences"]:>8.1f}')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -52,7 +52,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.d_ff = 1024  # d_ff: inner width of the position-wise FFN.
   config.model.dropout_rate = 0.1  # P_drop on sub-layer outputs and embedding sums.
   config.model.attention_dropout_rate = 0.0  # Dropout on attention weights (paper: none).
-  config.model.norm = 'post_ln'  # 'post_ln' (paper) or 'pre_ln'.
+  config.model.norm = 'post_ln'  # 'post_ln' (paper), 'pre_ln' or 'rmsnorm' (pre-norm RMSNorm).
+  config.model.position = 'sinusoidal'  # 'sinusoidal' (paper), 'learned', 'rope' or 'alibi'.
+  config.model.ffn_activation = 'relu'  # FFN nonlinearity: 'relu' (paper), 'gelu' or 'swiglu'.
+  config.model.use_bias = True  # Biases in attention/FFN Dense layers and LayerNorm (paper: yes).
   config.model.share_embeddings = True  # One matrix for source, target and softmax (3.4).
   config.model.max_len = 512  # Longest position the model supports.
 

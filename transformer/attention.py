@@ -6,6 +6,14 @@ Shape vocabulary (used across the package):
 
 Masks are boolean, `True` where attention is allowed, shaped [B, 1, L, S] so they
 broadcast over heads.
+
+Relative-position variants (`config.model.position`) act here, in self-attention
+only: 'rope' rotates queries and keys by their positions (RoFormer), 'alibi' adds
+a distance bias to the logits (Press et al. 2022). Both read the tokens' explicit
+positions, so packed examples and cached steps see the distances they would see
+alone. Cross-attention gets neither: source and target positions index different
+sentences, so their difference is no distance (the paper's encoder-decoder
+attention likewise has no position information of its own).
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from typing import TYPE_CHECKING
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from transformer import layers
 
 if TYPE_CHECKING:
   from transformer.model import ModelConfig
@@ -45,16 +55,20 @@ def dot_product_attention(
   value_BSHK: jax.Array,
   mask_B1LS: jax.Array | None,
   *,
+  bias_BHLS: jax.Array | None = None,
   dropout_rng: jax.Array | None = None,
   dropout_rate: float = 0.0,
 ) -> tuple[jax.Array, jax.Array]:
-  """Eq. 1: softmax(Q K^T / sqrt(d_k)) V, per head; the softmax runs in float32.
+  """Eq. 1: softmax(Q K^T / sqrt(d_k) + bias) V, per head; the softmax runs in float32.
 
+  `bias_BHLS` (float32, e.g. ALiBi's) is added to the scaled logits before masking.
   Returns the attended values [B, L, H, K] and the weights [B, H, L, S].
   """
   depth = query_BLHK.shape[-1]
   query_BLHK = query_BLHK / jnp.sqrt(depth).astype(query_BLHK.dtype)
   logits_BHLS = jnp.einsum('blhk,bshk->bhls', query_BLHK, key_BSHK).astype(jnp.float32)
+  if bias_BHLS is not None:
+    logits_BHLS = logits_BHLS + bias_BHLS
   if mask_B1LS is not None:
     logits_BHLS = jnp.where(mask_B1LS, logits_BHLS, _MASK_VALUE)
   weights_BHLS = jax.nn.softmax(logits_BHLS, axis=-1)
@@ -74,6 +88,7 @@ def _dense(
   return nn.DenseGeneral(
     features=features,
     axis=axis,
+    use_bias=config.use_bias,
     dtype=config.dtype,
     kernel_init=nn.with_logical_partitioning(kernel_init, names),
     bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[-len(features):]),
@@ -89,6 +104,11 @@ class MultiHeadAttention(nn.Module):
   self-attention layer keeps a key/value cache of `config.max_decode_len`
   positions and a cross-attention layer projects the encoder output into keys
   and values once, when the cache is created, and reuses them at every step.
+
+  `positions_BL` are the query tokens' positions (self-attention: also the keys'),
+  read by RoPE and ALiBi only. In a cached step the single query is at the step's
+  position; the cache holds keys already rotated at their own positions, and
+  cache slot j holds step j, whose position is j (the decoder numbers its steps).
   """
 
   config: ModelConfig
@@ -102,10 +122,14 @@ class MultiHeadAttention(nn.Module):
     inputs_kv_BSD: jax.Array,
     mask_B1LS: jax.Array | None,
     *,
+    positions_BL: jax.Array | None = None,
     deterministic: bool,
   ) -> jax.Array:
     cfg = self.config
     heads, head_dim = cfg.num_heads, cfg.d_model // cfg.num_heads
+    relative = cfg.position in ('rope', 'alibi') and not self.is_cross_attention
+    if relative and positions_BL is None:
+      raise ValueError(f'position={cfg.position!r} self-attention needs positions_BL.')
     projection = lambda name: _dense(cfg, (heads, head_dim), -1, ('embed', 'heads', 'kv'), name)
     query_BLHK = projection('query')(inputs_q_BLD)
 
@@ -119,24 +143,36 @@ class MultiHeadAttention(nn.Module):
       key_BSHK = projection('key')(inputs_kv_BSD)
       value_BSHK = projection('value')(inputs_kv_BSD)
 
+    if relative and cfg.position == 'rope':
+      # Keys are rotated before they are cached: each at its own absolute position.
+      query_BLHK = layers.apply_rope(query_BLHK, positions_BL)
+      key_BSHK = layers.apply_rope(key_BSHK, positions_BL)
+
+    kv_positions_BS = positions_BL
     if self.decode and not self.is_cross_attention:
-      key_BSHK, value_BSHK, mask_B1LS = self._update_cache(key_BSHK, value_BSHK, mask_B1LS)
+      key_BSHK, value_BSHK, mask_B1LS, kv_positions_BS = self._update_cache(
+        key_BSHK, value_BSHK, mask_B1LS, positions_BL)
+
+    bias_BHLS = None
+    if relative and cfg.position == 'alibi':
+      bias_BHLS = layers.alibi_bias(positions_BL, kv_positions_BS, layers.alibi_slopes(heads))
 
     dropout_rng = None
     if not deterministic and cfg.attention_dropout_rate > 0.0:
       dropout_rng = self.make_rng('dropout')
     out_BLHK, weights_BHLS = dot_product_attention(
-      query_BLHK, key_BSHK, value_BSHK, mask_B1LS,
+      query_BLHK, key_BSHK, value_BSHK, mask_B1LS, bias_BHLS=bias_BHLS,
       dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate)
     # Read by eval.py's attention maps through `mutable=['intermediates']`.
     self.sow('intermediates', 'attention_weights', weights_BHLS)
     return _dense(cfg, (cfg.d_model,), (-2, -1), ('heads', 'kv', 'embed'), 'out')(out_BLHK)
 
-  def _update_cache(self, key_B1HK, value_B1HK, mask_B11S):
+  def _update_cache(self, key_B1HK, value_B1HK, mask_B11S, positions_B1):
     """Writes one step's key/value at the cache index; masks positions not yet written.
 
-    The call that creates the cache (no cache passed in) writes nothing: it only
-    allocates [B, max_decode_len, H, K] buffers and sets the index to 0.
+    Returns the keys, values, mask and key positions to attend over. The call that
+    creates the cache (no cache passed in) writes nothing: it only allocates
+    [B, max_decode_len, H, K] buffers, sets the index to 0 and attends to itself.
     """
     cfg = self.config
     is_initialized = self.has_variable('cache', 'cached_key')
@@ -146,7 +182,7 @@ class MultiHeadAttention(nn.Module):
     cached_value = self.variable('cache', 'cached_value', jnp.zeros, shape, value_B1HK.dtype)
     cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
     if not is_initialized:
-      return key_B1HK, value_B1HK, mask_B11S
+      return key_B1HK, value_B1HK, mask_B11S, positions_B1
     if key_B1HK.shape[1] != 1:
       raise ValueError(f'Cached decoding takes one token per step, got {key_B1HK.shape[1]}.')
     index = cache_index.value
@@ -157,4 +193,6 @@ class MultiHeadAttention(nn.Module):
     # Causality: step `index` sees cache positions 0..index.
     written_11S = (jnp.arange(cfg.max_decode_len) <= index)[None, None, None, :]
     mask = written_11S if mask_B11S is None else (mask_B11S & written_11S)
-    return cached_key.value, cached_value.value, mask
+    # Slot j holds the key of step j, whose position is j (the decoder numbers its steps).
+    positions_1S = jnp.arange(cfg.max_decode_len)[None, :]
+    return cached_key.value, cached_value.value, mask, positions_1S

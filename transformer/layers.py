@@ -1,7 +1,15 @@
-"""Building blocks shared by the encoder and the decoder: embeddings, positions, FFN, norms."""
+"""Building blocks shared by the encoder and the decoder: embeddings, positions, FFN, norms.
+
+Besides the paper's blocks, each "modern variant" switch of `ModelConfig` is a
+branch of the block it changes, never a copied module: `norm` (LayerNorm or
+RMSNorm, post- or pre-norm placement), `position` (sinusoidal or learned
+additive positions here; RoPE and ALiBi helpers here, applied in
+`attention.py`), `ffn_activation` (ReLU, GELU, SwiGLU) and `use_bias`.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -25,6 +33,72 @@ def sinusoidal_encoding(positions_BL: jax.Array, d_model: int) -> jax.Array:
   # Interleave sin (even dims) and cos (odd dims), exactly as the formula indexes them.
   pe = jnp.stack([jnp.sin(angles_BLd), jnp.cos(angles_BLd)], axis=-1)
   return pe.reshape(*positions_BL.shape, -1)[..., :d_model]
+
+
+class LearnedPositions(nn.Module):
+  """A learned table of `max_len` position embeddings, added like the sinusoids (3.5).
+
+  The paper's "learned positional embeddings" alternative (Gehring et al. 2017).
+  Rows are indexed by the explicit positions, so packed rows and cached decoding
+  steps read the row of each token's own position. Positions past `max_len - 1`
+  (only decoding beyond `config.model.max_len` can produce them) reuse the last row.
+  """
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, positions_BL: jax.Array) -> jax.Array:
+    cfg = self.config
+    # The rows run along the `length` axis; like activations' `length`, never sharded.
+    table_LD = self.param(
+      'embedding', nn.with_logical_partitioning(nn.initializers.normal(0.02), ('length', 'embed')),
+      (cfg.max_len, cfg.d_model), jnp.float32)
+    return jnp.take(jnp.asarray(table_LD, cfg.dtype), positions_BL, axis=0, mode='clip')
+
+
+def apply_rope(x_BLHK: jax.Array, positions_BL: jax.Array, base: float = 10000.0) -> jax.Array:
+  """Rotary position embedding (RoFormer, Su et al. 2021, eq. 34) of queries or keys.
+
+  Each pair of dimensions (2i, 2i+1) of every head is rotated by the angle
+  pos * base^(-2i/K), so that <rope(q, m), rope(k, n)> depends on m - n only.
+  Rotation runs in float32; K must be even.
+  """
+  head_dim = x_BLHK.shape[-1]
+  inv_freq = np.power(base, -np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+  angles_BLk = positions_BL[..., None].astype(jnp.float32) * inv_freq.astype(np.float32)
+  sin_BL1k, cos_BL1k = jnp.sin(angles_BLk)[:, :, None], jnp.cos(angles_BLk)[:, :, None]
+  pairs = x_BLHK.astype(jnp.float32).reshape(*x_BLHK.shape[:-1], head_dim // 2, 2)
+  even, odd = pairs[..., 0], pairs[..., 1]
+  rotated = jnp.stack([even * cos_BL1k - odd * sin_BL1k, even * sin_BL1k + odd * cos_BL1k], -1)
+  return rotated.reshape(x_BLHK.shape).astype(x_BLHK.dtype)
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+  """Head slopes of ALiBi (Press et al. 2022, section 3), float32 [H].
+
+  For h a power of 2: the geometric sequence 2^(-8/h), 2^(-16/h), ..., 2^(-8).
+  Otherwise the paper's rule: the slopes of the largest power of 2 below h,
+  then every other slope of the sequence for twice that power, up to h slopes.
+  """
+  if num_heads & (num_heads - 1) == 0:
+    return 2.0 ** (-8.0 * np.arange(1, num_heads + 1, dtype=np.float32) / num_heads)
+  closest = 2 ** math.floor(math.log2(num_heads))
+  extra = alibi_slopes(2 * closest)[0::2][:num_heads - closest]
+  return np.concatenate([alibi_slopes(closest), extra])
+
+
+def alibi_bias(q_positions_BL: jax.Array, kv_positions_BS: jax.Array,
+               slopes_H: np.ndarray) -> jax.Array:
+  """ALiBi's linear bias -slope * distance added to the attention logits, float32 [B, H, L, S].
+
+  Distances come from the tokens' positions, not array indices, so packed
+  examples are biased as if alone. The paper's bias, -slope * (q_pos - k_pos),
+  is for causal attention (k_pos <= q_pos); for the bidirectional encoder we
+  use its symmetric form -slope * |q_pos - k_pos| (as in MosaicBERT), which is
+  the same on every position the causal mask keeps.
+  """
+  distance_BLS = jnp.abs(q_positions_BL[:, :, None] - kv_positions_BS[:, None, :])
+  return -jnp.asarray(slopes_H)[None, :, None, None] * distance_BLS[:, None].astype(jnp.float32)
 
 
 class Embed(nn.Module):
@@ -52,31 +126,49 @@ class Embed(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """Eq. 2: FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position."""
+  """Eq. 2: FFN(x) = act(x W1 + b1) W2 + b2, applied to each position.
+
+  `ffn_activation`: 'relu' (the paper's max(0, .)), 'gelu' (Hendrycks & Gimpel
+  2016, exact erf form) or 'swiglu' (Shazeer 2020, "GLU Variants Improve
+  Transformer"): FFN(x) = (Swish(x W) * (x V)) W2 with its own matrix V (`wv`);
+  at equal d_ff it has 1.5x the FFN parameters (the paper shrinks d_ff by 2/3).
+  """
 
   config: ModelConfig
 
   @nn.compact
   def __call__(self, x_BLD: jax.Array, *, deterministic: bool) -> jax.Array:
     cfg = self.config
-    init = nn.initializers.xavier_uniform()
-    h_BLF = nn.Dense(
-      cfg.d_ff, dtype=cfg.dtype, name='wi',
-      kernel_init=nn.with_logical_partitioning(init, ('embed', 'mlp')),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('mlp',)))(x_BLD)
-    h_BLF = nn.relu(h_BLF)
+
+    def dense(features, names, name):
+      return nn.Dense(
+        features, use_bias=cfg.use_bias, dtype=cfg.dtype, name=name,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(), names),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[-1:]))
+
+    h_BLF = dense(cfg.d_ff, ('embed', 'mlp'), 'wi')(x_BLD)
+    if cfg.ffn_activation == 'swiglu':
+      h_BLF = nn.swish(h_BLF) * dense(cfg.d_ff, ('embed', 'mlp'), 'wv')(x_BLD)
+    elif cfg.ffn_activation == 'gelu':
+      h_BLF = nn.gelu(h_BLF, approximate=False)
+    else:
+      h_BLF = nn.relu(h_BLF)
     h_BLF = nn.with_logical_constraint(h_BLF, ('batch', 'length', 'mlp'))
-    return nn.Dense(
-      cfg.d_model, dtype=cfg.dtype, name='wo',
-      kernel_init=nn.with_logical_partitioning(init, ('mlp', 'embed')),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)))(h_BLF)
+    return dense(cfg.d_model, ('mlp', 'embed'), 'wo')(h_BLF)
 
 
-def layer_norm(config: ModelConfig, name: str) -> nn.Module:
-  """Layer normalisation in float32 whatever the activation dtype."""
+def norm(config: ModelConfig, name: str) -> nn.Module:
+  """The configured normalisation, in float32 whatever the activation dtype.
+
+  LayerNorm (Ba et al. 2016), without its bias when `use_bias=False`, or, for
+  `norm='rmsnorm'`, RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * g,
+  no centring and no bias.
+  """
+  scale_init = nn.with_logical_partitioning(nn.initializers.ones, ('embed',))
+  if config.norm == 'rmsnorm':
+    return nn.RMSNorm(epsilon=1e-6, dtype=jnp.float32, scale_init=scale_init, name=name)
   return nn.LayerNorm(
-    epsilon=1e-6, dtype=jnp.float32, name=name,
-    scale_init=nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
+    epsilon=1e-6, dtype=jnp.float32, use_bias=config.use_bias, scale_init=scale_init, name=name,
     bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)))
 
 
@@ -90,14 +182,14 @@ def residual(
 ) -> jax.Array:
   """One residual sub-layer, with dropout on its output (5.4), in either norm placement.
 
-  post_ln (section 3.1): LayerNorm(x + Dropout(Sublayer(x))).
-  pre_ln: x + Dropout(Sublayer(LayerNorm(x))); the stack then ends with a final norm.
+  post_ln (section 3.1): Norm(x + Dropout(Sublayer(x))).
+  pre_ln, rmsnorm: x + Dropout(Sublayer(Norm(x))); the stack then ends with a final norm.
   Must be called from inside a compact method: the norm it creates belongs to the caller.
   """
   dropout = nn.Dropout(config.dropout_rate)
-  if config.norm == 'pre_ln':
-    y_BLD = sublayer(layer_norm(config, norm_name)(x_BLD).astype(config.dtype))
+  if config.pre_norm:
+    y_BLD = sublayer(norm(config, norm_name)(x_BLD).astype(config.dtype))
     return x_BLD + dropout(y_BLD, deterministic=deterministic)
   y_BLD = sublayer(x_BLD)
-  out = layer_norm(config, norm_name)(x_BLD + dropout(y_BLD, deterministic=deterministic))
+  out = norm(config, norm_name)(x_BLD + dropout(y_BLD, deterministic=deterministic))
   return out.astype(config.dtype)

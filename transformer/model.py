@@ -4,6 +4,10 @@ Inputs are token ids with explicit segment ids and positions, so one code path
 serves padded batches (segments = tokens != 0), packed batches (several
 examples per row) and one-token-at-a-time cached decoding. Shapes follow the
 vocabulary in `transformer/attention.py`.
+
+Modern variants are switches on the same blocks, the defaults being the paper's:
+`norm` (post_ln / pre_ln / rmsnorm), `position` (sinusoidal / learned / rope /
+alibi), `ffn_activation` (relu / gelu / swiglu) and `use_bias`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ import ml_collections
 
 from transformer import attention, layers
 
-NORMS = ('post_ln', 'pre_ln')
+# The choices of each variant switch; the first is the paper's.
+NORMS = ('post_ln', 'pre_ln', 'rmsnorm')
+POSITIONS = ('sinusoidal', 'learned', 'rope', 'alibi')
+FFN_ACTIVATIONS = ('relu', 'gelu', 'swiglu')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
@@ -33,7 +40,10 @@ class ModelConfig:
   d_ff: int = 2048
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
-  norm: str = 'post_ln'
+  norm: str = 'post_ln'  # NORMS; pre-norm variants end each stack with a final norm.
+  position: str = 'sinusoidal'  # POSITIONS; rope and alibi act inside self-attention.
+  ffn_activation: str = 'relu'  # FFN_ACTIVATIONS.
+  use_bias: bool = True  # Biases of attention/FFN Dense layers and LayerNorm.
   share_embeddings: bool = True
   max_len: int = 512
   dtype: Any = jnp.float32
@@ -43,17 +53,32 @@ class ModelConfig:
   decode: bool = False
   max_decode_len: int = 0
 
+  def __post_init__(self):
+    errors = _variant_errors(vars(self))
+    if errors:
+      raise ValueError('Invalid model config:\n  ' + '\n  '.join(errors))
+
+  @property
+  def pre_norm(self) -> bool:
+    """Whether sub-layers normalise their input (then each stack ends with a final norm)."""
+    return self.norm in ('pre_ln', 'rmsnorm')
+
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
     """Validates `config.model` (errors name the offending key) and builds the dataclass."""
     m = config.model
+    # WORKDIR/config.json of runs older than these switches (read by eval.py) lacks them:
+    # those runs are the paper's model, the dataclass defaults.
+    absent = {key: cls.__dataclass_fields__[key].default
+              for key in ('position', 'ffn_activation', 'use_bias') if key not in m}
+    if absent:
+      m = ml_collections.ConfigDict({**m.to_dict(), **absent})
     errors = []
     if m.d_model % m.num_heads:
       errors.append(
         f'config.model.d_model={m.d_model} is not divisible by '
         f'config.model.num_heads={m.num_heads}.')
-    if m.norm not in NORMS:
-      errors.append(f'config.model.norm={m.norm!r} is not one of {NORMS}.')
+    errors += _variant_errors(m)
     if config.dtype not in DTYPES:
       errors.append(f'config.dtype={config.dtype!r} is not one of {tuple(DTYPES)}.')
     for key in ('num_layers', 'd_model', 'num_heads', 'd_ff', 'max_len'):
@@ -75,6 +100,9 @@ class ModelConfig:
       dropout_rate=m.dropout_rate,
       attention_dropout_rate=m.attention_dropout_rate,
       norm=m.norm,
+      position=m.position,
+      ffn_activation=m.ffn_activation,
+      use_bias=m.use_bias,
       share_embeddings=m.share_embeddings,
       max_len=m.max_len,
       dtype=DTYPES[config.dtype],
@@ -82,6 +110,21 @@ class ModelConfig:
 
   def replace(self, **changes) -> ModelConfig:
     return dataclasses.replace(self, **changes)
+
+
+def _variant_errors(model) -> list[str]:
+  """Errors of the variant switches in `model` (a ConfigDict or the dataclass's fields)."""
+  errors = [
+    f'config.model.{key}={model[key]!r} is not one of {choices}.'
+    for key, choices in (('norm', NORMS), ('position', POSITIONS),
+                         ('ffn_activation', FFN_ACTIVATIONS))
+    if model[key] not in choices]
+  heads = model['num_heads']
+  if model['position'] == 'rope' and heads > 0 and model['d_model'] % (2 * heads):
+    errors.append(
+      f"config.model.position='rope' rotates pairs of dimensions: the head dim "
+      f"config.model.d_model / num_heads = {model['d_model'] / heads:g} must be even.")
+  return errors
 
 
 def _positions_or_default(tokens_BL: jax.Array, positions_BL: jax.Array | None) -> jax.Array:
@@ -104,12 +147,12 @@ class EncoderLayer(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BLD, self_attention_mask, *, deterministic: bool):
+  def __call__(self, x_BLD, self_attention_mask, positions_BL, *, deterministic: bool):
     cfg = self.config
     x_BLD = layers.residual(
       cfg, x_BLD,
       lambda h: attention.MultiHeadAttention(cfg, name='self_attention')(
-        h, h, self_attention_mask, deterministic=deterministic),
+        h, h, self_attention_mask, positions_BL=positions_BL, deterministic=deterministic),
       norm_name='self_attention_norm', deterministic=deterministic)
     x_BLD = layers.residual(
       cfg, x_BLD,
@@ -124,13 +167,13 @@ class DecoderLayer(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, y_BLD, encoded_BSD, self_attention_mask, cross_attention_mask, *,
-               deterministic: bool):
+  def __call__(self, y_BLD, encoded_BSD, self_attention_mask, cross_attention_mask,
+               positions_BL, *, deterministic: bool):
     cfg = self.config
     y_BLD = layers.residual(
       cfg, y_BLD,
       lambda h: attention.MultiHeadAttention(cfg, decode=cfg.decode, name='self_attention')(
-        h, h, self_attention_mask, deterministic=deterministic),
+        h, h, self_attention_mask, positions_BL=positions_BL, deterministic=deterministic),
       norm_name='self_attention_norm', deterministic=deterministic)
     y_BLD = layers.residual(
       cfg, y_BLD,
@@ -148,10 +191,18 @@ class DecoderLayer(nn.Module):
 def _embed_with_positions(
   cfg: ModelConfig, embed: layers.Embed, tokens_BL, positions_BL, deterministic: bool
 ):
-  """Token embedding * sqrt(d_model) + sinusoidal encoding, then dropout (3.4, 3.5, 5.4)."""
-  x_BLD = embed(tokens_BL) + layers.sinusoidal_encoding(positions_BL, cfg.d_model).astype(cfg.dtype)
-  return _constrain(nn.Dropout(cfg.dropout_rate)(x_BLD, deterministic=deterministic))
+  """Token embedding * sqrt(d_model) + position encoding, then dropout (3.4, 3.5, 5.4).
 
+  Sinusoidal or learned positions are added here; RoPE and ALiBi add nothing:
+  they act inside self-attention. Called from a compact method, which owns the
+  learned table (one per stack).
+  """
+  x_BLD = embed(tokens_BL)
+  if cfg.position == 'sinusoidal':
+    x_BLD += layers.sinusoidal_encoding(positions_BL, cfg.d_model).astype(cfg.dtype)
+  elif cfg.position == 'learned':
+    x_BLD += layers.LearnedPositions(cfg, name='position_embedding')(positions_BL)
+  return _constrain(nn.Dropout(cfg.dropout_rate)(x_BLD, deterministic=deterministic))
 
 
 class Encoder(nn.Module):
@@ -167,9 +218,10 @@ class Encoder(nn.Module):
                                   cfg.deterministic)
     mask = attention.segment_mask(src_segments_BS, src_segments_BS)
     for i in range(cfg.num_layers):
-      x_BSD = EncoderLayer(cfg, name=f'layer_{i}')(x_BSD, mask, deterministic=cfg.deterministic)
-    if cfg.norm == 'pre_ln':
-      x_BSD = layers.layer_norm(cfg, 'final_norm')(x_BSD).astype(cfg.dtype)
+      x_BSD = EncoderLayer(cfg, name=f'layer_{i}')(
+        x_BSD, mask, src_positions_BS, deterministic=cfg.deterministic)
+    if cfg.pre_norm:
+      x_BSD = layers.norm(cfg, 'final_norm')(x_BSD).astype(cfg.dtype)
     return x_BSD
 
 
@@ -203,10 +255,10 @@ class Decoder(nn.Module):
                                   cfg.deterministic)
     for i in range(cfg.num_layers):
       y_BLD = DecoderLayer(cfg, name=f'layer_{i}')(
-        y_BLD, encoded_BSD, self_attention_mask, cross_attention_mask,
+        y_BLD, encoded_BSD, self_attention_mask, cross_attention_mask, tgt_positions_BL,
         deterministic=cfg.deterministic)
-    if cfg.norm == 'pre_ln':
-      y_BLD = layers.layer_norm(cfg, 'final_norm')(y_BLD).astype(cfg.dtype)
+    if cfg.pre_norm:
+      y_BLD = layers.norm(cfg, 'final_norm')(y_BLD).astype(cfg.dtype)
 
     if cfg.share_embeddings:
       logits_BLV = self.embed.attend(y_BLD)

@@ -44,7 +44,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
   """
   d, f, layers = cfg.d_model, cfg.d_ff, cfg.num_layers
   projections = 2 * 4 * d * d  # Q, K, V and output projections.
-  ffn = 2 * 2 * d * f
+  ffn = 2 * (3 if cfg.ffn_activation == 'swiglu' else 2) * d * f  # SwiGLU has 3 matrices.
   scores = 2 * 2 * seq_len * d  # Q K^T and weights x V, over `seq_len` keys.
   encoder = layers * (projections + ffn + scores)
   decoder = layers * (2 * projections + ffn + 2 * scores)

@@ -2,7 +2,8 @@
 
 Reads the run's resolved config from WORKDIR/config.json, decodes a split (beam
 search by default, as in the paper: beam 4, alpha 0.6, max length = source + 50)
-and writes WORKDIR/eval/<checkpoint>-<split>.txt and .json (sacreBLEU, chrF,
+and writes WORKDIR/eval/<checkpoint>-<split>.txt and .json (with a suffix such as
+`-greedy` for other decoding settings) (sacreBLEU, chrF,
 length ratio, decode speed). Also translates arbitrary text (--input_file),
 follows a training run (--watch) and draws attention maps (--attention_plot).
 """
@@ -80,7 +81,8 @@ def main(argv):
     seed=_SEED.value)
   results.update(checkpoint=label, split=split, decoder=options.decoder,
                  beam_size=options.beam_size, alpha=options.alpha)
-  path = evaluation.write_split_results(_WORKDIR.value, label, split, lines, results)
+  tag = options.tag() + (f'_seed{_SEED.value}' if options.decoder == 'sample' else '')
+  path = evaluation.write_split_results(_WORKDIR.value, label, split, lines, results, tag)
   print(json.dumps({k: results[k] for k in ('bleu', 'chrf', 'num_sentences')}))
   logging.info('Wrote %s', path)
 

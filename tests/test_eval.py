@@ -68,6 +68,15 @@ def test_checkpoint_averaging_averages_parameters(run):
   np.testing.assert_allclose(leaf(averaged), (leaf(p30) + leaf(p60)) / 2, rtol=1e-6)
 
 
+def test_greedy_results_do_not_overwrite_beam_results(run):
+  workdir, _ = run
+  result = _eval_py(f'--workdir={workdir}', '--split=validation', '--batch_size=256',
+                    '--decoder=greedy', '--checkpoint=30')
+  assert result.returncode == 0, result.stderr[-3000:]
+  scores = json.loads((Path(workdir) / 'eval' / 'step_30-validation-greedy.json').read_text())
+  assert scores['decoder'] == 'greedy' and scores['checkpoint'] == 'step_30'
+
+
 def test_translate_lines_keeps_empty_lines_and_alignment(run):
   workdir, config = run
   params, _ = evaluation.restore_params(config, workdir, 'latest')

@@ -65,3 +65,10 @@ def test_beam_search_runs_and_sampling_is_seeded():
 def test_unknown_decoder_is_rejected():
   with pytest.raises(ValueError, match='decoder'):
     inference.DecodeOptions(decoder='viterbi')
+
+
+def test_tags_name_non_default_settings():
+  assert inference.DecodeOptions().tag() == ''
+  assert inference.DecodeOptions(decoder='greedy').tag() == 'greedy'
+  assert inference.DecodeOptions(beam_size=8, alpha=1.0).tag() == 'beam8_alpha1'
+  assert inference.DecodeOptions(decoder='sample', top_p=0.9).tag() == 'sample_t1_k0_p0.9'

@@ -87,11 +87,15 @@ def evaluate_split(
 
 
 def write_split_results(workdir: str, label: str, split: str, lines: Sequence[str],
-                        results: dict) -> str:
-  """WORKDIR/eval/<label>-<split>.{txt,json}; returns the .json path."""
+                        results: dict, tag: str = '') -> str:
+  """WORKDIR/eval/<label>-<split>[-<tag>].{txt,json}; returns the .json path.
+
+  `tag` names non-default decoding settings (`DecodeOptions.tag()`), so that a
+  greedy evaluation never overwrites the beam-search one of the same checkpoint.
+  """
   out_dir = os.path.join(workdir, 'eval')
   os.makedirs(out_dir, exist_ok=True)
-  stem = os.path.join(out_dir, f'{label}-{split}')
+  stem = os.path.join(out_dir, f'{label}-{split}' + (f'-{tag}' if tag else ''))
   _write_text(stem + '.txt', lines)
   tmp = stem + '.json.tmp'
   with open(tmp, 'w') as f:
@@ -154,7 +158,7 @@ def watch(
         params, label = checkpoints.load_params(workdir, target, str(step))
         lines, results = evaluate_split(config, params, split=split, options=options,
                                         batch_size=batch_size, tokenizer=tokenizer)
-        write_split_results(workdir, label, split, lines, results)
+        write_split_results(workdir, label, split, lines, results, options.tag())
         writer.write(step, {f'{split}_bleu': results['bleu'], f'{split}_chrf': results['chrf']})
         writer.flush()
         logging.info('step %d: %s BLEU %.2f', step, split, results['bleu'])

@@ -37,6 +37,24 @@ class DecodeOptions:
   top_k: int = 0
   top_p: float = 1.0
 
+  def tag(self) -> str:
+    """'' for the paper's settings, else a filename-safe summary such as 'greedy'.
+
+    Results decoded with different settings get different file names, so one
+    never overwrites another.
+    """
+    if self == DecodeOptions():
+      return ''
+    if self.decoder == 'greedy':
+      parts = ['greedy']
+    elif self.decoder == 'beam':
+      parts = [f'beam{self.beam_size}', f'alpha{self.alpha:g}']
+    else:
+      parts = ['sample', f't{self.temperature:g}', f'k{self.top_k}', f'p{self.top_p:g}']
+    if self.max_extra_len != DecodeOptions.max_extra_len:
+      parts.append(f'extra{self.max_extra_len}')
+    return '_'.join(parts)
+
   def __post_init__(self):
     if self.decoder not in DECODERS:
       raise ValueError(f'decoder={self.decoder!r} is not one of {DECODERS}.')

@@ -9,25 +9,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sacrebleu
+from conftest import SHARED_MULTI30K_DIR
 
 from configs import tiny
 from transformer import checkpoints, evaluation, inference, training
 
 REPO = Path(__file__).resolve().parents[1]
-MULTI30K = REPO.parent / 'shared' / 'data' / 'multi30k'
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope='module')
-def run(tmp_path_factory):
+def run(tmp_path_factory, multi30k_dir, multi30k_data_dir):
   """A tiny model trained for 60 steps (checkpoints at 30 and 60)."""
-  if not (MULTI30K / 'train.en.gz').exists():
-    pytest.skip(f'Multi30k not found at {MULTI30K} (the shared data directory is absent).')
   workdir = tmp_path_factory.mktemp('run')
   config = tiny.get_config()
-  config.data.manual_dir = str(MULTI30K)
-  config.data.data_dir = str(tmp_path_factory.mktemp('tfds'))
+  config.data.manual_dir = str(multi30k_dir)
+  config.data.data_dir = str(multi30k_data_dir)
   training.train_and_evaluate(config, str(workdir))
   return str(workdir), evaluation.load_run_config(str(workdir))
 
@@ -44,7 +42,7 @@ def test_beam_eval_writes_translations_and_bleu_equal_to_sacrebleu_by_hand(run):
   out = Path(workdir) / 'eval'
   scores = json.loads((out / 'step_60-validation.json').read_text())
   hypotheses = (out / 'step_60-validation.txt').read_text(encoding='utf-8').split('\n')[:-1]
-  with open(MULTI30K / 'val.de.gz', 'rb') as f:
+  with open(SHARED_MULTI30K_DIR / 'val.de.gz', 'rb') as f:
     import gzip
     references = gzip.decompress(f.read()).decode('utf-8').rstrip('\n').split('\n')
   assert len(hypotheses) == len(references) == scores['num_sentences'] == 1014

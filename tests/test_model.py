@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_cached_decoding_matches_full_pass
 
 from transformer.model import ModelConfig, Transformer
 
@@ -88,20 +89,7 @@ def test_packed_rows_equal_separate_examples(model_and_params):
 
 def test_cached_decoding_equals_full_forward_pass(model_and_params):
   model, params = model_and_params
-  src = jnp.concatenate([_random_tokens(10, (2, 5)), jnp.zeros((2, 2), jnp.int32)], 1)
-  src = src.at[1, 3:].set(0)  # Rows of different lengths.
-  tgt = _random_tokens(11, (2, 6))
-  full = model.apply({'params': params}, src, tgt)
-
-  decoder = Transformer(model.config.replace(decode=True, max_decode_len=6))
-  src_segments = (src != 0).astype(jnp.int32)
-  encoded = decoder.apply({'params': params}, src, method=Transformer.encode)
-  _, cache = decoder.apply({'params': params}, encoded, src_segments, tgt[:, :1],
-                           method=Transformer.decode, mutable=['cache'])
-  for t in range(6):
-    logits, cache = decoder.apply({'params': params, **cache}, encoded, src_segments,
-                                  tgt[:, t:t + 1], method=Transformer.decode, mutable=['cache'])
-    np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+  assert_cached_decoding_matches_full_pass(model, params)
 
 
 def test_dropout_is_active_in_training_and_keyed():

@@ -15,17 +15,14 @@ from configs import tiny
 from transformer import training
 
 REPO = Path(__file__).resolve().parents[1]
-MULTI30K = REPO.parent / 'shared' / 'data' / 'multi30k'
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope='module')
-def data_dirs(tmp_path_factory):
-  """Multi30k from ../shared/data (skipped where absent), prepared once for the module."""
-  if not (MULTI30K / 'train.en.gz').exists():
-    pytest.skip(f'Multi30k not found at {MULTI30K} (the shared data directory is absent).')
-  return str(MULTI30K), str(tmp_path_factory.mktemp('tfds'))
+@pytest.fixture
+def data_dirs(multi30k_dir, multi30k_data_dir):
+  """(manual_dir, data_dir): Multi30k from ../shared/data, prepared once per session."""
+  return str(multi30k_dir), str(multi30k_data_dir)
 
 
 def _tiny_config(data_dirs, **overrides):

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import assert_cached_decoding_matches_full_pass
 
 from configs import default, tiny
 from transformer import attention, layers, summary
@@ -300,20 +301,7 @@ def test_relative_positions_ignore_a_shift_of_all_positions(variant):
 @pytest.mark.parametrize('variant', VARIANTS)
 def test_cached_decoding_equals_full_forward_pass(variant):
   model, params = _model_and_params(variant)
-  src = jnp.concatenate([_random_tokens(10, (2, 5)), jnp.zeros((2, 3), jnp.int32)], 1)
-  src = src.at[1, 3:].set(0)  # Rows of different lengths.
-  tgt = _random_tokens(11, (2, 6))
-  full = model.apply({'params': params}, src, tgt)
-
-  decoder = Transformer(model.config.replace(decode=True, max_decode_len=6))
-  src_segments = (src != 0).astype(jnp.int32)
-  encoded = decoder.apply({'params': params}, src, method=Transformer.encode)
-  _, cache = decoder.apply({'params': params}, encoded, src_segments, tgt[:, :1],
-                           method=Transformer.decode, mutable=['cache'])
-  for t in range(6):
-    logits, cache = decoder.apply({'params': params, **cache}, encoded, src_segments,
-                                  tgt[:, t:t + 1], method=Transformer.decode, mutable=['cache'])
-    np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+  assert_cached_decoding_matches_full_pass(model, params)
 
 
 # --- Every switch value trains: configs/tiny.py's model on a synthetic copy task ----------------

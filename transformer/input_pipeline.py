@@ -347,11 +347,22 @@ class _EncodeSource:
   def __call__(self, indexed: tuple[int, Any]) -> dict[str, Any]:
     index, example = indexed
     text, _ = datasets.translation_pair(example, self.source_lang, self.target_lang)
-    ids = self.tokenizer.encode(text)
-    if len(ids) > self.max_len - 1:
-      ids = ids[: self.max_len - 1]
-      self.truncated.increment()
-    return {'src': np.asarray(ids + [tokenizer_lib.EOS_ID], np.int32), 'index': index}
+    return _encode_source(self.tokenizer, index, text, self.max_len, self.truncated)
+
+
+def _encode_source(
+    tokenizer: tokenizer_lib.Tokenizer,
+    index: int,
+    text: str,
+    max_len: int,
+    truncated: _Counter,
+) -> dict[str, Any]:
+  """Source pieces + EOS, cut to `max_len` tokens (counted), with the input index."""
+  ids = tokenizer.encode(text)
+  if len(ids) > max_len - 1:
+    ids = ids[: max_len - 1]
+    truncated.increment()
+  return {'src': np.asarray(ids + [tokenizer_lib.EOS_ID], np.int32), 'index': index}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,11 +457,7 @@ class _EncodeText:
 
   def __call__(self, indexed: tuple[int, str]) -> dict[str, Any]:
     index, text = indexed
-    ids = self.tokenizer.encode(text)
-    if len(ids) > self.max_len - 1:
-      ids = ids[: self.max_len - 1]
-      self.truncated.increment()
-    return {'src': np.asarray(ids + [tokenizer_lib.EOS_ID], np.int32), 'index': index}
+    return _encode_source(self.tokenizer, index, text, self.max_len, self.truncated)
 
 
 def text_batches(

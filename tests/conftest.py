@@ -125,27 +125,3 @@ def multi30k_data_dir(
   datasets.prepare(make_config(data_dir, multi30k_dir, 'multi30k').data)
   return data_dir
 
-
-def assert_cached_decoding_matches_full_pass(model, params) -> None:
-  """Step-by-step cached decoder logits equal the full forward pass (rows of two lengths)."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-
-  from transformer.model import Transformer  # pylint: disable=g-import-not-at-top
-
-  rng = np.random.default_rng(10)
-  vocab = model.config.vocab_size
-  src = jnp.asarray(rng.integers(3, vocab, size=(2, 7)), jnp.int32)
-  src = src.at[:, 5:].set(0).at[1, 3:].set(0)  # Padding, and rows of different lengths.
-  tgt = jnp.asarray(rng.integers(3, vocab, size=(2, 6)), jnp.int32)
-  full = model.apply({'params': params}, src, tgt)
-
-  decoder = Transformer(model.config.replace(decode=True, max_decode_len=6))
-  src_segments = (src != 0).astype(jnp.int32)
-  encoded = decoder.apply({'params': params}, src, method=Transformer.encode)
-  _, cache = decoder.apply({'params': params}, encoded, src_segments, tgt[:, :1],
-                           method=Transformer.decode, mutable=['cache'])
-  for t in range(6):
-    logits, cache = decoder.apply({'params': params, **cache}, encoded, src_segments,
-                                  tgt[:, t:t + 1], method=Transformer.decode, mutable=['cache'])
-    np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5, rtol=1e-5)

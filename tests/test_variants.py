@@ -1,5 +1,8 @@
 """Modern variant switches: their blocks on hand-computed cases, then every switch value
 (one at a time from the paper's model) through the model's properties and a short training run.
+
+`decoder_only` (the language model: the decoder stack without cross-attention) is one more
+value here: it has no source, so `_apply` drops the source arguments for it.
 """
 
 import functools
@@ -28,6 +31,7 @@ VARIANTS = {
   'gelu': dict(ffn_activation='gelu'),
   'swiglu': dict(ffn_activation='swiglu'),
   'no_bias': dict(use_bias=False),
+  'decoder_only': dict(architecture='decoder_only'),
 }
 
 
@@ -41,7 +45,18 @@ def _config(**overrides) -> ModelConfig:
 def _model_and_boxed_params(variant: str):
   model = Transformer(_config(**VARIANTS.get(variant, {})))
   src, tgt = jnp.ones((1, 8), jnp.int32), jnp.ones((1, 6), jnp.int32)  # Shapes used below.
-  return model, model.init(jax.random.key(0), src, tgt)['params']
+  return model, model.init(jax.random.key(0), _source(model, src), tgt)['params']
+
+
+def _source(model, src_BS):
+  return src_BS if model.config.has_encoder else None
+
+
+def _apply(model, params, src_BS, tgt_BL, **kwargs):
+  """Logits of (src, tgt); a decoder-only model sees the target side only."""
+  if not model.config.has_encoder:
+    kwargs = {k: v for k, v in kwargs.items() if not k.startswith('src_')}
+  return model.apply({'params': params}, _source(model, src_BS), tgt_BL, **kwargs)
 
 
 def _model_and_params(variant: str):
@@ -229,6 +244,7 @@ def test_every_parameter_has_one_logical_name_per_dimension(variant):
   assert has("'final_norm'") == (variant in ('rmsnorm', 'pre_ln'))
   assert has("'bias'") == (variant != 'no_bias')
   assert has("'position_embedding'") == (variant == 'learned')
+  assert has("'encoder'") == has("'cross_attention'") == (variant != 'decoder_only')
   if variant == 'rmsnorm':  # RMSNorm has no bias, but the Dense layers keep theirs.
     assert not any('norm' in path and 'bias' in path for path in names)
     assert has("'ffn']['wi']['bias'")
@@ -246,8 +262,7 @@ def test_future_target_tokens_do_not_leak(variant):
   # the shapes of the cached-decoding test, so that eager ops are compiled once for both.
   rows = jnp.stack([tgt] + [tgt.at[t + 1].set(3 + (tgt[t + 1] - 2) % (VOCAB - 3))
                             for t in range(5)])
-  logits = jnp.concatenate(
-    [model.apply({'params': params}, src, rows[i:i + 2]) for i in range(0, 6, 2)])
+  logits = jnp.concatenate([_apply(model, params, src, rows[i:i + 2]) for i in range(0, 6, 2)])
   for t in range(5):
     np.testing.assert_allclose(logits[t + 1, :t + 1], logits[0, :t + 1], atol=1e-5)
     assert not np.allclose(logits[t + 1, t + 1:], logits[0, t + 1:], atol=1e-5)
@@ -260,11 +275,12 @@ def test_padding_does_not_change_outputs_of_real_tokens(variant):
   src, tgt = _random_tokens(0, (1, 4)), _random_tokens(1, (1, 4))
   padded_src = jnp.concatenate([src, jnp.zeros((1, 4), jnp.int32)], axis=1)
   padded_tgt = jnp.concatenate([tgt, jnp.zeros((1, 2), jnp.int32)], axis=1)
-  np.testing.assert_allclose(
-    model.apply({'params': params}, padded_src, method=Transformer.encode)[:, :4],
-    model.apply({'params': params}, src, method=Transformer.encode), atol=1e-5)
-  np.testing.assert_allclose(model.apply({'params': params}, padded_src, padded_tgt)[:, :4],
-                             model.apply({'params': params}, src, tgt), atol=1e-5)
+  if model.config.has_encoder:
+    np.testing.assert_allclose(
+      model.apply({'params': params}, padded_src, method=Transformer.encode)[:, :4],
+      model.apply({'params': params}, src, method=Transformer.encode), atol=1e-5)
+  np.testing.assert_allclose(_apply(model, params, padded_src, padded_tgt)[:, :4],
+                             _apply(model, params, src, tgt), atol=1e-5)
 
 
 @pytest.mark.parametrize('variant', ['paper', *VARIANTS])
@@ -272,18 +288,34 @@ def test_packed_rows_equal_separate_examples(variant):
   model, params = _model_and_params(variant)
   src_a, src_b = _random_tokens(6, (1, 4)), _random_tokens(7, (1, 3))
   tgt_a, tgt_b = _random_tokens(8, (1, 4)), _random_tokens(9, (1, 2))
-  packed = model.apply(
-    {'params': params},
+  packed = _apply(
+    model, params,
     jnp.concatenate([src_a, src_b, jnp.zeros((1, 1), jnp.int32)], 1),
     jnp.concatenate([tgt_a, tgt_b], 1),
     src_segments_BS=jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]]),
     tgt_segments_BL=jnp.array([[1, 1, 1, 1, 2, 2]]),
     src_positions_BS=jnp.array([[0, 1, 2, 3, 0, 1, 2, 0]]),
     tgt_positions_BL=jnp.array([[0, 1, 2, 3, 0, 1]]))
-  np.testing.assert_allclose(packed[:, :4], model.apply({'params': params}, src_a, tgt_a),
-                             atol=1e-5)
-  np.testing.assert_allclose(packed[:, 4:], model.apply({'params': params}, src_b, tgt_b),
-                             atol=1e-5)
+  np.testing.assert_allclose(packed[:, :4], _apply(model, params, src_a, tgt_a), atol=1e-5)
+  np.testing.assert_allclose(packed[:, 4:], _apply(model, params, src_b, tgt_b), atol=1e-5)
+
+
+@pytest.mark.parametrize('variant', ['paper', 'decoder_only'])
+def test_changing_one_packed_example_leaves_the_others_logits_unchanged(variant):
+  model, params = _model_and_params(variant)
+  # Three examples (documents, for the language model) packed in one row, then example 2
+  # (source and target) replaced: examples 1 and 3 must not notice.
+  segments = jnp.array([[1, 1, 1, 2, 2, 2, 3, 3]])
+  positions = jnp.array([[0, 1, 2, 0, 1, 2, 0, 1]])
+  src, tgt = _random_tokens(11, (1, 8)), _random_tokens(12, (1, 8))
+  changed = lambda tokens: tokens.at[0, 3:6].set(3 + (tokens[0, 3:6] - 2) % (VOCAB - 3))
+  run = lambda src, tgt: _apply(model, params, src, tgt, src_segments_BS=segments,
+                                tgt_segments_BL=segments, src_positions_BS=positions,
+                                tgt_positions_BL=positions)
+  before, after = run(src, tgt), run(changed(src), changed(tgt))
+  others = np.array([0, 1, 2, 6, 7])
+  np.testing.assert_allclose(after[:, others], before[:, others], atol=1e-5)
+  assert not np.allclose(after[:, 3:6], before[:, 3:6], atol=1e-3)
 
 
 @pytest.mark.parametrize('variant', ['rope', 'alibi'])
@@ -292,9 +324,9 @@ def test_relative_positions_ignore_a_shift_of_all_positions(variant):
   src, tgt = _random_tokens(4, (1, 4)), _random_tokens(5, (1, 4))
   shift = lambda tokens, offset: jnp.arange(tokens.shape[1])[None] + offset
   np.testing.assert_allclose(
-    model.apply({'params': params}, src, tgt, src_positions_BS=shift(src, 7),
-                tgt_positions_BL=shift(tgt, 3)),
-    model.apply({'params': params}, src, tgt), atol=1e-4)
+    _apply(model, params, src, tgt, src_positions_BS=shift(src, 7),
+           tgt_positions_BL=shift(tgt, 3)),
+    _apply(model, params, src, tgt), atol=1e-4)
 
 
 def assert_cached_decoding_matches_full_pass(model, params) -> None:
@@ -304,11 +336,13 @@ def assert_cached_decoding_matches_full_pass(model, params) -> None:
   src = jnp.asarray(rng.integers(3, vocab, size=(2, 7)), jnp.int32)
   src = src.at[:, 5:].set(0).at[1, 3:].set(0)  # Padding, and rows of different lengths.
   tgt = jnp.asarray(rng.integers(3, vocab, size=(2, 6)), jnp.int32)
-  full = model.apply({'params': params}, src, tgt)
+  full = _apply(model, params, src, tgt)
 
   decoder = Transformer(model.config.replace(decode=True, max_decode_len=6))
-  src_segments = (src != 0).astype(jnp.int32)
-  encoded = decoder.apply({'params': params}, src, method=Transformer.encode)
+  src_segments, encoded = None, None  # A decoder-only model has neither.
+  if model.config.has_encoder:
+    src_segments = (src != 0).astype(jnp.int32)
+    encoded = decoder.apply({'params': params}, src, method=Transformer.encode)
   _, cache = decoder.apply({'params': params}, encoded, src_segments, tgt[:, :1],
                            method=Transformer.decode, mutable=['cache'])
   for t in range(6):
@@ -330,20 +364,24 @@ COPY_TOKENS = 16  # Tokens 3..18 of the vocabulary; the target repeats the sourc
 
 @functools.cache
 def _train_losses(variant: str, steps: int = 25) -> list[float]:
-  """Adam on fresh random copy batches; dropout off, so the losses measure learning only."""
+  """Adam on fresh random copy batches; dropout off, so the losses measure learning only.
+
+  The decoder-only model has no source to copy: its sequences count up from a random
+  start (mod COPY_TOKENS), so every token after the first follows from the one before.
+  """
   config = tiny.get_config()
   for key, value in VARIANTS[variant].items():
     config.model[key] = value
   model = Transformer(ModelConfig.from_config(config).replace(deterministic=True))
   tokens = jnp.ones((1, 10), jnp.int32)
-  params = nn.meta.unbox(model.init(jax.random.key(0), tokens, tokens)['params'])
+  params = nn.meta.unbox(model.init(jax.random.key(0), _source(model, tokens), tokens)['params'])
   optimizer = optax.adam(3e-3)
 
   def step(params, opt_state, src_BL):
     tgt_in_BL = jnp.concatenate([jnp.ones_like(src_BL[:, :1]), src_BL[:, :-1]], axis=1)  # BOS 1.
 
     def loss_fn(params):
-      logits = model.apply({'params': params}, src_BL, tgt_in_BL)
+      logits = _apply(model, params, src_BL, tgt_in_BL)
       return optax.softmax_cross_entropy_with_integer_labels(logits, src_BL).mean()
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
@@ -351,8 +389,12 @@ def _train_losses(variant: str, steps: int = 25) -> list[float]:
     return optax.apply_updates(params, updates), opt_state, loss
 
   rng = np.random.default_rng(0)
-  batches = [jnp.asarray(rng.integers(3, 3 + COPY_TOKENS, (32, 10)), jnp.int32)
-             for _ in range(steps)]
+  if model.config.has_encoder:
+    batches = [jnp.asarray(rng.integers(3, 3 + COPY_TOKENS, (32, 10)), jnp.int32)
+               for _ in range(steps)]
+  else:
+    batches = [jnp.asarray(3 + (rng.integers(0, COPY_TOKENS, (32, 1)) + np.arange(10))
+                           % COPY_TOKENS, jnp.int32) for _ in range(steps)]
   opt_state, losses = optimizer.init(params), []
   # Unoptimised CPU code compiles 2-3x faster, and 25 tiny steps need no speed.
   step = jax.jit(step).lower(params, opt_state, batches[0]).compile(

@@ -1,5 +1,9 @@
 """The encoder-decoder Transformer of "Attention Is All You Need" (section 3, figure 1).
 
+`architecture='decoder_only'` turns the same modules into a language model: no
+encoder, and the decoder stack with its cross-attention sub-layer switched off
+(masked self-attention and FFN per layer, the shared embedding as softmax).
+
 Inputs are token ids with explicit segment ids and positions, so one code path
 serves padded batches (segments = tokens != 0), packed batches (several
 examples per row) and one-token-at-a-time cached decoding. Shapes follow the
@@ -23,6 +27,7 @@ import ml_collections
 from transformer import attention, layers
 
 # The choices of each variant switch; the first is the paper's.
+ARCHITECTURES = ('encoder_decoder', 'decoder_only')
 NORMS = ('post_ln', 'pre_ln', 'rmsnorm')
 POSITIONS = ('sinusoidal', 'learned', 'rope', 'alibi')
 FFN_ACTIVATIONS = ('relu', 'gelu', 'swiglu')
@@ -34,6 +39,7 @@ class ModelConfig:
   """Hyperparameters of the model, built once from `config.model` (see configs/)."""
 
   vocab_size: int
+  architecture: str = 'encoder_decoder'  # ARCHITECTURES; 'decoder_only': a language model.
   num_layers: int = 6
   d_model: int = 512
   num_heads: int = 8
@@ -59,6 +65,11 @@ class ModelConfig:
       raise ValueError('Invalid model config:\n  ' + '\n  '.join(errors))
 
   @property
+  def has_encoder(self) -> bool:
+    """False for the decoder-only language model (then the decoder has no cross-attention)."""
+    return self.architecture == 'encoder_decoder'
+
+  @property
   def pre_norm(self) -> bool:
     """Whether sub-layers normalise their input (then each stack ends with a final norm)."""
     return self.norm in ('pre_ln', 'rmsnorm')
@@ -70,7 +81,8 @@ class ModelConfig:
     # WORKDIR/config.json of runs older than these switches (read by eval.py) lacks them:
     # those runs are the paper's model, the dataclass defaults.
     absent = {key: cls.__dataclass_fields__[key].default
-              for key in ('position', 'ffn_activation', 'use_bias') if key not in m}
+              for key in ('architecture', 'position', 'ffn_activation', 'use_bias')
+              if key not in m}
     if absent:
       m = ml_collections.ConfigDict({**m.to_dict(), **absent})
     errors = []
@@ -93,6 +105,7 @@ class ModelConfig:
       raise ValueError('Invalid model config:\n  ' + '\n  '.join(errors))
     return cls(
       vocab_size=config.vocab_size,
+      architecture=m.architecture,
       num_layers=m.num_layers,
       d_model=m.d_model,
       num_heads=m.num_heads,
@@ -116,8 +129,8 @@ def _variant_errors(model) -> list[str]:
   """Errors of the variant switches in `model` (a ConfigDict or the dataclass's fields)."""
   errors = [
     f'config.model.{key}={model[key]!r} is not one of {choices}.'
-    for key, choices in (('norm', NORMS), ('position', POSITIONS),
-                         ('ffn_activation', FFN_ACTIVATIONS))
+    for key, choices in (('architecture', ARCHITECTURES), ('norm', NORMS),
+                         ('position', POSITIONS), ('ffn_activation', FFN_ACTIVATIONS))
     if model[key] not in choices]
   heads = model['num_heads']
   if model['position'] == 'rope' and heads > 0 and model['d_model'] % (2 * heads):
@@ -162,7 +175,10 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """Masked self-attention, encoder-decoder attention, FFN (section 3.1)."""
+  """Masked self-attention, encoder-decoder attention, FFN (section 3.1).
+
+  Decoder-only models skip the encoder-decoder attention (there is no encoder output).
+  """
 
   config: ModelConfig
 
@@ -175,12 +191,13 @@ class DecoderLayer(nn.Module):
       lambda h: attention.MultiHeadAttention(cfg, decode=cfg.decode, name='self_attention')(
         h, h, self_attention_mask, positions_BL=positions_BL, deterministic=deterministic),
       norm_name='self_attention_norm', deterministic=deterministic)
-    y_BLD = layers.residual(
-      cfg, y_BLD,
-      lambda h: attention.MultiHeadAttention(
-        cfg, is_cross_attention=True, decode=cfg.decode, name='cross_attention')(
-        h, encoded_BSD, cross_attention_mask, deterministic=deterministic),
-      norm_name='cross_attention_norm', deterministic=deterministic)
+    if cfg.has_encoder:
+      y_BLD = layers.residual(
+        cfg, y_BLD,
+        lambda h: attention.MultiHeadAttention(
+          cfg, is_cross_attention=True, decode=cfg.decode, name='cross_attention')(
+          h, encoded_BSD, cross_attention_mask, deterministic=deterministic),
+        norm_name='cross_attention_norm', deterministic=deterministic)
     y_BLD = layers.residual(
       cfg, y_BLD,
       lambda h: layers.FeedForward(cfg, name='ffn')(h, deterministic=deterministic),
@@ -226,7 +243,10 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-  """N decoder layers over shifted target tokens, then the softmax projection."""
+  """N decoder layers over shifted target tokens, then the softmax projection.
+
+  Without an encoder (decoder-only) `encoded_BSD` and `src_segments_BS` are None.
+  """
 
   config: ModelConfig
   embed: layers.Embed
@@ -243,13 +263,14 @@ class Decoder(nn.Module):
       if is_initialized:
         position.value += 1
       self_attention_mask = None  # The key/value cache applies causality itself.
-      cross_attention_mask = attention.segment_mask(
-        jnp.ones_like(tgt_input_tokens_BL), src_segments_BS)
+      query_segments_BL = jnp.ones_like(tgt_input_tokens_BL)
     else:
       self_attention_mask = (
         attention.segment_mask(tgt_segments_BL, tgt_segments_BL)
         & attention.causal_mask(tgt_input_tokens_BL.shape[1]))
-      cross_attention_mask = attention.segment_mask(tgt_segments_BL, src_segments_BS)
+      query_segments_BL = tgt_segments_BL
+    cross_attention_mask = (attention.segment_mask(query_segments_BL, src_segments_BS)
+                            if cfg.has_encoder else None)
 
     y_BLD = _embed_with_positions(cfg, self.embed, tgt_input_tokens_BL, tgt_positions_BL,
                                   cfg.deterministic)
@@ -272,23 +293,32 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-  """Encoder-decoder model: `__call__` for training, `encode`/`decode` for inference."""
+  """Encoder-decoder model: `__call__` for training, `encode`/`decode` for inference.
+
+  A decoder-only model has no `encode`; it takes `src_tokens_BS=None` in
+  `__call__` and `encoded_BSD=src_segments_BS=None` in `decode`.
+  """
 
   config: ModelConfig
 
   def setup(self):
     cfg = self.config
     if cfg.share_embeddings:
-      # Section 3.4: one matrix for both embedding layers and the pre-softmax projection.
-      self.src_embed = self.tgt_embed = layers.Embed(cfg, name='shared_embedding')
+      # Section 3.4: one matrix for both embedding layers and the pre-softmax projection
+      # (decoder-only: for the input embedding and the softmax).
+      self.tgt_embed = layers.Embed(cfg, name='shared_embedding')
+      self.src_embed = self.tgt_embed if cfg.has_encoder else None
     else:
-      self.src_embed = layers.Embed(cfg, name='src_embedding')
+      self.src_embed = layers.Embed(cfg, name='src_embedding') if cfg.has_encoder else None
       self.tgt_embed = layers.Embed(cfg, name='tgt_embedding')
-    self.encoder = Encoder(cfg, self.src_embed, name='encoder')
+    if cfg.has_encoder:
+      self.encoder = Encoder(cfg, self.src_embed, name='encoder')
     self.decoder = Decoder(cfg, self.tgt_embed, name='decoder')
 
   def encode(self, src_tokens_BS, src_segments_BS=None, src_positions_BS=None):
     """Encoder output [B, S, D]."""
+    if not self.config.has_encoder:
+      raise ValueError("A decoder-only model (architecture='decoder_only') has no encoder.")
     return self.encoder(
       src_tokens_BS, _segments_or_default(src_tokens_BS, src_segments_BS),
       _positions_or_default(src_tokens_BS, src_positions_BS))
@@ -303,6 +333,12 @@ class Transformer(nn.Module):
 
   def __call__(self, src_tokens_BS, tgt_input_tokens_BL, src_segments_BS=None,
                tgt_segments_BL=None, src_positions_BS=None, tgt_positions_BL=None):
+    """Logits [B, L, V] (float32); `src_tokens_BS` is None exactly for a decoder-only model."""
+    if (src_tokens_BS is None) == self.config.has_encoder:
+      raise ValueError(f'architecture={self.config.architecture!r} takes '
+                       f"{'source tokens' if self.config.has_encoder else 'no source tokens'}.")
+    if not self.config.has_encoder:
+      return self.decode(None, None, tgt_input_tokens_BL, tgt_segments_BL, tgt_positions_BL)
     src_segments_BS = _segments_or_default(src_tokens_BS, src_segments_BS)
     encoded_BSD = self.encode(src_tokens_BS, src_segments_BS, src_positions_BS)
     return self.decode(encoded_BSD, src_segments_BS, tgt_input_tokens_BL, tgt_segments_BL,

@@ -40,14 +40,16 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
 
   Counts matmuls only (2 FLOPs per multiply-add), for a source of the same length
   as the target, one source token per target token: the encoder's work on the
-  source is charged to the target token it pairs with.
+  source is charged to the target token it pairs with. A decoder-only model has
+  neither the encoder nor the cross-attention.
   """
   d, f, layers = cfg.d_model, cfg.d_ff, cfg.num_layers
   projections = 2 * 4 * d * d  # Q, K, V and output projections.
   ffn = 2 * (3 if cfg.ffn_activation == 'swiglu' else 2) * d * f  # SwiGLU has 3 matrices.
   scores = 2 * 2 * seq_len * d  # Q K^T and weights x V, over `seq_len` keys.
-  encoder = layers * (projections + ffn + scores)
-  decoder = layers * (2 * projections + ffn + 2 * scores)
+  attentions = 2 if cfg.has_encoder else 1  # Self-attention, and cross-attention.
+  encoder = layers * (projections + ffn + scores) if cfg.has_encoder else 0
+  decoder = layers * (attentions * projections + ffn + attentions * scores)
   softmax = 2 * d * cfg.vocab_size
   forward = encoder + decoder + softmax
   return {'forward': float(forward), 'train': 3.0 * forward}
@@ -64,5 +66,6 @@ def format_table(rows: list[tuple[str, str, int]], total: int) -> str:
 def abstract_params(model, seq_len: int = 8):
   """Parameter shapes of `model` via `jax.eval_shape` (nothing allocated or computed)."""
   tokens = jax.ShapeDtypeStruct((1, seq_len), np.int32)
-  shapes = jax.eval_shape(lambda s, t: model.init(jax.random.key(0), s, t), tokens, tokens)
+  src = tokens if model.config.has_encoder else None
+  shapes = jax.eval_shape(lambda s, t: model.init(jax.random.key(0), s, t), src, tokens)
   return flax.linen.meta.unbox(shapes['params'])

@@ -6,6 +6,14 @@ and writes WORKDIR/eval/<checkpoint>-<split>.txt and .json (with a suffix such a
 `-greedy` for other decoding settings) (sacreBLEU, chrF,
 length ratio, decode speed). Also translates arbitrary text (--input_file),
 follows a training run (--watch) and draws attention maps (--attention_plot).
+
+For a decoder-only language model (config.model.architecture='decoder_only'):
+perplexity of a split (WORKDIR/eval/<checkpoint>-<split>-perplexity.json), the
+same at several window lengths (--lengths=64,128,256: length extrapolation,
+...-extrapolation.json), or continuations of prompts (--prompt, repeatable, or
+--input_file, one prompt per line) with --decoder=greedy (the default for a
+language model) or sample (--temperature, --top_k, --top_p, --seed); at most
+--max_extra_len new tokens each.
 """
 
 import json
@@ -13,7 +21,7 @@ import sys
 
 from absl import app, flags, logging
 
-from transformer import evaluation, inference
+from transformer import evaluation, inference, lm_evaluation, training
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
 _CHECKPOINT = flags.DEFINE_string(
@@ -34,6 +42,12 @@ _WATCH = flags.DEFINE_bool('watch', False, 'Evaluate every new checkpoint until 
 _POLL_SECONDS = flags.DEFINE_float('poll_seconds', 30.0, 'With --watch: seconds between looks.')
 _ATTENTION_PLOT = flags.DEFINE_string('attention_plot', None, 'Directory for attention PNGs.')
 _INPUT_TEXT = flags.DEFINE_string('input_text', None, 'Sentence for --attention_plot.')
+_PROMPT = flags.DEFINE_multi_string(
+  'prompt', None, 'Language model: continue this text (repeatable; an empty prompt writes a '
+  'document from scratch).')
+_LENGTHS = flags.DEFINE_list(
+  'lengths', None, 'Language model: perplexity of the split in windows of each of these lengths '
+  '(e.g. 64,128,256: length extrapolation).')
 
 
 def main(argv):
@@ -44,6 +58,11 @@ def main(argv):
   if _ATTENTION_PLOT.value and not _INPUT_TEXT.value:
     raise app.UsageError('--attention_plot needs --input_text.')
   config = evaluation.load_run_config(_WORKDIR.value)
+  if training.is_language_model(config):
+    _language_model(config)
+    return
+  if _PROMPT.value or _LENGTHS.value:
+    raise app.UsageError('--prompt and --lengths are for decoder-only language models.')
   options = inference.DecodeOptions(
     decoder=_DECODER.value, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
     max_extra_len=_MAX_EXTRA_LEN.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
@@ -66,14 +85,8 @@ def main(argv):
     return
 
   if _INPUT_FILE.value is not None:
-    outputs = evaluation.translate_lines(config, params, lines, options=options,
-                                         batch_size=_BATCH_SIZE.value, seed=_SEED.value)
-    text = ''.join(line + '\n' for line in outputs)
-    if _OUTPUT_FILE.value == '-':
-      sys.stdout.write(text)
-    else:
-      with open(_OUTPUT_FILE.value, 'w', encoding='utf-8') as f:
-        f.write(text)
+    _write_output(evaluation.translate_lines(config, params, lines, options=options,
+                                             batch_size=_BATCH_SIZE.value, seed=_SEED.value))
     return
 
   lines, results = evaluation.evaluate_split(
@@ -84,6 +97,56 @@ def main(argv):
   tag = options.tag() + (f'_seed{_SEED.value}' if options.decoder == 'sample' else '')
   path = evaluation.write_split_results(_WORKDIR.value, label, split, lines, results, tag)
   print(json.dumps({k: results[k] for k in ('bleu', 'chrf', 'num_sentences')}))
+  logging.info('Wrote %s', path)
+
+
+def _write_output(lines) -> None:
+  """One line per input line, to --output_file ('-': stdout)."""
+  text = ''.join(line + '\n' for line in lines)
+  if _OUTPUT_FILE.value == '-':
+    sys.stdout.write(text)
+  else:
+    with open(_OUTPUT_FILE.value, 'w', encoding='utf-8') as f:
+      f.write(text)
+
+
+def _language_model(config) -> None:
+  """Perplexity, length extrapolation or prompt continuation of a decoder-only model."""
+  if _WATCH.value or _ATTENTION_PLOT.value:
+    raise app.UsageError('--watch and --attention_plot are for translation models.')
+  # Beam search is for translation; a language model decodes greedily unless told to sample.
+  decoder = _DECODER.value if flags.FLAGS['decoder'].present else 'greedy'
+  options = inference.DecodeOptions(
+    decoder=decoder, max_extra_len=_MAX_EXTRA_LEN.value, temperature=_TEMPERATURE.value,
+    top_k=_TOP_K.value, top_p=_TOP_P.value)
+  if options.decoder == 'beam':
+    raise app.UsageError('A language model continues prompts with --decoder=greedy or sample.')
+  lengths = _LENGTHS.value or []
+  if not all(length.isdigit() and int(length) > 0 for length in lengths):
+    raise app.UsageError(f'--lengths={",".join(lengths)}: expected positive integers.')
+  lengths = [int(length) for length in lengths]
+  prompts = None
+  if _INPUT_FILE.value is not None:
+    prompts = evaluation.read_input_lines(_INPUT_FILE.value)
+  if _PROMPT.value:
+    prompts = (prompts or []) + list(_PROMPT.value)
+  params, label = evaluation.restore_params(config, _WORKDIR.value, _CHECKPOINT.value)
+
+  if prompts is not None:
+    _write_output(lm_evaluation.continue_prompts(
+      config, params, prompts, options=options, batch_size=_BATCH_SIZE.value, seed=_SEED.value))
+    return
+
+  split = _SPLIT.value or config.data.test_split
+  if lengths:
+    results = lm_evaluation.length_extrapolation(config, params, split, lengths)
+    tag = 'extrapolation'
+  else:
+    results = lm_evaluation.score_split(config, params, split)
+    tag = 'perplexity'
+  results['checkpoint'] = label
+  path = lm_evaluation.write_results(_WORKDIR.value, label, split, tag, results)
+  print(json.dumps(results))
   logging.info('Wrote %s', path)
 
 

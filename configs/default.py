@@ -48,6 +48,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Model (section 3); read through transformer.model.ModelConfig.
   config.model = ml_collections.ConfigDict()
+  config.model.architecture = 'encoder_decoder'  # Or 'decoder_only' (a language model).
   config.model.num_layers = 3  # N: layers in the encoder and in the decoder.
   config.model.d_model = 256  # d_model: width of the residual stream.
   config.model.num_heads = 4  # h: attention heads; d_k = d_v = d_model / h.
@@ -63,9 +64,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Data.
   config.data = ml_collections.ConfigDict()
-  config.data.dataset = 'multi30k'  # 'multi30k', 'parallel_text' or 'wmt14_translate/de-en'.
+  # 'multi30k', 'parallel_text' or 'wmt14_translate/de-en'; language models: 'text_lines', 'lm1b'.
+  config.data.dataset = 'multi30k'
   config.data.source_lang = 'en'  # Source language code (explicit: never reversed).
-  config.data.target_lang = 'de'  # Target language code.
+  config.data.target_lang = 'de'  # Target language code (a language model's text_lines language).
   config.data.manual_dir = config_dict.placeholder(str)  # Local raw files; None: download.
   config.data.data_dir = '~/tensorflow_datasets'  # Where prepared TFDS data is written.
   config.data.vocab_path = config_dict.placeholder(str)  # SentencePiece model; None: beside data.
@@ -76,6 +78,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.max_eval_len = 256  # Packed row length for evaluation (never drops a line).
   config.data.tokens_per_batch = 4096  # Global token budget per side per batch.
   config.data.spm_train_sentences = 1_000_000  # Sentences sampled to train SentencePiece.
+  config.data.lines_per_document = 1  # Language models: consecutive lines joined per document.
 
   # Device mesh; one axis may be -1 (all remaining devices).
   config.mesh = ml_collections.ConfigDict()

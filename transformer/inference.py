@@ -1,10 +1,17 @@
-"""Translation with a trained model: cached decoding wired to the decoders of `decoding.py`.
+"""Translation and text generation: cached decoding wired to the decoders of `decoding.py`.
 
 The model side of the decoders' contract: `init_state` encodes the source once
 and builds the decoder's cache (self-attention key/value buffers plus the
 cross-attention keys and values of the encoder output); `logits_fn` runs one
 decoder step. Everything is a pure function of (params, source tokens, key), jitted
 once per source length.
+
+A decoder-only language model continues prompts (`generate`) through the same
+decoders: they start from BOS as in translation, and while a row is inside its
+prompt the step function allows only the prompt's next token (every other logit
+is -inf), so greedy decoding and sampling (any temperature, top-k, top-p) copy
+the prompt into the cache one token per step, then continue it freely. Rows
+with prompts of different lengths decode together.
 """
 
 from __future__ import annotations
@@ -96,13 +103,20 @@ def translate(params, src_tokens_BS: jax.Array, rng: jax.Array, *, model_config:
   Each row's output is limited to its own source length + `max_extra_len`
   tokens (EOS included), as in the paper.
   """
-  batch, src_len = src_tokens_BS.shape
+  src_len = src_tokens_BS.shape[1]
   max_decode_len = src_len + options.max_extra_len
   model, state = _init_state(params, src_tokens_BS, model_config, max_decode_len)
   max_lengths_B = jnp.sum(src_tokens_BS != 0, axis=1).astype(jnp.int32) + options.max_extra_len
+  return _run_decoder(_logits_fn(model, params), state, rng, options, max_decode_len,
+                      max_lengths_B)
+
+
+def _run_decoder(logits_fn, state, rng: jax.Array, options: DecodeOptions, max_decode_len: int,
+                 max_lengths_B: jax.Array) -> jax.Array:
+  """The decoder of `options` over a step function: tokens [B, max_decode_len] (the best beam)."""
+  batch = max_lengths_B.shape[0]
   common = dict(max_decode_len=max_decode_len, max_lengths=max_lengths_B,
                 bos_id=tokenizer_lib.BOS_ID, eos_id=tokenizer_lib.EOS_ID)
-  logits_fn = _logits_fn(model, params)
   if options.decoder == 'beam':
     tokens_BKL, _ = decoding.beam_search(
       logits_fn, state, beam_size=options.beam_size, alpha=options.alpha, **common)
@@ -119,19 +133,89 @@ def make_translate_fn(model_config: ModelConfig, options: DecodeOptions):
   return jax.jit(functools.partial(translate, model_config=model_config, options=options))
 
 
+def _init_lm_state(params, prompt_tokens_BP: jax.Array, model_config: ModelConfig,
+                   max_decode_len: int):
+  """Creates the decoder-only model's cache and the prompt-forcing state."""
+  model = Transformer(model_config.replace(deterministic=True, decode=True,
+                                           max_decode_len=max_decode_len))
+  bos_B1 = jnp.full((prompt_tokens_BP.shape[0], 1), tokenizer_lib.BOS_ID, jnp.int32)
+  _, variables = model.apply({'params': params}, None, None, bos_B1,
+                             method=Transformer.decode, mutable=['cache'])
+  state = {
+    'cache': variables['cache'],
+    'prompt': prompt_tokens_BP,
+    'prompt_lengths': jnp.sum(prompt_tokens_BP != 0, axis=1).astype(jnp.int32),
+    'step': jnp.array(0, jnp.int32),  # Shared scalar: the output position being chosen.
+  }
+  return model, state
+
+
+def _lm_logits_fn(model: Transformer, params):
+  """One step of the decoder-only model; inside its prompt a row can only copy the prompt.
+
+  Never chooses PAD or BOS: they are not tokens of a document.
+  """
+
+  def step(tokens_N1, state):
+    logits_N1V, variables = model.apply(
+      {'params': params, 'cache': state['cache']}, None, None, tokens_N1,
+      method=Transformer.decode, mutable=['cache'])
+    logits_NV = logits_N1V[:, 0]
+    prompt_NP, position = state['prompt'], state['step']
+    forced_N = jax.lax.dynamic_index_in_dim(
+      prompt_NP, jnp.minimum(position, prompt_NP.shape[1] - 1), axis=1, keepdims=False)
+    only_forced_NV = jnp.where(jnp.arange(logits_NV.shape[-1]) == forced_N[:, None], 0.0,
+                               decoding.NEG_INF)
+    in_prompt_N1 = (position < state['prompt_lengths'])[:, None]
+    logits_NV = jnp.where(in_prompt_N1, only_forced_NV, logits_NV)
+    # PAD and BOS never occur inside a document (they are never training targets).
+    vocab_V = jnp.arange(logits_NV.shape[-1])
+    logits_NV = jnp.where((vocab_V == tokenizer_lib.PAD_ID) | (vocab_V == tokenizer_lib.BOS_ID),
+                          decoding.NEG_INF, logits_NV)
+    return logits_NV, {**state, 'cache': variables['cache'], 'step': position + 1}
+
+  return step
+
+
+def generate(params, prompt_tokens_BP: jax.Array, rng: jax.Array, *, model_config: ModelConfig,
+             options: DecodeOptions) -> jax.Array:
+  """Each prompt followed by its continuation, int32 [B, P + max_extra_len], 0-padded after EOS.
+
+  `prompt_tokens_BP`: pieces without BOS or EOS, 0-padded on the right (an
+  all-zero row is an empty prompt). Row b holds its prompt in its first P_b
+  positions, then at most `max_extra_len` new tokens (EOS included): the
+  continuation ends at EOS, the end of the document. Greedy or sampling only.
+  """
+  if options.decoder == 'beam':
+    raise ValueError("Generation decodes greedily or by sampling; decoder='beam' is for "
+                     'translation.')
+  max_decode_len = prompt_tokens_BP.shape[1] + options.max_extra_len
+  model, state = _init_lm_state(params, prompt_tokens_BP, model_config, max_decode_len)
+  max_lengths_B = state['prompt_lengths'] + options.max_extra_len
+  return _run_decoder(_lm_logits_fn(model, params), state, rng, options, max_decode_len,
+                      max_lengths_B)
+
+
+def make_generate_fn(model_config: ModelConfig, options: DecodeOptions):
+  """`jax.jit`ed `generate(params, prompt_tokens, rng)`; one compile per prompt width."""
+  return jax.jit(functools.partial(generate, model_config=model_config, options=options))
+
+
 def decode_batches(
   translate_fn, params, batches: Iterable[dict[str, np.ndarray]],
   tokenizer: tokenizer_lib.Tokenizer, rng: jax.Array, max_sentences: int | None = None,
+  input_key: str = 'src_tokens',
 ) -> tuple[dict[int, str], dict[str, float]]:
   """Detokenized translations keyed by input index, and decode-speed figures.
 
   With `max_sentences`, stops after the batch that reaches that many sentences.
+  `translate_fn` may be a `make_generate_fn` function with `input_key='prompt_tokens'`.
   """
   translations: dict[int, str] = {}
   num_tokens = 0
   start = time.perf_counter()
   for i, batch in enumerate(batches):
-    tokens = np.asarray(translate_fn(params, batch['src_tokens'], jax.random.fold_in(rng, i)))
+    tokens = np.asarray(translate_fn(params, batch[input_key], jax.random.fold_in(rng, i)))
     for index, valid, row in zip(batch['index'], batch['valid'], tokens, strict=True):
       if valid:
         translations[int(index)] = tokenizer.decode(row.tolist())

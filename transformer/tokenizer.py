@@ -5,12 +5,15 @@ Trained on the training split (both languages, at most
 The model is saved at `config.data.vocab_path`, or by default next to the
 prepared data at `<dataset_dir>/spm_<lang>-<lang>_<vocab_size>_<sentences>.model`
 (`dataset_dir` is keyed by the data fingerprint). An existing model is loaded,
-never retrained or overwritten.
+never retrained or overwritten. For language-model data (one language) the
+vocabulary is trained on its texts and named `spm_<lang>_...` (`spm_lm1b_...`
+for lm1b).
 """
 
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import ml_collections
 import numpy as np
@@ -142,7 +145,10 @@ def vocab_path(config: ml_collections.ConfigDict) -> str:
   """Returns where the model of `config` lives (`config.data.vocab_path` or default)."""
   if config.data.vocab_path:
     return os.path.expanduser(config.data.vocab_path)
-  langs = '-'.join(sorted([config.data.source_lang, config.data.target_lang]))
+  if datasets.is_language_model_data(config.data):
+    langs = config.data.target_lang if config.data.dataset == 'text_lines' else 'lm1b'
+  else:
+    langs = '-'.join(sorted([config.data.source_lang, config.data.target_lang]))
   name = f'spm_{langs}_{config.vocab_size}_{config.data.spm_train_sentences}.model'
   return os.path.join(datasets.dataset_dir(config.data), name)
 
@@ -151,8 +157,9 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
   """Loads the model at `vocab_path(config)`, training it first if absent.
 
   Training reads `config.data.train_split` of `config.data.dataset` (both
-  languages, at most `config.data.spm_train_sentences` sentences drawn in a
-  random order seeded by `config.seed`).
+  languages, or the text of language-model data; at most
+  `config.data.spm_train_sentences` sentences drawn in a random order seeded by
+  `config.seed`).
 
   Args:
     config: The full config (uses `vocab_size`, `seed` and `data.*`).
@@ -174,11 +181,13 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
     return tokenizer
   logging.info('Training SentencePiece model %s.', path)
   source = datasets.get_data_source(config.data, config.data.train_split)
+  if datasets.is_language_model_data(config.data):
+    texts = lambda example: (datasets.document_text(example),)
+  else:
+    texts = lambda example: datasets.translation_pair(
+        example, config.data.source_lang, config.data.target_lang)
   sentences = _training_sentences(
-      source,
-      (config.data.source_lang, config.data.target_lang),
-      config.data.spm_train_sentences,
-      config.seed,
+      source, texts, config.data.spm_train_sentences, config.seed
   )
   train_tokenizer(
       sentences,
@@ -190,15 +199,18 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
 
 
 def _training_sentences(
-    source: Sequence, languages: Sequence[str], max_sentences: int, seed: int
+    source: Sequence,
+    texts: Callable[[Any], Sequence[str]],
+    max_sentences: int,
+    seed: int,
 ) -> Iterator[str]:
-  """Yields both sides of examples in a seeded random order, up to a limit."""
+  """Yields the `texts(example)` of examples in a seeded random order, up to a limit."""
   order = np.random.default_rng(seed).permutation(len(source))
   count = 0
   for start in range(0, len(order), _READ_CHUNK):
     positions = order[start : start + _READ_CHUNK].tolist()
     for example in _read(source, positions):
-      for text in datasets.translation_pair(example, *languages):
+      for text in texts(example):
         if count >= max_sentences:
           return
         count += 1

@@ -23,6 +23,7 @@ from transformer import (
   checkpoints,
   inference,
   input_pipeline,
+  lm_pipeline,
   losses,
   metrics,
   optim,
@@ -78,10 +79,21 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
   if config.eval_bleu_decoder not in ('greedy', 'beam'):
     errors.append(f"config.eval_bleu_decoder={config.eval_bleu_decoder!r} is not 'greedy' or "
                   "'beam'.")
-  if config.data.source_lang == config.data.target_lang:
+  errors += lm_pipeline.config_errors(config)
+  if not is_language_model(config) and config.data.source_lang == config.data.target_lang:
     errors.append(f'config.data.source_lang and target_lang are both {config.data.source_lang!r}.')
   if errors:
     raise ValueError('Invalid config:\n  ' + '\n  '.join(errors))
+
+
+def is_language_model(config: ml_collections.ConfigDict) -> bool:
+  """A decoder-only model on monolingual text: its batches have only the `tgt_*` keys."""
+  return not ModelConfig.from_config(config).has_encoder
+
+
+def data_pipeline(config: ml_collections.ConfigDict):
+  """The input pipeline module of the config: `train_iterator`, `eval_batches`, `BATCH_KEYS`."""
+  return lm_pipeline if is_language_model(config) else input_pipeline
 
 
 def create_models(config: ml_collections.ConfigDict) -> tuple[Transformer, Transformer]:
@@ -90,16 +102,12 @@ def create_models(config: ml_collections.ConfigDict) -> tuple[Transformer, Trans
   return Transformer(model_config), Transformer(model_config.replace(deterministic=True))
 
 
-def _dummy_batch(rows: int, length: int) -> Batch:
-  tokens = jnp.ones((rows, length), jnp.int32)
-  return {'src_tokens': tokens, 'tgt_input_tokens': tokens}
-
-
 def _init_state(key: jax.Array, *, model: Transformer, optimizer, config) -> TrainState:
   """Initial state with logically-annotated (boxed) parameters."""
   params_key, dropout_key = jax.random.split(key)
-  batch = _dummy_batch(1, config.data.max_len)
-  params = model.init(params_key, batch['src_tokens'], batch['tgt_input_tokens'])['params']
+  tokens = jnp.ones((1, config.data.max_len), jnp.int32)
+  src_tokens = tokens if model.config.has_encoder else None
+  params = model.init(params_key, src_tokens, tokens)['params']
   return TrainState(
     step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
     dropout_key=jax.random.key_data(dropout_key))
@@ -125,10 +133,11 @@ def create_train_state(config, model, optimizer, mesh: Mesh, key: jax.Array):
 
 
 def _forward(params, batch: Batch, model: Transformer, rngs=None):
+  # Language-model batches have no `src_*` keys: the decoder-only model takes None.
   return model.apply(
-    {'params': params}, batch['src_tokens'], batch['tgt_input_tokens'],
-    src_segments_BS=batch['src_segments'], tgt_segments_BL=batch['tgt_segments'],
-    src_positions_BS=batch['src_positions'], tgt_positions_BL=batch['tgt_positions'],
+    {'params': params}, batch.get('src_tokens'), batch['tgt_input_tokens'],
+    src_segments_BS=batch.get('src_segments'), tgt_segments_BL=batch['tgt_segments'],
+    src_positions_BS=batch.get('src_positions'), tgt_positions_BL=batch['tgt_positions'],
     rngs=rngs)
 
 
@@ -259,7 +268,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     write_config(config, workdir)
 
   vocab = tokenizer.get_tokenizer(config)
-  train_iter = input_pipeline.train_iterator(
+  pipeline = data_pipeline(config)
+  train_iter = pipeline.train_iterator(
     config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count())
 
   params_key, _ = jax.random.split(jax.random.key(config.seed))  # Named: params, (data).
@@ -272,7 +282,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writer = metrics.MetricsWriter(workdir)
   writer.truncate_after(start_step)
   batch_sharding = sharding.batch_sharding(mesh)
-  batch_shardings = {k: batch_sharding for k in input_pipeline.BATCH_KEYS}
+  batch_shardings = {k: batch_sharding for k in pipeline.BATCH_KEYS}
   p_train_step = jax.jit(
     functools.partial(train_step, model=model, optimizer=optimizer, config=config),
     in_shardings=(state_shardings, batch_shardings),
@@ -288,7 +298,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   def run_eval(step: int) -> dict[str, float]:
     sums = evaluate(p_eval_step, state.params,
-                    input_pipeline.eval_batches(config, vocab, config.data.eval_split), mesh)
+                    pipeline.eval_batches(config, vocab, config.data.eval_split), mesh)
     summary = losses.summarize(sums, 'eval')
     if config.eval_bleu_sentences > 0:
       summary.update(validation_bleu(config, state.params, vocab, translate_fn))

@@ -1,4 +1,4 @@
-"""Translation datasets: TFDS builders and random-access data sources.
+"""Translation and language-model datasets: TFDS builders and random-access data sources.
 
 `get_data_source(config.data, split)` prepares `config.data.dataset` (once per
 set of source files) and returns `builder.as_data_source(split)`.
@@ -6,10 +6,13 @@ set of source files) and returns `builder.as_data_source(split)`.
 
 from transformer.datasets.sources import (
     DATASETS,
+    LM_DATASETS,
     dataset_dir,
+    document_text,
     example_index,
     fingerprint,
     get_data_source,
+    is_language_model_data,
     prepare,
     split_num_lines,
     translation_pair,
@@ -17,10 +20,13 @@ from transformer.datasets.sources import (
 
 __all__ = [
     'DATASETS',
+    'LM_DATASETS',
     'dataset_dir',
+    'document_text',
     'example_index',
     'fingerprint',
     'get_data_source',
+    'is_language_model_data',
     'prepare',
     'split_num_lines',
     'translation_pair',

@@ -1,13 +1,18 @@
-"""Prepares translation datasets and opens their splits for random access.
+"""Prepares translation and language-model datasets and opens their splits for random access.
+
+Translation: `multi30k`, `parallel_text` (local files), `wmt14_translate/*`
+(catalog). Language modelling (`LM_DATASETS`, for `architecture='decoder_only'`):
+`text_lines` (local files of one language, `config.data.target_lang`) and `lm1b`
+(the catalog's One Billion Word benchmark).
 
 Prepared data lives under `config.data.data_dir` (with `~` expanded). For the
-local builders (`multi30k`, `parallel_text`) it is keyed by its source files:
+local builders (`multi30k`, `parallel_text`, `text_lines`) it is keyed by its source files:
 `<data_dir>/<name>-<fingerprint[:16]>/`, where the fingerprint is the sha256 of
 the source files' names and bytes (of the URLs when Multi30k is downloaded).
 Changed files therefore get a new directory and are prepared again; unchanged
 files reuse the prepared data. The catalog WMT14 builders live at the usual TFDS
-place `<data_dir>/wmt14_translate/<pair>/<version>/` and are keyed by their TFDS
-name and version.
+place `<data_dir>/wmt14_translate/<pair>/<version>/` (`<data_dir>/lm1b/<version>/`)
+and are keyed by their TFDS name and version.
 """
 
 import os
@@ -18,14 +23,17 @@ import ml_collections
 import tensorflow_datasets as tfds
 from absl import logging
 
-from transformer.datasets import multi30k, parallel_text
+from transformer.datasets import lm1b, multi30k, parallel_text, text_lines
 
 LOCAL_BUILDERS: Mapping[str, type[parallel_text.ParallelText]] = {
     'multi30k': multi30k.Multi30k,
     'parallel_text': parallel_text.ParallelText,
+    'text_lines': text_lines.TextLines,
 }
-CATALOG_DATASETS = ('wmt14_translate/de-en', 'wmt14_translate/fr-en')
+CATALOG_DATASETS = ('wmt14_translate/de-en', 'wmt14_translate/fr-en', 'lm1b')
 DATASETS = tuple(LOCAL_BUILDERS) + CATALOG_DATASETS
+# Monolingual text for a language model; every other dataset is parallel text.
+LM_DATASETS = ('text_lines', 'lm1b')
 FILE_FORMAT = 'array_record'
 
 
@@ -51,6 +59,11 @@ def _required_languages(data_config: ml_collections.ConfigDict) -> list[str]:
   return [data_config.source_lang, data_config.target_lang]
 
 
+def is_language_model_data(data_config: ml_collections.ConfigDict) -> bool:
+  """Whether `config.data.dataset` is monolingual text (`LM_DATASETS`)."""
+  return _check_name(data_config) in LM_DATASETS
+
+
 def fingerprint(data_config: ml_collections.ConfigDict) -> str:
   """Returns the key of the dataset's source (hex sha256 or TFDS name).
 
@@ -72,9 +85,12 @@ def _languages_to_require(
     data_config: ml_collections.ConfigDict,
 ) -> list[str] | None:
   # Multi30k has fixed languages (all required); parallel_text requires the
-  # train and validation files of the configured source and target.
+  # train and validation files of the configured source and target, text_lines
+  # those of the one language it reads.
   if data_config.dataset == 'parallel_text':
     return _required_languages(data_config)
+  if data_config.dataset == 'text_lines':
+    return [data_config.target_lang]
   return None
 
 
@@ -101,8 +117,8 @@ def prepare(data_config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
 
   Prepares into `dataset_dir(data_config)` (array_record files) unless that
   directory already holds prepared data for the same source files. Checks that
-  `config.data.source_lang` and `config.data.target_lang` are languages of the
-  dataset.
+  `config.data.source_lang` and `config.data.target_lang` are languages of a
+  translation dataset.
 
   Args:
     data_config: `config.data`.
@@ -123,6 +139,12 @@ def prepare(data_config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
         data_dir=dataset_dir(data_config),
         file_format=FILE_FORMAT,
     )
+  elif name == 'lm1b':
+    builder = lm1b.Lm1b(
+        manual_dir=manual_dir,
+        data_dir=_data_root(data_config),
+        file_format=FILE_FORMAT,
+    )
   else:
     # Registers the catalog translation builders (lazily: it is slow).
     import tensorflow_datasets.translate  # noqa: F401
@@ -132,7 +154,8 @@ def prepare(data_config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
         data_dir=_data_root(data_config),
         file_format=FILE_FORMAT,
     )
-  _check_languages(data_config, available=languages(builder))
+  if name not in LM_DATASETS:
+    _check_languages(data_config, available=languages(builder))
   builder.download_and_prepare(
       download_config=tfds.download.DownloadConfig(
           manual_dir=manual_dir, try_download_gcs=False
@@ -198,8 +221,10 @@ def get_data_source(
   """Returns a random-access source of `split` (prepares the data if needed).
 
   Elements are dicts: `{'translation': {lang: bytes}, 'index': int}` for the
-  local builders, `{lang: bytes}` for the catalog ones; use
-  `translation_pair` / `example_index` to read them.
+  local translation builders, `{lang: bytes}` for the catalog ones; use
+  `translation_pair` / `example_index` to read them. Language-model datasets
+  give `{'text': bytes, 'index': int}` (`text_lines`) or `{'text': bytes}`
+  (`lm1b`); use `document_text`.
 
   Args:
     data_config: `config.data`.
@@ -215,9 +240,10 @@ def get_data_source(
         f'Split {split!r} is not in dataset {data_config.dataset!r}; '
         f'available: {sorted(builder.info.splits)}.'
     )
-  _check_languages(
-      data_config, split_languages(builder, split), f' split {split!r}'
-  )
+  if not is_language_model_data(data_config):
+    _check_languages(
+        data_config, split_languages(builder, split), f' split {split!r}'
+    )
   return builder.as_data_source(split)
 
 
@@ -227,6 +253,11 @@ def translation_pair(
   """Returns the (source, target) strings of a data source element."""
   texts = example.get('translation', example)
   return _text(texts[source_lang]), _text(texts[target_lang])
+
+
+def document_text(example: Mapping[str, Any]) -> str:
+  """Returns the text of a language-model data source element."""
+  return _text(example['text'])
 
 
 def example_index(example: Mapping[str, Any], position: int) -> int:

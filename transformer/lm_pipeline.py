@@ -1,0 +1,249 @@
+"""Grain input pipelines of the decoder-only language model: packed windows of documents.
+
+The batches are the target half of the translation batches (`input_pipeline`),
+int32 arrays of shape [rows, length] under the same keys:
+
+  tgt_input_tokens  decoder input: BOS + document pieces (shifted right).
+  tgt_tokens        document pieces + EOS.
+  tgt_segments      1, 2, ... per packed window; 0 is padding.
+  tgt_positions     position within the window, restarting at 0.
+
+A document is one example of the dataset (a line of `text_lines`, a sentence of
+`lm1b`) or, with `config.data.lines_per_document` = N > 1, N consecutive
+examples joined by a space (running text longer than a line). Its token stream
+(BOS, pieces, EOS) is cut into windows of `length` predictions: `max_len` in
+training, `max_eval_len` (or any length asked for) in evaluation. Each window
+is a segment of its own, so attention never crosses a document boundary (nor a
+window boundary), and short windows are packed several to a row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grain
+import ml_collections
+import numpy as np
+
+from transformer import datasets, input_pipeline
+from transformer import tokenizer as tokenizer_lib
+from transformer.model import ModelConfig
+
+Batch = dict[str, np.ndarray]
+# Keys of every `train_iterator` / `eval_batches` batch.
+BATCH_KEYS = ('tgt_input_tokens', 'tgt_tokens', 'tgt_segments', 'tgt_positions')
+
+
+def config_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """Errors, naming the keys, of a config that mixes the language model and translation."""
+  decoder_only = not ModelConfig.from_config(config).has_encoder
+  lm_data = datasets.is_language_model_data(config.data)
+  errors = []
+  if decoder_only != lm_data:
+    errors.append(
+        f'config.model.architecture={config.model.architecture!r} does not fit '
+        f'config.data.dataset={config.data.dataset!r}: a decoder_only model trains on '
+        f'monolingual text {datasets.LM_DATASETS}, an encoder_decoder one on parallel text.')
+  if decoder_only and config.eval_bleu_sentences:
+    errors.append(f'config.eval_bleu_sentences={config.eval_bleu_sentences} must be 0 for a '
+                  'decoder_only model: BLEU scores translations.')
+  if lm_data and config.data.lines_per_document < 1:
+    errors.append(
+        f'config.data.lines_per_document={config.data.lines_per_document} must be positive.')
+  return errors
+
+
+class Documents(Sequence[str]):
+  """Random access to the documents of a split: `lines` consecutive examples, space-joined.
+
+  The examples are read in the order of the data source: file order for
+  `text_lines` (its TFDS shuffling is disabled for this), the catalog's order
+  for `lm1b`.
+  """
+
+  def __init__(self, source: Sequence[Any], lines: int):
+    if lines < 1:
+      raise ValueError(f'config.data.lines_per_document={lines} must be positive.')
+    self._source = source
+    self._lines = lines
+
+  def __len__(self) -> int:
+    return -(-len(self._source) // self._lines)
+
+  def __getitem__(self, index: int) -> str:
+    if not 0 <= index < len(self):
+      raise IndexError(index)
+    positions = range(index * self._lines, min((index + 1) * self._lines, len(self._source)))
+    getitems = getattr(self._source, '__getitems__', None)
+    examples = getitems(list(positions)) if getitems else [self._source[i] for i in positions]
+    return ' '.join(datasets.document_text(example) for example in examples)
+
+
+def documents(config: ml_collections.ConfigDict, split: str) -> Documents:
+  """The documents of `split` of `config.data.dataset` (prepared if needed)."""
+  source = datasets.get_data_source(config.data, split)
+  return Documents(source, config.data.lines_per_document)
+
+
+@dataclasses.dataclass(frozen=True)
+class _EncodeDocument:
+  """Tokenizes a document into the decoder input (BOS + pieces) and target (pieces + EOS)."""
+
+  tokenizer: tokenizer_lib.Tokenizer
+
+  def __call__(self, text: str) -> dict[str, np.ndarray]:
+    ids = self.tokenizer.encode(text)
+    return {
+        'tgt_in': np.asarray([tokenizer_lib.BOS_ID] + ids, np.int32),
+        'tgt': np.asarray(ids + [tokenizer_lib.EOS_ID], np.int32),
+    }
+
+
+class _Windows(grain.experimental.FlatMapTransform):
+  """Cuts an encoded document into consecutive windows of at most `length` predictions."""
+
+  # Bounds the windows per document only for random-access (MapDataset) flat maps;
+  # the iterator pipelines below take any number.
+  max_fan_out = 1 << 16
+
+  def __init__(self, length: int):
+    self.length = length
+
+  def flat_map(self, element: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    total = len(element['tgt'])
+    return [{key: value[start:start + self.length] for key, value in element.items()}
+            for start in range(0, total, self.length)]
+
+
+def _rename_packed(packed: Mapping[str, np.ndarray]) -> Batch:
+  """Maps the packer's keys to the batch keys (tgt_in shares tgt's segments)."""
+  return {
+      'tgt_input_tokens': packed['tgt_in'],
+      'tgt_tokens': packed['tgt'],
+      'tgt_segments': packed['tgt_segment_ids'],
+      'tgt_positions': packed['tgt_positions'],
+  }
+
+
+def _windows_packed(
+    ds: grain.IterDataset, length: int, rows: int, *, seed: int, shuffle: bool
+) -> grain.IterDataset:
+  """Encoded documents -> windows of `length` -> rows of `length` tokens."""
+  ds = grain.experimental.FlatMapIterDataset(ds, _Windows(length))
+  ds = grain.experimental.FirstFitPackIterDataset(
+      ds,
+      length_struct={'tgt_in': length, 'tgt': length},
+      num_packing_bins=rows * input_pipeline._PACKING_BINS_PER_ROW,
+      seed=seed,
+      shuffle_bins=shuffle,
+  )
+  return ds.map(_rename_packed)
+
+
+def train_iterator(
+    config: ml_collections.ConfigDict,
+    tokenizer: tokenizer_lib.Tokenizer,
+    *,
+    shard_index: int = 0,
+    shard_count: int = 1,
+) -> grain.DatasetIterator:
+  """The infinite iterator of packed training batches of one process.
+
+  As `input_pipeline.train_iterator`, with documents instead of sentence pairs:
+  documents `shard_index::shard_count` of `config.data.train_split`, shuffled
+  with `config.seed` (differently each epoch), cut into windows of
+  `config.data.max_len` (nothing is dropped), packed, `train_rows` rows a
+  batch. `get_state()` / `set_state()` checkpoint its position.
+  """
+  rows = input_pipeline.train_rows(config, shard_count)
+  if not 0 <= shard_index < shard_count:
+    raise ValueError(f'shard_index={shard_index} not in [0, {shard_count}).')
+  docs = documents(config, config.data.train_split)
+  encode = _EncodeDocument(tokenizer)
+  if len(docs) <= input_pipeline._MEMOIZE_MAX_EXAMPLES:
+    ds = grain.MapDataset.source(input_pipeline._Memoized(docs, encode))
+  else:
+    ds = grain.MapDataset.source(docs).map(encode)
+  ds = ds[shard_index::shard_count].shuffle(seed=config.seed).repeat(None)
+  it = ds.to_iter_dataset(input_pipeline._READ_OPTIONS)
+  it = _windows_packed(it, config.data.max_len, rows, seed=config.seed, shuffle=True)
+  return iter(it.batch(rows, drop_remainder=True))
+
+
+def eval_batches(
+    config: ml_collections.ConfigDict,
+    tokenizer: tokenizer_lib.Tokenizer,
+    split: str,
+    length: int | None = None,
+) -> grain.IterDataset:
+  """The packed batches of a whole split, for perplexity.
+
+  Finite and deterministic: every token of every document is predicted exactly
+  once, in windows of `length` (default `config.data.max_eval_len`) tokens,
+  packed into rows of `length`; `tokens_per_batch // length` rows a batch (at
+  least 1), the last batch padded with all-zero rows. With a `length` beyond
+  the training `max_len` this scores positions the model never trained on
+  (the length-extrapolation study).
+  """
+  length = length or config.data.max_eval_len
+  rows = max(1, config.data.tokens_per_batch // length)
+  docs = documents(config, split)
+  it = grain.MapDataset.source(docs).map(_EncodeDocument(tokenizer))
+  it = it.to_iter_dataset(input_pipeline._READ_OPTIONS)
+  it = _windows_packed(it, length, rows, seed=config.seed, shuffle=False)
+  return it.batch(rows, drop_remainder=False).map(input_pipeline._PadRows(rows))
+
+
+@dataclasses.dataclass(frozen=True)
+class _PadPrompts:
+  """Stacks encoded prompts into a [batch_size, bucket] batch (0-padded on the right)."""
+
+  batch_size: int
+  max_len: int
+
+  def __call__(self, elements: Sequence[Mapping[str, Any]]) -> Batch:
+    longest = max(len(e['prompt']) for e in elements)
+    length = input_pipeline.bucket_length(longest, self.max_len)
+    tokens = np.zeros((self.batch_size, length), np.int32)
+    index = np.full((self.batch_size,), -1, np.int32)
+    valid = np.zeros((self.batch_size,), bool)
+    for row, element in enumerate(elements):
+      tokens[row, :len(element['prompt'])] = element['prompt']
+      index[row], valid[row] = element['index'], True
+    return {'prompt_tokens': tokens, 'index': index, 'valid': valid}
+
+
+@dataclasses.dataclass(frozen=True)
+class _EncodePrompt:
+  tokenizer: tokenizer_lib.Tokenizer
+  max_len: int
+
+  def __call__(self, indexed: tuple[int, str]) -> dict[str, Any]:
+    index, text = indexed
+    ids = self.tokenizer.encode(text)
+    if len(ids) > self.max_len:
+      raise ValueError(f'Prompt {index + 1} has {len(ids)} tokens; at most {self.max_len} fit.')
+    return {'prompt': np.asarray(ids, np.int32), 'index': index}
+
+
+def prompt_batches(
+    prompts: Sequence[str],
+    tokenizer: tokenizer_lib.Tokenizer,
+    batch_size: int,
+    max_len: int,
+) -> grain.MapDataset:
+  """Batches of prompts to continue, in input order.
+
+  Each batch: `prompt_tokens` int32 [batch_size, P] (the prompt's pieces, no BOS
+  or EOS, 0-padded on the right; P a power of two >= 8 as in
+  `translation_batches`, so few shapes compile), `index` int32 [batch_size]
+  (the prompt's position in `prompts`; -1 on padding rows) and `valid` bool.
+  An empty prompt is allowed: the model then writes a document from scratch.
+  A prompt of more than `max_len` pieces is an error naming it.
+  """
+  if batch_size < 1:
+    raise ValueError(f'batch_size={batch_size} must be positive.')
+  ds = grain.MapDataset.source(list(enumerate(prompts))).map(_EncodePrompt(tokenizer, max_len))
+  return ds.batch(batch_size, batch_fn=_PadPrompts(batch_size, max_len))

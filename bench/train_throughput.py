@@ -4,7 +4,8 @@
       --config.data.manual_dir=../shared/data/multi30k [--steps=20]
 
 Reports, from one run on one machine (figures are only comparable side by side):
-  * target tokens per second of the jitted train step (real tokens, padding excluded);
+  * target tokens per second of the jitted train step (real tokens, padding excluded; for a
+    language-model config, e.g. configs/lm_default.py, every token is a target token);
   * the share of real (non-padding) tokens in the batches the input pipeline produces;
   * model FLOPs per second (matmul FLOPs of `transformer.summary.flops_per_token`)
     as a fraction of the measured float32 matmul peak of the same devices.
@@ -23,7 +24,6 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer import (  # noqa: E402
-  input_pipeline,
   optim,
   sharding,
   summary,
@@ -54,7 +54,7 @@ def main(argv):
   config = _CONFIG.value
   training.validate_config(config)
   vocab = tokenizer.get_tokenizer(config)
-  train_iter = input_pipeline.train_iterator(config, vocab)
+  train_iter = training.data_pipeline(config).train_iterator(config, vocab)
 
   # Padding share over the pipeline's own batches.
   start = time.perf_counter()

@@ -18,7 +18,13 @@ then
   python eval.py --workdir=workdirs/lm --prompt="A man in a red shirt"
   python eval.py --workdir=workdirs/lm --prompt="Two dogs" --decoder=sample --top_p=0.9
 
-Expected (measured, 2-core x86 CPU): see the README's "Language model" section.
+Expected (measured, one run on a 2-core x86 CPU shared with other jobs):
+validation perplexity 36.3 at step 300 and 23.1 at step 1,200 (token accuracy
+40%), test_2016_flickr perplexity 22.5; 67 min of wall time at 0.17-0.87
+steps/s under a load average of 5-10. bench/train_throughput.py measured 46% of
+the float32 matmul peak for this config: about 10 min alone on the idle
+machine's 215 GFLOP/s (estimated). Greedy continuation of "Two dogs": "Two dogs
+play in the snow."
 """
 
 import ml_collections

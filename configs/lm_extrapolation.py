@@ -12,8 +12,12 @@ position encoding; each run is then scored on test_2016_flickr in windows of
 
 `python -m configs.lm_extrapolation` prints every command. `model.max_len` is 64
 for every run; only learned positions depend on it (a table of 64 rows), so the
-learned run cannot be scored beyond 64 and says so. Measured numbers and
-times: the README's "Length extrapolation" section.
+learned run cannot be scored beyond 64 and says so.
+
+Measured (one seed each; 9-17 min of wall time per run on a shared 2-core CPU),
+test perplexity in windows of 64 / 128 / 256 tokens: sinusoidal 37.8 / 48.8 /
+56.6, learned 40.2 / - / -, rope 34.2 / 36.6 / 43.2, alibi 35.9 / 35.7 / 35.5.
+The README's "Length extrapolation" section has the per-position breakdown.
 """
 
 from typing import Any

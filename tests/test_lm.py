@@ -26,6 +26,7 @@ from transformer import (
   dry_run,
   evaluation,
   inference,
+  input_pipeline,
   lm_evaluation,
   lm_pipeline,
   training,
@@ -135,7 +136,7 @@ def test_eval_batches_predict_every_token_once(small, lines_per_document):
 
 def test_train_batches_are_packed_windows_and_resume(small):
   config, tok, lines = small
-  rows = training.input_pipeline.train_rows(config)
+  rows = input_pipeline.train_rows(config)
   it = lm_pipeline.train_iterator(config, tok)
   epoch = collections.Counter(_windows(tok, lines['train'], config.data.max_len))
   seen = collections.Counter()

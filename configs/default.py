@@ -37,6 +37,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.adam_eps = 1e-9  # Adam epsilon (paper: 1e-9).
   config.label_smoothing = 0.1  # Label smoothing epsilon_ls (section 5.4).
   config.grad_accum_steps = 1  # Micro-batches accumulated per optimizer update.
+  config.grad_clip_norm = 0.0  # Clip gradients to this global L2 norm first (0: off, the paper).
+  config.skip_nonfinite_steps = False  # NaN/inf loss or grad norm: skip the update, not stop.
 
   # Logging, evaluation and checkpoints.
   config.log_every_steps = 25  # Console/metrics cadence for training rows.

@@ -21,11 +21,14 @@ from jax.sharding import Mesh
 
 from transformer import (
   checkpoints,
+  divergence,
+  faults,
   inference,
   input_pipeline,
   losses,
   metrics,
   optim,
+  preemption,
   scoring,
   sharding,
   tokenizer,
@@ -39,6 +42,7 @@ Batch = dict[str, jax.Array]
 RESUMABLE_KEYS = (
   'num_train_steps', 'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
   'keep_checkpoints', 'data.manual_dir', 'data.data_dir', 'data.vocab_path',
+  'skip_nonfinite_steps',
 )
 
 
@@ -75,6 +79,8 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
               'checkpoint_every_steps', 'keep_checkpoints'):
     if config[key] < 1:
       errors.append(f'config.{key}={config[key]} must be positive.')
+  if config.grad_clip_norm < 0:
+    errors.append(f'config.grad_clip_norm={config.grad_clip_norm} must be >= 0 (0: no clipping).')
   if config.eval_bleu_decoder not in ('greedy', 'beam'):
     errors.append(f"config.eval_bleu_decoder={config.eval_bleu_decoder!r} is not 'greedy' or "
                   "'beam'.")
@@ -136,7 +142,10 @@ def train_step(state: TrainState, batch: Batch, *, model, optimizer, config):
   """One optimizer update on the global batch, accumulated over `grad_accum_steps` slices.
 
   The loss is the mean over all real target tokens of the whole batch, so the
-  update does not depend on how the batch is split into micro-batches.
+  update does not depend on how the batch is split into micro-batches. A step
+  with a non-finite loss or gradient norm counts in `nonfinite_steps`; under
+  `config.skip_nonfinite_steps` it leaves params and optimizer state as they were
+  and adds nothing to the other metrics.
   """
   accum = config.grad_accum_steps
   step_key = jax.random.fold_in(jax.random.wrap_key_data(state.dropout_key), state.step)
@@ -162,6 +171,12 @@ def train_step(state: TrainState, batch: Batch, *, model, optimizer, config):
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   sums['grad_norm_sum'] = optax.tree.norm(grads)
+  finite = divergence.finite_step(sums['loss_sum'], sums['grad_norm_sum'])
+  if config.skip_nonfinite_steps:
+    params, opt_state = divergence.keep_if_finite(
+      finite, (params, opt_state), (state.params, state.opt_state))
+    sums = divergence.keep_if_finite(finite, sums, jax.tree.map(jnp.zeros_like, sums))
+  sums[divergence.NONFINITE_KEY] = 1.0 - finite.astype(jnp.float32)
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums
 
 
@@ -223,6 +238,13 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   os.replace(tmp, path)
 
 
+def _last_good_checkpoint(checkpointer: checkpoints.Checkpointer) -> str | None:
+  """Describes the newest committed checkpoint, after letting a save in flight commit."""
+  checkpointer.wait_until_finished()
+  step = checkpointer.latest_step()
+  return None if step is None else f'step {step} ({checkpointer.directory}/{step})'
+
+
 class _Progress:
   """Console line: step, loss, steps/s, tokens/s, time left."""
 
@@ -239,8 +261,21 @@ class _Progress:
     return steps_per_sec, tokens / elapsed, eta
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains `config` in `workdir`, resuming from its latest checkpoint; returns final metrics."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       restore_fallback: bool = False) -> dict[str, float]:
+  """Trains `config` in `workdir`, resuming from its latest checkpoint; returns final metrics.
+
+  A latest checkpoint that fails to restore is an error that changes nothing,
+  unless `restore_fallback` (then the newest one that restores is used). On
+  SIGTERM/SIGINT the current step is finished, checkpointed and committed, and
+  this returns normally.
+  """
+  with preemption.PreemptionWatcher() as watcher:
+    return _train_and_evaluate(config, workdir, watcher, restore_fallback)
+
+
+def _train_and_evaluate(config, workdir: str, watcher: preemption.PreemptionWatcher,
+                        restore_fallback: bool) -> dict[str, float]:
   validate_config(config)
   workdir = os.path.abspath(os.path.expanduser(workdir))
   os.makedirs(workdir, exist_ok=True)
@@ -252,22 +287,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   checkpointer = checkpoints.Checkpointer(workdir, keep=config.keep_checkpoints)
   latest = checkpointer.latest_step()
-  if latest is not None:
+  if latest is not None and not restore_fallback:
     # Before any data preparation or compile: a foreign checkpoint is an error.
     checkpointer.check_compatible(latest, abstract_state)
-  if jax.process_index() == 0:
-    write_config(config, workdir)
 
   vocab = tokenizer.get_tokenizer(config)
   train_iter = input_pipeline.train_iterator(
     config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count())
 
   params_key, _ = jax.random.split(jax.random.key(config.seed))  # Named: params, (data).
+  latest, state = checkpointer.restore_latest(abstract_state, train_iter, fallback=restore_fallback)
   if latest is None:
     state = create_train_state(config, model, optimizer, mesh, params_key)
-  else:
-    state = checkpointer.restore(latest, abstract_state, train_iter)
   start_step = int(state.step)
+  # Only once the checkpoint restored: an unreadable one leaves the workdir as it was.
+  if jax.process_index() == 0:
+    write_config(config, workdir)
 
   writer = metrics.MetricsWriter(workdir)
   writer.truncate_after(start_step)
@@ -301,17 +336,33 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   logging.info('Training from step %d to %d on mesh %s.', start_step, config.num_train_steps,
                dict(mesh.shape))
   progress = _Progress(start_step, config.num_train_steps)
+  monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps)
   train_sums, summary = None, {}
   for step in range(start_step + 1, config.num_train_steps + 1):
     batch = to_global(next(train_iter), mesh)
     state, sums = p_train_step(state, batch)
     train_sums = sums if train_sums is None else jax.tree.map(jnp.add, train_sums, sums)
+    monitor.record(step, sums)
 
-    if step % config.log_every_steps == 0 or step == config.num_train_steps:
+    is_last = step == config.num_train_steps
+    preempted = watcher.reached(step)
+    log_now = step % config.log_every_steps == 0 or is_last
+    eval_now = step % config.eval_every_steps == 0 or is_last
+    save_now = step % config.checkpoint_every_steps == 0 or is_last or preempted
+    if log_now or eval_now or save_now:
+      # Nothing is logged, evaluated or saved from a state that went non-finite.
+      monitor.check(lambda: _last_good_checkpoint(checkpointer))
+
+    if log_now:
       train_sums = jax.device_get(train_sums)
+      skipped = int(train_sums[divergence.NONFINITE_KEY])
       steps_logged = step - progress.last_step
       summary = losses.summarize(train_sums, 'train')
-      summary['train_grad_norm'] = float(train_sums['grad_norm_sum']) / steps_logged
+      updated_steps = steps_logged - skipped
+      summary['train_grad_norm'] = (float(train_sums['grad_norm_sum']) / updated_steps
+                                    if updated_steps else float('nan'))
+      if config.skip_nonfinite_steps:
+        summary['train_skipped_steps'] = skipped
       steps_per_sec, tokens_per_sec, eta = progress.rates(step, float(train_sums['num_tokens']))
       summary.update(steps_per_sec=steps_per_sec, tokens_per_sec=tokens_per_sec,
                      learning_rate=float(optim.paper_schedule(
@@ -322,11 +373,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                    time.strftime('%H:%M:%S', time.gmtime(eta)))
       train_sums = None
 
-    is_last = step == config.num_train_steps
-    if step % config.eval_every_steps == 0 or is_last:
+    if eval_now:
       summary.update(run_eval(step))
-    if step % config.checkpoint_every_steps == 0 or is_last:
+    if save_now:
       checkpointer.save(step, state, train_iter, force=True)
+    if preempted:
+      checkpointer.wait_until_finished()
+      logging.info('Stopped by %s after step %d; checkpoint %s/%d is committed. Run the same '
+                   'command to resume.', watcher.signal_name, step, checkpointer.directory, step)
+      break
+    faults.maybe_kill('after_step', step, settle=checkpointer.wait_until_finished)
 
   if start_step >= config.num_train_steps:
     logging.info('Nothing to train: the checkpoint is at step %d.', start_step)

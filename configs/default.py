@@ -84,5 +84,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.mesh.data = -1  # Data-parallel replicas.
   config.mesh.fsdp = 1  # Fully sharded data parallel (params and optimizer state).
   config.mesh.tensor = 1  # Tensor parallel (heads, mlp, vocab).
+  # The one table from logical axis names (on every parameter and activation) to mesh axes.
+  config.mesh.rules = (
+    ('batch', ('data', 'fsdp')),  # Rows of every batch: split over data x fsdp.
+    ('embed', 'fsdp'),  # d_model of the weights: FSDP shards parameters along it.
+    ('heads', 'tensor'),  # Attention heads: tensor parallel.
+    ('mlp', 'tensor'),  # d_ff, the FFN's inner dimension: tensor parallel.
+    ('vocab', 'tensor'),  # Vocabulary of the shared embedding/softmax: tensor parallel.
+    ('kv', None),  # d_k = d_v within a head: never split.
+    ('length', None),  # Sequence positions: never split.
+  )
 
   return config

@@ -17,8 +17,9 @@ from collections.abc import Iterable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
-from transformer import decoding
+from transformer import decoding, sharding
 from transformer import tokenizer as tokenizer_lib
 from transformer.model import ModelConfig, Transformer
 
@@ -114,9 +115,36 @@ def translate(params, src_tokens_BS: jax.Array, rng: jax.Array, *, model_config:
     top_k=options.top_k, top_p=options.top_p, **common)
 
 
-def make_translate_fn(model_config: ModelConfig, options: DecodeOptions):
-  """`jax.jit`ed `translate(params, src_tokens, rng)`; one compile per source length."""
-  return jax.jit(functools.partial(translate, model_config=model_config, options=options))
+def make_translate_fn(model_config: ModelConfig, options: DecodeOptions, mesh: Mesh | None = None,
+                      rules: sharding.Rules = ()):
+  """`translate(params, src_tokens, rng)` jitted once per source length.
+
+  Without a mesh, a plain `jax.jit` (inputs on their devices). With a mesh, the
+  rows of the batch are split over the mesh's batch axes (data-parallel decoding,
+  parameters as sharded by training): every process passes the same whole host
+  batch, rows are padded to a multiple of the batch shards, and every process
+  gets the whole result back as a host array.
+  """
+  translate_fn = functools.partial(translate, model_config=model_config, options=options)
+  if mesh is None:
+    return jax.jit(translate_fn)
+  rows = sharding.rows_sharding(mesh, rules)
+  shards = sharding.batch_shards(dict(mesh.shape), rules)
+  jitted = jax.jit(
+    lambda params, src_tokens_BS, key_data: translate_fn(
+      params, src_tokens_BS, jax.random.wrap_key_data(key_data)),
+    out_shardings=rows)
+
+  def sharded_translate(params, src_tokens_BS, rng: jax.Array) -> np.ndarray:
+    src_tokens_BS = np.asarray(src_tokens_BS)
+    batch = src_tokens_BS.shape[0]
+    padded_BS = np.pad(src_tokens_BS, [(0, -batch % shards), (0, 0)])  # All-PAD rows.
+    with sharding.activated(mesh, rules):
+      tokens = jitted(params, sharding.from_host(padded_BS, rows),
+                      sharding.from_host(jax.random.key_data(rng), sharding.replicated(mesh)))
+    return sharding.to_host(tokens)[:batch]
+
+  return sharded_translate
 
 
 def decode_batches(

@@ -17,6 +17,7 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from transformer import (
@@ -60,17 +61,18 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
   """Checks everything that can be checked before data or compiles; errors name the key."""
   ModelConfig.from_config(config)
   num_devices = jax.device_count() if num_devices is None else num_devices
-  data, fsdp, _ = sharding.mesh_shape(config.mesh, num_devices)
+  sizes = dict(zip(sharding.MESH_AXES, sharding.mesh_shape(config.mesh, num_devices), strict=True))
+  shards = sharding.batch_shards(sizes, sharding.axis_rules(config.mesh))
   rows = input_pipeline.train_rows(config)  # Global rows per batch.
   errors = []
-  if rows % (data * fsdp):
+  if rows % shards:
     errors.append(
       f'config.data.tokens_per_batch // config.data.max_len = {rows} rows per batch do not '
-      f'divide over the {data * fsdp} data-parallel shards (config.mesh.data x config.mesh.fsdp).')
-  if config.grad_accum_steps < 1 or rows % (config.grad_accum_steps * data * fsdp):
+      f'divide over the {shards} batch shards of the mesh {sizes} (config.mesh).')
+  if config.grad_accum_steps < 1 or rows % (config.grad_accum_steps * shards):
     errors.append(
       f'config.grad_accum_steps={config.grad_accum_steps} must divide the {rows} rows per '
-      f'batch into equal micro-batches over {data * fsdp} shards.')
+      f'batch into equal micro-batches over {shards} batch shards.')
   if config.data.max_len > config.model.max_len or config.data.max_eval_len > config.model.max_len:
     errors.append(
       f'config.data.max_len={config.data.max_len} and config.data.max_eval_len='
@@ -112,13 +114,20 @@ def _init_state(key: jax.Array, *, model: Transformer, optimizer, config) -> Tra
 
 
 def abstract_state_and_shardings(config, model, optimizer, mesh: Mesh):
-  """Shapes of the state (nothing allocated) and the NamedSharding of every array."""
+  """Shapes of the state (nothing allocated) and the NamedSharding of every array.
+
+  Parameters and Adam's moments get the shardings of their logical axis names
+  under `config.mesh.rules`; a dimension that does not divide over its mesh
+  axes is an error naming the array.
+  """
   init = functools.partial(_init_state, model=model, optimizer=optimizer, config=config)
   boxed = jax.eval_shape(init, jax.random.key(0))
-  state_shardings = sharding.logical_shardings(nn.get_partition_spec(boxed), mesh)
+  rules = sharding.axis_rules(config.mesh)
+  state_shardings = sharding.logical_shardings(nn.get_partition_spec(boxed), mesh, rules)
   abstract = jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
     nn.meta.unbox(boxed), state_shardings)
+  sharding.check_divisible(abstract, mesh)
   return abstract, state_shardings
 
 
@@ -126,8 +135,10 @@ def create_train_state(config, model, optimizer, mesh: Mesh, key: jax.Array):
   """Initialises every array directly into its sharding (never whole on one device)."""
   _, state_shardings = abstract_state_and_shardings(config, model, optimizer, mesh)
   init = functools.partial(_init_state, model=model, optimizer=optimizer, config=config)
-  init_unboxed = lambda k: nn.meta.unbox(init(k))
-  return jax.jit(init_unboxed, out_shardings=state_shardings)(key)
+  init_unboxed = lambda k: nn.meta.unbox(init(jax.random.wrap_key_data(k)))
+  # The key goes in as raw data replicated on the mesh, so every process passes the same value.
+  key_data = sharding.from_host(jax.random.key_data(key), sharding.replicated(mesh))
+  return jax.jit(init_unboxed, out_shardings=state_shardings)(key_data)
 
 
 def _forward(params, batch: Batch, model: Transformer, rngs=None):
@@ -186,17 +197,11 @@ def eval_step(params, batch: Batch, *, model, config) -> dict[str, jax.Array]:
   return sums
 
 
-def to_global(batch: dict[str, np.ndarray], mesh: Mesh) -> Batch:
-  """This process's rows of the global batch -> global arrays sharded over data x fsdp."""
-  batch_sharding = sharding.batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in batch.items()}
-
-
-def evaluate(eval_fn, params, batches: Iterable[dict[str, np.ndarray]], mesh: Mesh):
-  """Summed metrics over a whole split (every example counted once)."""
+def evaluate(eval_fn, params, batches: Iterable[dict[str, np.ndarray]], mesh: Mesh, rules):
+  """Summed metrics over a whole split (every example counted once, on every process)."""
   total = None
   for batch in batches:
-    sums = eval_fn(params, to_global(batch, mesh))
+    sums = eval_fn(params, sharding.global_batch(batch, mesh, rules))
     total = sums if total is None else jax.tree.map(jnp.add, total, sums)
   if total is None:
     raise ValueError('The evaluation split is empty.')
@@ -261,26 +266,43 @@ class _Progress:
     return steps_per_sec, tokens / elapsed, eta
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+def _prepare_data(config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
+  """Prepares the data and vocabulary once, then loads the vocabulary on every process.
+
+  Process 0 goes first, so that processes sharing a filesystem never write the
+  same files at once; the others then find them ready (or, on hosts with their
+  own disks, prepare their own copy).
+  """
+  if jax.process_count() == 1:
+    return tokenizer.get_tokenizer(config)
+  vocab = tokenizer.get_tokenizer(config) if jax.process_index() == 0 else None
+  multihost_utils.sync_global_devices('data prepared')
+  return vocab or tokenizer.get_tokenizer(config)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices=None, *,
                        restore_fallback: bool = False) -> dict[str, float]:
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns final metrics.
 
+  `devices` (default: every device of every process) are laid out as `config.mesh`.
   A latest checkpoint that fails to restore is an error that changes nothing,
   unless `restore_fallback` (then the newest one that restores is used). On
   SIGTERM/SIGINT the current step is finished, checkpointed and committed, and
   this returns normally.
   """
   with preemption.PreemptionWatcher() as watcher:
-    return _train_and_evaluate(config, workdir, watcher, restore_fallback)
+    return _train_and_evaluate(config, workdir, devices, watcher, restore_fallback)
 
 
-def _train_and_evaluate(config, workdir: str, watcher: preemption.PreemptionWatcher,
+def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.PreemptionWatcher,
                         restore_fallback: bool) -> dict[str, float]:
-  validate_config(config)
+  devices = jax.devices() if devices is None else devices
+  validate_config(config, len(devices))
   workdir = os.path.abspath(os.path.expanduser(workdir))
   os.makedirs(workdir, exist_ok=True)
 
-  mesh = sharding.create_mesh(config.mesh)
+  mesh = sharding.create_mesh(config.mesh, devices)
+  rules = sharding.axis_rules(config.mesh)
   model, eval_model = create_models(config)
   optimizer = optim.create_optimizer(config)
   abstract_state, state_shardings = abstract_state_and_shardings(config, model, optimizer, mesh)
@@ -291,7 +313,7 @@ def _train_and_evaluate(config, workdir: str, watcher: preemption.PreemptionWatc
     # Before any data preparation or compile: a foreign checkpoint is an error.
     checkpointer.check_compatible(latest, abstract_state)
 
-  vocab = tokenizer.get_tokenizer(config)
+  vocab = _prepare_data(config)
   train_iter = input_pipeline.train_iterator(
     config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count())
 
@@ -306,7 +328,7 @@ def _train_and_evaluate(config, workdir: str, watcher: preemption.PreemptionWatc
 
   writer = metrics.MetricsWriter(workdir)
   writer.truncate_after(start_step)
-  batch_sharding = sharding.batch_sharding(mesh)
+  batch_sharding = sharding.batch_sharding(mesh, rules)
   batch_shardings = {k: batch_sharding for k in input_pipeline.BATCH_KEYS}
   p_train_step = jax.jit(
     functools.partial(train_step, model=model, optimizer=optimizer, config=config),
@@ -319,11 +341,15 @@ def _train_and_evaluate(config, workdir: str, watcher: preemption.PreemptionWatc
     out_shardings=sharding.replicated(mesh))
 
   translate_fn = inference.make_translate_fn(
-    eval_model.config, inference.DecodeOptions(decoder=config.eval_bleu_decoder))
+    eval_model.config, inference.DecodeOptions(decoder=config.eval_bleu_decoder), mesh, rules)
+  eval_batches = input_pipeline.eval_batches(
+    config, vocab, config.data.eval_split,
+    rows_multiple_of=sharding.batch_shards(dict(mesh.shape), rules),
+    shard_index=jax.process_index(), shard_count=jax.process_count())
 
   def run_eval(step: int) -> dict[str, float]:
-    sums = evaluate(p_eval_step, state.params,
-                    input_pipeline.eval_batches(config, vocab, config.data.eval_split), mesh)
+    with sharding.activated(mesh, rules):
+      sums = evaluate(p_eval_step, state.params, eval_batches, mesh, rules)
     summary = losses.summarize(sums, 'eval')
     if config.eval_bleu_sentences > 0:
       summary.update(validation_bleu(config, state.params, vocab, translate_fn))
@@ -339,8 +365,9 @@ def _train_and_evaluate(config, workdir: str, watcher: preemption.PreemptionWatc
   monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps)
   train_sums, summary = None, {}
   for step in range(start_step + 1, config.num_train_steps + 1):
-    batch = to_global(next(train_iter), mesh)
-    state, sums = p_train_step(state, batch)
+    batch = sharding.global_batch(next(train_iter), mesh, rules)
+    with sharding.activated(mesh, rules):
+      state, sums = p_train_step(state, batch)
     train_sums = sums if train_sums is None else jax.tree.map(jnp.add, train_sums, sums)
     monitor.record(step, sums)
 

@@ -90,7 +90,7 @@ class Checkpointer:
     self.corrupt_directory = os.path.join(workdir, 'corrupt_checkpoints')
     if read_only and not os.path.isdir(self.directory):
       raise FileNotFoundError(f'No checkpoints directory at {self.directory}.')
-    if not read_only:
+    if not read_only and jax.process_index() == 0:  # Orbax removes them on process 0.
       for path in sorted(glob.glob(os.path.join(self.directory, '*.orbax-checkpoint-tmp*'))):
         logging.warning('Removing %s: a save that never committed (the process died during it).',
                         path)
@@ -175,6 +175,17 @@ class Checkpointer:
         f'The checkpoint at {self.directory}/{step} was written by an incompatible model '
         f'({len(problems)} arrays differ); it is left untouched. Use another --workdir or '
         f'the config that wrote it.\n  {shown}{more}')
+
+  def check_latest_compatible(self, abstract_state) -> None:
+    """`check_compatible` for the latest checkpoint, if any, before any data or compile.
+
+    An unreadable one is not an error here: `restore_latest` reports it (or
+    falls back).
+    """
+    latest = self.latest_step()
+    if latest is not None:
+      with contextlib.suppress(CorruptCheckpointError):
+        self.check_compatible(latest, abstract_state)
 
   def restore(self, step: int, abstract_state, data_iterator: grain.DatasetIterator | None):
     """Restores the state into `abstract_state`'s shapes and shardings, and the iterator."""

@@ -308,10 +308,8 @@ def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.Preem
   abstract_state, state_shardings = abstract_state_and_shardings(config, model, optimizer, mesh)
 
   checkpointer = checkpoints.Checkpointer(workdir, keep=config.keep_checkpoints)
-  latest = checkpointer.latest_step()
-  if latest is not None and not restore_fallback:
-    # Before any data preparation or compile: a foreign checkpoint is an error.
-    checkpointer.check_compatible(latest, abstract_state)
+  # Before any data preparation or compile: a foreign checkpoint is an error.
+  checkpointer.check_latest_compatible(abstract_state)
 
   vocab = _prepare_data(config)
   train_iter = input_pipeline.train_iterator(

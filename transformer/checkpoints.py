@@ -2,7 +2,7 @@
 
 Layout (Orbax's default): WORKDIR/checkpoints/<step>/{state,data}/. Writes are
 asynchronous and atomic (Orbax renames a finished temporary folder
-`<step>.orbax-checkpoint-tmp-*` into place), so an interrupted save never leaves
+`<step>.orbax-checkpoint-tmp*` into place), so an interrupted save never leaves
 a checkpoint that looks complete; such folders are never read, and a training
 run removes them when it starts. A checkpoint that fails to restore is reported
 by step; only `restore_latest(..., fallback=True)` moves it aside (to

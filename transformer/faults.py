@@ -12,7 +12,7 @@ without it every hook is a no-op. Points:
                  waits for them, so that the point is exact).
   during_save:N  inside the save of checkpoint N, in Orbax's background
                  thread: every file is written into the temporary
-                 `<N>.orbax-checkpoint-tmp-*` folder, which is not yet renamed
+                 `<N>.orbax-checkpoint-tmp*` folder, which is not yet renamed
                  into place (committed).
 
 This module is the one place that reads the variable.

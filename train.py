@@ -3,13 +3,15 @@
 Every config field can be overridden on the command line, e.g.
 `--config.model.num_layers=2 --config.data.manual_dir=../shared/data/multi30k`.
 A workdir that holds checkpoints is resumed from the latest one. SIGTERM or
-SIGINT (Ctrl-C) checkpoints the current step and exits with status 0.
+SIGINT (Ctrl-C) checkpoints the current step and exits with status 0. On several
+hosts, run the same command on each (see `transformer/distributed.py`); the mesh
+(`--config.mesh.*`) spans the devices of all of them.
 """
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer import dry_run, training
+from transformer import distributed, dry_run, training
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.',
                                           lock_config=True)
@@ -31,6 +33,7 @@ def main(argv):
     return
   if _WORKDIR.value is None:
     raise app.UsageError('--workdir is required (except with --dry_run).')
+  distributed.initialize()
   logging.info('Config:\n%s', _CONFIG.value)
   training.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
                               restore_fallback=_RESTORE_FALLBACK.value)

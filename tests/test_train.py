@@ -69,6 +69,23 @@ def test_tiny_trains_and_loss_falls(data_dirs, tmp_path):
   assert list((tmp_path / 'tensorboard').iterdir())
 
 
+def test_tiny_trains_in_bfloat16_with_float32_parameters(data_dirs, tmp_path):
+  config = _tiny_config(data_dirs, dtype='bfloat16', num_train_steps=40, eval_every_steps=40,
+                        checkpoint_every_steps=40, eval_bleu_sentences=0)
+  training.train_and_evaluate(config, str(tmp_path))
+  train_losses = [r['train_loss'] for r in _metrics(tmp_path) if 'train_loss' in r]
+  assert all(np.isfinite(train_losses)) and train_losses[-1] < train_losses[0] - 0.3, train_losses
+  _, params, opt_state = _final_params(tmp_path)
+  assert {str(x.dtype) for x in jax.tree.leaves((params, opt_state))} <= {'float32', 'int32'}
+  # Activations and matmuls run in bfloat16: the logits, handed to the loss as float32, hold
+  # only bfloat16 values (a float32 computation would almost never round to them exactly).
+  model, _ = training.create_models(config)
+  tokens = np.arange(3, 11, dtype=np.int32)[None]
+  logits = model.apply({'params': params}, tokens, tokens, rngs={'dropout': jax.random.key(0)})
+  assert logits.dtype == np.float32
+  np.testing.assert_array_equal(logits, logits.astype(jax.numpy.bfloat16).astype(np.float32))
+
+
 def test_stopped_and_resumed_run_equals_uninterrupted(data_dirs, tmp_path):
   overrides = dict(num_train_steps=20, checkpoint_every_steps=10, eval_every_steps=10,
                    log_every_steps=5)

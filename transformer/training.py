@@ -222,7 +222,9 @@ def validation_bleu(config, params, vocab, translate_fn) -> dict[str, float]:
 
 
 def _flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  return {'.'.join(k): v for k, v in flax.traverse_util.flatten_dict(config.to_dict()).items()}
+  """{'model.d_model': 256, ...} with values as JSON holds them (tuples become lists)."""
+  as_json = json.loads(config.to_json_best_effort())
+  return {'.'.join(k): v for k, v in flax.traverse_util.flatten_dict(as_json).items()}
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:

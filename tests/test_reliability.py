@@ -141,7 +141,7 @@ def test_killed_at_named_points_resumes_to_the_uninterrupted_result(train, refer
   assert [e for e in entries if e.isdigit()] == ['2']
   assert len(entries) == 2 and '.orbax-checkpoint-tmp' in entries[1], entries
 
-  # 3. Between saves (checkpoint 4 committed, 6 not begun): the partial 4 was never read.
+  # 3. Between saves (4 committed, 6 not begun). The uncommitted 4 was removed, never read.
   result = train(workdir, fault='after_step:5')
   assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
   assert restored.findall(result.stderr) == ['2']

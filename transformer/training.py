@@ -26,6 +26,7 @@ from transformer import (
   losses,
   metrics,
   optim,
+  provenance,
   scoring,
   sharding,
   tokenizer,
@@ -38,7 +39,7 @@ Batch = dict[str, jax.Array]
 # nor the optimizer state.
 RESUMABLE_KEYS = (
   'num_train_steps', 'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
-  'keep_checkpoints', 'data.manual_dir', 'data.data_dir', 'data.vocab_path',
+  'keep_checkpoints', 'data.manual_dir', 'data.data_dir', 'data.vocab_path', 'target_metric',
 )
 
 
@@ -257,6 +258,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     checkpointer.check_compatible(latest, abstract_state)
   if jax.process_index() == 0:
     write_config(config, workdir)
+    provenance.record(workdir)  # Command line, git commit, package versions; warns on changes.
 
   vocab = tokenizer.get_tokenizer(config)
   train_iter = input_pipeline.train_iterator(

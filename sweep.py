@@ -63,8 +63,12 @@ def main(argv):
       # Slurm and `kill` stop jobs with SIGTERM: stop the trials as on Ctrl-C, marked interrupted.
       signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
       outcomes = sweeps.run(sweep, _PARALLEL.value, only=_TRIAL.value)
-  finally:
-    results = sweep_summary.write(sweep)  # Also after an interruption: what is there so far.
+  except KeyboardInterrupt:
+    sweep_summary.write(sweep)  # What there is so far.
+    logging.warning('Interrupted: the running trials were stopped and marked interrupted; run '
+                    'the same command again to resume them.')
+    sys.exit(130)
+  results = sweep_summary.write(sweep)
   logging.info('Summary: %s/summary.{csv,md,png}; best: %s', sweep.root,
                next((r.name for r in results if r.rank == 1), 'none yet'))
   failed = [name for name, outcome in outcomes.items() if outcome == 'failed']

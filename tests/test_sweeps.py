@@ -84,9 +84,10 @@ def test_trial_names_are_readable_safe_stable_and_unique():
 @pytest.mark.parametrize(('overrides', 'message'), [
   ({'model.num_layer': 3}, r"trial 1 .*'model.num_layer' is not a key of the config\. "
                            r"Did you mean 'model.num_layers'"),
-  ({'model.num_layers': 2.5}, r'model.num_layers=2.5 is a float, but config.model.num_layers '
-                              r'is a int'),
-  ({'model.use_bias': 0}, 'is a int, but config.model.use_bias is a bool'),
+  ({'model.num_layers': 2.5}, r'model.num_layers=2.5 has type float, but config.model.num_layers '
+                              r'has type int'),
+  ({'model.use_bias': 0}, 'has type int, but config.model.use_bias has type bool'),
+  ({'model.num_layers': True}, 'has type bool, but config.model.num_layers has type int'),
   ({'model': 3}, "'model' is a group of config keys"),
   ({'data.vocab_path': None}, 'only str, int, float and bool values'),
 ])

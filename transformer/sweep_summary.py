@@ -109,6 +109,11 @@ def _cell(value: Any, digits: int = 6) -> str:
   return str(value)
 
 
+def _override_cell(result: TrialResult, key: str) -> str:
+  """The value as in the trial's name and command line; empty where the trial keeps the base."""
+  return sweeps.flag_value(result.overrides[key]) if key in result.overrides else ''
+
+
 def to_csv(results: Sequence[TrialResult], swept_keys: Sequence[str]) -> str:
   """A header line, then one line per trial; each swept key is a column."""
   out = io.StringIO()
@@ -117,7 +122,7 @@ def to_csv(results: Sequence[TrialResult], swept_keys: Sequence[str]) -> str:
   for result in results:
     writer.writerow([
       _cell(result.rank), 'yes' if result.rank == 1 else '', result.name,
-      *(_cell(result.overrides.get(key)) for key in swept_keys),
+      *(_override_cell(result, key) for key in swept_keys),
       *(_cell(getattr(result, column)) for column in COLUMNS[2:])])
   return out.getvalue()
 
@@ -140,7 +145,7 @@ def to_markdown(results: Sequence[TrialResult], swept_keys: Sequence[str], targe
   for result in results:
     cells = [
       'best' if result.rank == 1 else _cell(result.rank), f'`{result.name}`',
-      *(_cell(result.overrides.get(key)) for key in swept_keys), result.status,
+      *(_override_cell(result, key) for key in swept_keys), result.status,
       _cell(result.steps), _fixed(result.train_loss, 4), _fixed(result.eval_loss, 4),
       _fixed(result.best_eval_bleu, 2), _fixed(result.tokens_per_sec, 0),
       *([_fixed(result.decode_bleu, 2)] if has_decode else [])]

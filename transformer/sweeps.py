@@ -27,6 +27,7 @@ import importlib.util
 import itertools
 import json
 import math
+import numbers
 import os
 import random
 import re
@@ -40,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ml_collections
+import numpy as np
 from absl import logging
 
 Overrides = dict[str, Any]
@@ -205,15 +207,21 @@ def _typed_value(config: ml_collections.ConfigDict, key: str, value: Any) -> Any
     raise ValueError(f'{key!r} is a group of config keys, not one value; override its fields '
                      f'(e.g. {key}.{next(iter(node[leaf]))}).')
   field_type = node.get_ref(leaf).get_type()
-  if value is None or isinstance(value, list | tuple | dict):
+  if not isinstance(value, str | numbers.Real | np.bool_):  # bool is a Real too.
     raise ValueError(f'{key}={value!r}: only str, int, float and bool values can be passed to '
                      'train.py on its command line.')
-  if field_type is float and type(value) is int:
+  is_bool = isinstance(value, bool | np.bool_)
+  # NumPy scalars become Python ones; an int may stand for a float, never a bool for a number.
+  if field_type is float and isinstance(value, numbers.Real) and not is_bool:
     return float(value)
-  if type(value) is not field_type:
-    raise ValueError(f'{key}={value!r} is a {type(value).__name__}, but config.{key} is a '
-                     f'{field_type.__name__}.')
-  return value
+  if field_type is int and isinstance(value, numbers.Integral) and not is_bool:
+    return int(value)
+  if field_type is bool and is_bool:
+    return bool(value)
+  if field_type is str and isinstance(value, str):
+    return value
+  raise ValueError(f'{key}={value!r} has type {type(value).__name__}, but config.{key} has '
+                   f'type {field_type.__name__}.')
 
 
 def check_overrides(config: ml_collections.ConfigDict, overrides: Overrides) -> Overrides:

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+import socket
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -223,7 +224,8 @@ def plot(results: Sequence[TrialResult], swept_keys: Sequence[str], target_metri
 
 def _replace(path: str, write_tmp) -> None:
   """Writes through `write_tmp(tmp_path)`, then renames: readers never see half a file."""
-  tmp = f'{path}.tmp{os.getpid()}{os.path.splitext(path)[1]}'
+  # Slurm tasks on several hosts may write at once: the name is unique to this process.
+  tmp = f'{path}.tmp-{socket.gethostname()}-{os.getpid()}{os.path.splitext(path)[1]}'
   write_tmp(tmp)
   os.replace(tmp, path)
 

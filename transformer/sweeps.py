@@ -389,20 +389,32 @@ def _write_state(workdir: str, state: dict[str, Any]) -> None:
   path = os.path.join(workdir, STATE_FILE)
   tmp = f'{path}.tmp{os.getpid()}'
   with open(tmp, 'w') as f:
-    json.dump(state, f, indent=2)
+    json.dump(state, f, indent=2, sort_keys=True)
   os.replace(tmp, path)
 
 
-def _alive_here(state: Mapping[str, Any]) -> bool:
-  """Whether the process recorded as running the trial still runs (on this host)."""
-  if state.get('host') != socket.gethostname() or not state.get('pid'):
-    return False
+def _process_alive(state: Mapping[str, Any], workdir: str) -> bool | None:
+  """Whether the process recorded as running the trial still runs; None if it cannot be known.
+
+  Only a process on this host can be looked at; on Linux it must also still be
+  the trial's (its command line names the workdir), not a later one that got its pid.
+  """
+  if not state.get('pid'):
+    return False  # Between stages, or stopped cleanly.
+  if state.get('host') != socket.gethostname():
+    return None
+  if os.path.isdir('/proc/self'):
+    try:
+      with open(f'/proc/{state["pid"]}/cmdline', 'rb') as f:
+        return f'--workdir={workdir}'.encode() in f.read()
+    except OSError:
+      return False
   try:
     os.kill(state['pid'], 0)
   except ProcessLookupError:
     return False
   except PermissionError:
-    return True
+    pass
   return True
 
 
@@ -411,7 +423,7 @@ def trial_status(workdir: str) -> str:
   state = read_state(workdir)
   if state is None:
     return 'pending'
-  if state['status'] == 'running' and not _alive_here(state):
+  if state['status'] == 'running' and _process_alive(state, workdir) is False:
     return 'interrupted'
   return state['status']
 
@@ -470,9 +482,12 @@ class _Runner:
     self._lock = threading.Lock()
 
   def run_trial(self, trial: Trial) -> str:
-    """'skipped', 'finished', 'failed' or 'interrupted'."""
+    """'skipped', 'finished', 'failed', 'interrupted' or 'running' (by another process)."""
     workdir = self.sweep.workdir(trial)
     state = read_state(workdir)
+    if state and state['status'] == 'running' and _process_alive(state, workdir):
+      logging.warning('%s: already running in process %s; left alone.', trial.name, state['pid'])
+      return 'running'
     commands = self.sweep.commands(trial)
     # After a stage runs, the later ones run again: they read what it wrote.
     first = next((i for i, (stage, command) in enumerate(commands)
@@ -526,8 +541,8 @@ class _Runner:
       record['error'] = _error_line(log_path, offset)
     if stage == 'eval' and status == 'finished':
       record['result'] = _newest_eval_result(workdir, started)
-    state['status'] = status if (status != 'finished' or stage == 'eval'
-                                 or self.sweep.eval_flags is None) else 'running'
+    eval_follows = stage == 'train' and self.sweep.eval_flags is not None
+    state['status'] = 'running' if status == 'finished' and eval_follows else status
     state['pid'] = None
     _write_state(workdir, state)
     return status
@@ -551,7 +566,8 @@ def _newest_eval_result(workdir: str, since: float) -> str | None:
 def run(sweep: Sweep, parallel: int = 1, only: str | None = None) -> dict[str, str]:
   """Runs the trials (`parallel` at a time; only the one named `only` if given).
 
-  Returns {trial name: 'skipped' | 'finished' | 'failed' | 'interrupted'}. A
+  Returns {trial name: 'skipped' | 'finished' | 'failed' | 'interrupted' |
+  'running'}, the last for a trial that another sweep process is running. A
   failing trial does not stop the others. On KeyboardInterrupt (or SIGTERM made
   one by the caller) the running trials are stopped, marked 'interrupted' and the
   exception is raised again.
@@ -565,7 +581,8 @@ def run(sweep: Sweep, parallel: int = 1, only: str | None = None) -> dict[str, s
   if parallel > 1 and len(pending) > 1:
     prepare_data(pending)
   runner = _Runner(sweep)
-  outcomes = {t.name: 'skipped' for t in trials if t not in pending}
+  pending_names = {t.name for t in pending}
+  outcomes = {t.name: 'skipped' for t in trials if t.name not in pending_names}
   for name in outcomes:
     logging.info('%s: finished earlier with the same commands, skipped.', name)
   with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
@@ -574,11 +591,10 @@ def run(sweep: Sweep, parallel: int = 1, only: str | None = None) -> dict[str, s
       for future in concurrent.futures.as_completed(futures):
         trial = futures[future]
         outcomes[trial.name] = future.result()
-        state = read_state(sweep.workdir(trial)) or {}
-        errors = [r.get('error') for r in state.get('stages', {}).values() if r.get('error')]
+        stages = (read_state(sweep.workdir(trial)) or {}).get('stages', {}).values()
+        error = next((r['error'] for r in stages if r['status'] == 'failed'), None)
         logging.info('[%d/%d] %s: %s%s', len(outcomes), len(trials), trial.name,
-                     outcomes[trial.name], f' ({errors[-1]})' if errors and
-                     outcomes[trial.name] == 'failed' else '')
+                     outcomes[trial.name], f' ({error})' if error else '')
     except KeyboardInterrupt:
       runner.stop()
       pool.shutdown(wait=True, cancel_futures=True)

@@ -7,7 +7,7 @@ steps. The first trial (`base`) is the paper's model.
   python sweep.py --config=configs/default.py --sweep=configs/sweeps/variants.py \
       --workdir=workdirs/variants --config.data.manual_dir=../shared/data/multi30k
 
-runs the 11 trials one after another, each as long as the default run (see its
+runs the 10 trials one after another, each as long as the default run (see its
 docstring); add `--dry_run` to print their train.py commands instead.
 """
 

@@ -5,6 +5,7 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,34 @@ def test_bad_overrides_are_errors_naming_trial_and_key(overrides, message):
 def test_command_line_overrides_may_not_be_swept_too():
   with pytest.raises(ValueError, match=r"trial 0 sets \['lr_scale'\], which the command line"):
     sweeps.make_trials(tiny.get_config(), [{'lr_scale': 1.0}], fixed={'lr_scale': 2.0})
+
+
+def test_trial_status_tells_a_running_trial_from_an_interrupted_one(tmp_path):
+  workdir = tmp_path / 'trial'
+  assert sweeps.trial_status(str(workdir)) == 'pending'
+  workdir.mkdir()
+  # A live process whose command line names the workdir, as train.py's does.
+  process = subprocess.Popen(
+    [sys.executable, '-c', 'import time; print("up", flush=True); time.sleep(60)',
+     f'--workdir={workdir}'], stdout=subprocess.PIPE, text=True)
+  try:
+    assert process.stdout.readline() == 'up\n'  # Started: its command line is readable.
+    for pid, host, expected in [
+      (process.pid, socket.gethostname(), 'running'),
+      (os.getpid(), socket.gethostname(), 'interrupted'),  # Alive, but not the trial's.
+      (None, socket.gethostname(), 'interrupted'),  # No process: stopped between stages.
+      (process.pid, 'another-host', 'running'),  # Cannot be looked at: trust the record.
+    ]:
+      state = {'status': 'running', 'pid': pid, 'host': host, 'stages': {}}
+      (workdir / sweeps.STATE_FILE).write_text(json.dumps(state))
+      assert sweeps.trial_status(str(workdir)) == expected, (pid, host)
+  finally:
+    process.kill()
+    process.wait()
+    process.stdout.close()
+  state['host'] = socket.gethostname()
+  (workdir / sweeps.STATE_FILE).write_text(json.dumps(state | {'pid': process.pid}))
+  assert sweeps.trial_status(str(workdir)) == 'interrupted'  # The process is gone.
 
 
 def _write_sweep(path: Path, body: str) -> Path:

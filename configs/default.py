@@ -47,6 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_bleu_decoder = 'greedy'  # 'greedy' or 'beam' (beam 4, alpha 0.6) for that BLEU.
   config.checkpoint_every_steps = 100  # Checkpoint cadence (always also at the end).
   config.keep_checkpoints = 5  # Most recent checkpoints kept on disk.
+  config.target_metric = 'eval_bleu'  # Ranks sweep trials: 'eval_bleu' (best) or 'eval_loss'.
 
   # Model (section 3); read through transformer.model.ModelConfig.
   config.model = ml_collections.ConfigDict()

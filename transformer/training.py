@@ -30,6 +30,7 @@ from transformer import (
   metrics,
   optim,
   preemption,
+  provenance,
   scoring,
   sharding,
   tokenizer,
@@ -43,7 +44,7 @@ Batch = dict[str, jax.Array]
 RESUMABLE_KEYS = (
   'num_train_steps', 'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
   'keep_checkpoints', 'data.manual_dir', 'data.data_dir', 'data.vocab_path',
-  'skip_nonfinite_steps',
+  'skip_nonfinite_steps', 'target_metric',
 )
 
 
@@ -325,6 +326,7 @@ def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.Preem
   # Only once the checkpoint restored: an unreadable one leaves the workdir as it was.
   if jax.process_index() == 0:
     write_config(config, workdir)
+    provenance.record(workdir)  # Command line, git commit, package versions; warns on changes.
 
   writer = metrics.MetricsWriter(workdir)
   writer.truncate_after(start_step)

@@ -39,6 +39,7 @@ from transformer import (  # noqa: E402
   evaluation,
   inference,
   input_pipeline,
+  sweeps,
   tokenizer,
   training,
 )
@@ -63,21 +64,13 @@ DECODERS = {
 }
 
 
-def _set(config: ml_collections.ConfigDict, dotted_key: str, value) -> None:
-  *parents, leaf = dotted_key.split('.')
-  for parent in parents:
-    config = config[parent]
-  config[leaf] = value
-
-
 def load_config() -> tuple[ml_collections.ConfigDict, str]:
   """The run's config (with command-line overrides) or `--config`; and where it came from."""
   if not _WORKDIR.value:
     return _CONFIG.value, config_flags.get_config_filename(flags.FLAGS['config'])
   config = evaluation.load_run_config(_WORKDIR.value)
-  for key, value in config_flags.get_override_values(flags.FLAGS['config']).items():
-    _set(config, key, value)
-  return config, _WORKDIR.value
+  overrides = config_flags.get_override_values(flags.FLAGS['config'])
+  return sweeps.apply_overrides(config, overrides), _WORKDIR.value
 
 
 def load_params(config: ml_collections.ConfigDict):

@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import tiny
-from transformer import training
+from transformer import sweeps, training
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,13 +28,7 @@ def data_dirs(multi30k_dir, multi30k_data_dir):
 def _tiny_config(data_dirs, **overrides):
   config = tiny.get_config()
   config.data.manual_dir, config.data.data_dir = data_dirs
-  for key, value in overrides.items():
-    target = config
-    *parents, leaf = key.split('.')
-    for parent in parents:
-      target = target[parent]
-    target[leaf] = value
-  return config
+  return sweeps.apply_overrides(config, overrides)
 
 
 def _metrics(workdir):

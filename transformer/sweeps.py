@@ -269,7 +269,9 @@ class Trial:
   config: ml_collections.ConfigDict  # The base config with every override applied.
 
 
-def _apply(config: ml_collections.ConfigDict, overrides: Overrides) -> ml_collections.ConfigDict:
+def apply_overrides(config: ml_collections.ConfigDict,
+                    overrides: Overrides) -> ml_collections.ConfigDict:
+  """A copy of `config` with `{'model.d_ff': 48, ...}` set (dotted keys; the input is kept)."""
   resolved = config.copy_and_resolve_references()
   for key, value in overrides.items():
     *parents, leaf = key.split('.')
@@ -308,7 +310,7 @@ def make_trials(config: ml_collections.ConfigDict, overrides_list: Sequence[Over
       raise ValueError(f'{source}: trials {first_index[name]} and {index} are the same run '
                        f'({name}); give each trial different overrides.')
     first_index[name] = index
-    trials.append(Trial(name=name, overrides=typed, config=_apply(config, typed)))
+    trials.append(Trial(name=name, overrides=typed, config=apply_overrides(config, typed)))
   return trials
 
 

@@ -2,13 +2,16 @@
 
 Every config field can be overridden on the command line, e.g.
 `--config.model.num_layers=2 --config.data.manual_dir=../shared/data/multi30k`.
-A workdir that holds checkpoints is resumed from the latest one.
+A workdir that holds checkpoints is resumed from the latest one. SIGTERM or
+SIGINT (Ctrl-C) checkpoints the current step and exits with status 0. On several
+hosts, run the same command on each (see `transformer/distributed.py`); the mesh
+(`--config.mesh.*`) spans the devices of all of them.
 """
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer import dry_run, training
+from transformer import distributed, dry_run, training
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.',
                                           lock_config=True)
@@ -16,6 +19,10 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and m
 _DRY_RUN = flags.DEFINE_bool(
   'dry_run', False, 'Validate the config, print the parameter table, FLOPs per token and '
   '`params: N`, then exit without data, training or compiles.')
+_RESTORE_FALLBACK = flags.DEFINE_bool(
+  'restore_fallback', False, 'If the latest checkpoint cannot be restored (truncated or '
+  'corrupted files), move it to WORKDIR/corrupt_checkpoints/ and resume from the newest one '
+  'that restores. Without it such a checkpoint stops the run and nothing is changed.')
 
 
 def main(argv):
@@ -26,8 +33,10 @@ def main(argv):
     return
   if _WORKDIR.value is None:
     raise app.UsageError('--workdir is required (except with --dry_run).')
+  distributed.initialize()
   logging.info('Config:\n%s', _CONFIG.value)
-  training.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  training.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
+                              restore_fallback=_RESTORE_FALLBACK.value)
 
 
 if __name__ == '__main__':

@@ -20,8 +20,6 @@ side by side):
     copy out), with the source batches already tokenized.
 """
 
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -38,10 +36,10 @@ from ml_collections import config_flags  # noqa: E402
 
 from transformer import (  # noqa: E402
   checkpoints,
+  evaluation,
   inference,
   input_pipeline,
-  optim,
-  sharding,
+  sweeps,
   tokenizer,
   training,
 )
@@ -66,32 +64,21 @@ DECODERS = {
 }
 
 
-def _set(config: ml_collections.ConfigDict, dotted_key: str, value) -> None:
-  *parents, leaf = dotted_key.split('.')
-  for parent in parents:
-    config = config[parent]
-  config[leaf] = value
-
-
 def load_config() -> tuple[ml_collections.ConfigDict, str]:
   """The run's config (with command-line overrides) or `--config`; and where it came from."""
   if not _WORKDIR.value:
     return _CONFIG.value, config_flags.get_config_filename(flags.FLAGS['config'])
-  with open(os.path.join(os.path.expanduser(_WORKDIR.value), 'config.json')) as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  for key, value in config_flags.get_override_values(flags.FLAGS['config']).items():
-    _set(config, key, value)
-  return config, _WORKDIR.value
+  config = evaluation.load_run_config(_WORKDIR.value)
+  overrides = config_flags.get_override_values(flags.FLAGS['config'])
+  return sweeps.apply_overrides(config, overrides), _WORKDIR.value
 
 
 def load_params(config: ml_collections.ConfigDict):
   """Checkpointed parameters with --workdir, otherwise random ones; and their label."""
   model, _ = training.create_models(config)
   if _WORKDIR.value:
-    mesh = sharding.create_mesh(config.mesh)
-    abstract_state, _ = training.abstract_state_and_shardings(
-      config, model, optim.create_optimizer(config), mesh)
-    return checkpoints.load_params(_WORKDIR.value, abstract_state, _CHECKPOINT.value)
+    return checkpoints.load_params(
+      _WORKDIR.value, evaluation.abstract_state(config), _CHECKPOINT.value)
   tokens = jnp.ones((1, config.data.max_len), jnp.int32)
   init = jax.jit(lambda key: model.init(key, tokens, tokens)['params'])
   return nn.meta.unbox(init(jax.random.key(config.seed))), 'random'

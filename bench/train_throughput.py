@@ -64,25 +64,28 @@ def main(argv):
   slots = sum(b['tgt_tokens'].size for b in batches)
 
   mesh = sharding.create_mesh(config.mesh)
+  rules = sharding.axis_rules(config.mesh)
   model, _ = training.create_models(config)
   optimizer = optim.create_optimizer(config)
   _, state_shardings = training.abstract_state_and_shardings(config, model, optimizer, mesh)
   state = training.create_train_state(config, model, optimizer, mesh, jax.random.key(0))
   step_fn = jax.jit(
     lambda s, b: training.train_step(s, b, model=model, optimizer=optimizer, config=config),
-    in_shardings=(state_shardings, sharding.batch_sharding(mesh)), donate_argnums=(0,))
+    in_shardings=(state_shardings, sharding.batch_sharding(mesh, rules)), donate_argnums=(0,))
 
-  start = time.perf_counter()
-  state, sums = step_fn(state, training.to_global(batches[0], mesh))
-  jax.block_until_ready(sums)
-  compile_seconds = time.perf_counter() - start
+  with sharding.activated(mesh, rules):
+    start = time.perf_counter()
+    state, sums = step_fn(state, sharding.global_batch(batches[0], mesh, rules))
+    jax.block_until_ready(sums)
+    compile_seconds = time.perf_counter() - start
 
-  tokens = 0.0
-  start = time.perf_counter()
-  for i in range(_STEPS.value):
-    state, sums = step_fn(state, training.to_global(batches[(i + 1) % len(batches)], mesh))
-    tokens += float(sums['num_tokens'])
-  elapsed = time.perf_counter() - start
+    tokens = 0.0
+    start = time.perf_counter()
+    for i in range(_STEPS.value):
+      batch = sharding.global_batch(batches[(i + 1) % len(batches)], mesh, rules)
+      state, sums = step_fn(state, batch)
+      tokens += float(sums['num_tokens'])
+    elapsed = time.perf_counter() - start
 
   peak = matmul_peak_flops() * jax.device_count()
   flops = summary.flops_per_token(ModelConfig.from_config(config), config.data.max_len)['train']

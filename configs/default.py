@@ -37,6 +37,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.adam_eps = 1e-9  # Adam epsilon (paper: 1e-9).
   config.label_smoothing = 0.1  # Label smoothing epsilon_ls (section 5.4).
   config.grad_accum_steps = 1  # Micro-batches accumulated per optimizer update.
+  config.grad_clip_norm = 0.0  # Clip gradients to this global L2 norm first (0: off, the paper).
+  config.skip_nonfinite_steps = False  # NaN/inf loss or grad norm: skip the update, not stop.
 
   # Logging, evaluation and checkpoints.
   config.log_every_steps = 25  # Console/metrics cadence for training rows.
@@ -45,6 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_bleu_decoder = 'greedy'  # 'greedy' or 'beam' (beam 4, alpha 0.6) for that BLEU.
   config.checkpoint_every_steps = 100  # Checkpoint cadence (always also at the end).
   config.keep_checkpoints = 5  # Most recent checkpoints kept on disk.
+  config.target_metric = 'eval_bleu'  # Ranks sweep trials: 'eval_bleu' (best) or 'eval_loss'.
 
   # Model (section 3); read through transformer.model.ModelConfig.
   config.model = ml_collections.ConfigDict()
@@ -85,5 +88,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.mesh.data = -1  # Data-parallel replicas.
   config.mesh.fsdp = 1  # Fully sharded data parallel (params and optimizer state).
   config.mesh.tensor = 1  # Tensor parallel (heads, mlp, vocab).
+  # The one table from logical axis names (on every parameter and activation) to mesh axes.
+  config.mesh.rules = (
+    ('batch', ('data', 'fsdp')),  # Rows of every batch: split over data x fsdp.
+    ('embed', 'fsdp'),  # d_model of the weights: FSDP shards parameters along it.
+    ('heads', 'tensor'),  # Attention heads: tensor parallel.
+    ('mlp', 'tensor'),  # d_ff, the FFN's inner dimension: tensor parallel.
+    ('vocab', 'tensor'),  # Vocabulary of the shared embedding/softmax: tensor parallel.
+    ('kv', None),  # d_k = d_v within a head: never split.
+    ('length', None),  # Sequence positions: never split.
+  )
 
   return config

@@ -43,6 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every_steps = 300  # Validation perplexity cadence (and at the end).
   config.checkpoint_every_steps = 300  # Checkpoint cadence (and at the end).
   config.eval_bleu_sentences = 0  # No translations to score.
+  config.target_metric = 'eval_loss'  # Ranks sweep trials: validation loss (log perplexity).
 
   config.model.architecture = 'decoder_only'  # The decoder stack without cross-attention.
   config.model.num_layers = 4  # Decoder layers (d_model 256, 4 heads, d_ff 1024 as default.py).

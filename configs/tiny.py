@@ -23,6 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.checkpoint_every_steps = 30
   config.eval_bleu_sentences = 32
   config.keep_checkpoints = 3
+  config.target_metric = 'eval_loss'  # BLEU means little at this size.
   config.model.num_layers = 1
   config.model.d_model = 32
   config.model.num_heads = 2

@@ -5,10 +5,15 @@ import pathlib
 import random
 from collections.abc import Callable, Sequence
 
+import jax
 import ml_collections
 import pytest
 
 from configs import default
+
+# Eight CPU devices for the sharding tests (meshes of data, fsdp and tensor parallelism);
+# before anything touches a device. Subprocesses started by tests keep their own default.
+jax.config.update('jax_num_cpu_devices', 8)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The real Multi30k corpus, beside the repository (never copied into it).

@@ -1,11 +1,14 @@
-"""The learning-rate schedule (eq. 3) and the label-smoothed loss on hand-computed cases."""
+"""The learning-rate schedule (eq. 3), gradient clipping and the label-smoothed loss on
+hand-computed cases."""
 
 import math
 
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+from configs import default
 from transformer import losses, optim
 
 
@@ -47,3 +50,24 @@ def test_no_smoothing_is_cross_entropy():
   loss, _ = losses.loss_and_metrics(logits, jnp.array([[2]]), label_smoothing=0.0)
   expected = -math.log(math.exp(3) / (math.exp(1) + math.exp(2) + math.exp(3)))
   assert math.isclose(float(loss), expected, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize(('clip_norm', 'first_moment_norm'), [
+  (0.0, 0.1 * 50.0),  # Off: Adam's first moment after one step is (1 - b1) * g, |g| = 50.
+  (2.0, 0.1 * 2.0),  # The gradient is rescaled to norm 2 before Adam sees it.
+  (100.0, 0.1 * 50.0),  # Below the threshold nothing changes.
+])
+def test_gradient_clipping_by_global_norm(clip_norm, first_moment_norm):
+  config = default.get_config()
+  config.grad_clip_norm = clip_norm
+  optimizer = optim.create_optimizer(config)
+  params = {'a': jnp.zeros(3), 'b': jnp.zeros((2, 2))}
+  grads = {'a': jnp.array([30.0, 0.0, 0.0]), 'b': jnp.array([[0.0, 40.0], [0.0, 0.0]])}
+  _, opt_state = optimizer.update(grads, optimizer.init(params), params)
+  adam_state = opt_state[-1][0] if clip_norm else opt_state[0]
+  assert math.isclose(float(optax.tree.norm(adam_state.mu)), first_moment_norm, rel_tol=1e-6)
+
+
+def test_summary_over_zero_tokens_is_nan():
+  zero = {'loss_sum': 0.0, 'nll_sum': 0.0, 'correct_sum': 0.0, 'num_tokens': 0.0}
+  assert all(math.isnan(v) for v in losses.summarize(zero, 'train').values())

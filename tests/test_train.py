@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import tiny
-from transformer import training
+from transformer import sweeps, training
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,13 +28,7 @@ def data_dirs(multi30k_dir, multi30k_data_dir):
 def _tiny_config(data_dirs, **overrides):
   config = tiny.get_config()
   config.data.manual_dir, config.data.data_dir = data_dirs
-  for key, value in overrides.items():
-    target = config
-    *parents, leaf = key.split('.')
-    for parent in parents:
-      target = target[parent]
-    target[leaf] = value
-  return config
+  return sweeps.apply_overrides(config, overrides)
 
 
 def _metrics(workdir):
@@ -67,6 +61,23 @@ def test_tiny_trains_and_loss_falls(data_dirs, tmp_path):
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['30', '60']
   assert json.loads((tmp_path / 'config.json').read_text())['model']['d_model'] == 32
   assert list((tmp_path / 'tensorboard').iterdir())
+
+
+def test_tiny_trains_in_bfloat16_with_float32_parameters(data_dirs, tmp_path):
+  config = _tiny_config(data_dirs, dtype='bfloat16', num_train_steps=40, eval_every_steps=40,
+                        checkpoint_every_steps=40, eval_bleu_sentences=0)
+  training.train_and_evaluate(config, str(tmp_path))
+  train_losses = [r['train_loss'] for r in _metrics(tmp_path) if 'train_loss' in r]
+  assert all(np.isfinite(train_losses)) and train_losses[-1] < train_losses[0] - 0.3, train_losses
+  _, params, opt_state = _final_params(tmp_path)
+  assert {str(x.dtype) for x in jax.tree.leaves((params, opt_state))} <= {'float32', 'int32'}
+  # Activations and matmuls run in bfloat16: the logits, handed to the loss as float32, hold
+  # only bfloat16 values (a float32 computation would almost never round to them exactly).
+  model, _ = training.create_models(config)
+  tokens = np.arange(3, 11, dtype=np.int32)[None]
+  logits = model.apply({'params': params}, tokens, tokens, rngs={'dropout': jax.random.key(0)})
+  assert logits.dtype == np.float32
+  np.testing.assert_array_equal(logits, logits.astype(jax.numpy.bfloat16).astype(np.float32))
 
 
 def test_stopped_and_resumed_run_equals_uninterrupted(data_dirs, tmp_path):

@@ -233,7 +233,7 @@ def test_defaults_are_the_papers_base_model():
 
 
 @pytest.mark.parametrize('variant', ['paper', *VARIANTS])
-def test_every_parameter_has_one_logical_name_per_dimension(variant):
+def test_every_parameter_has_one_logical_name_per_dimension_for_sharding(variant):
   _, boxed = _model_and_boxed_params(variant)
   leaves = jax.tree_util.tree_leaves_with_path(boxed, is_leaf=lambda x: hasattr(x, 'names'))
   assert leaves

@@ -79,21 +79,40 @@ def dot_product_attention(
   return out_BLHK, weights_BHLS
 
 
-def _dense(
-  config: ModelConfig, features: tuple[int, ...], axis: int | tuple[int, ...], names, name: str
-):
-  """A DenseGeneral whose kernel and bias carry logical axis names."""
-  # DenseGeneral initialises the kernel flattened to [fan_in, fan_out]: Glorot uniform.
-  kernel_init = nn.initializers.xavier_uniform()
-  return nn.DenseGeneral(
-    features=features,
-    axis=axis,
-    use_bias=config.use_bias,
-    dtype=config.dtype,
-    kernel_init=nn.with_logical_partitioning(kernel_init, names),
-    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[-len(features):]),
-    name=name,
-  )
+class _Projection(nn.Module):
+  """x @ W + b contracting the last `in_dims` axes of x; W and b carry logical axis names.
+
+  Like `nn.DenseGeneral`, but the kernel is initialised in its final shape
+  (Glorot uniform over fan_in = prod(contracted), fan_out = prod(features)):
+  DenseGeneral initialises a flattened kernel and unboxes it, which applies the
+  logical sharding constraint to the wrong rank as soon as a mesh is active.
+  """
+
+  config: ModelConfig
+  features: tuple[int, ...]
+  in_dims: int
+  names: tuple[str, ...]
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg = self.config
+    in_shape = x.shape[-self.in_dims:]
+    rank = self.in_dims + len(self.features)
+    kernel_init = nn.initializers.variance_scaling(
+      1.0, 'fan_avg', 'uniform', in_axis=tuple(range(self.in_dims)),
+      out_axis=tuple(range(self.in_dims, rank)))
+    kernel = self.param('kernel', nn.with_logical_partitioning(kernel_init, self.names),
+                        in_shape + self.features, jnp.float32)
+    contract = tuple(range(x.ndim - self.in_dims, x.ndim))
+    y = jax.lax.dot_general(
+      x.astype(cfg.dtype), kernel.astype(cfg.dtype),
+      ((contract, tuple(range(self.in_dims))), ((), ())))
+    if cfg.use_bias:
+      bias_names = self.names[self.in_dims:]
+      bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros, bias_names),
+                        self.features, jnp.float32)
+      y = y + bias.astype(cfg.dtype)
+    return y
 
 
 class MultiHeadAttention(nn.Module):
@@ -130,7 +149,8 @@ class MultiHeadAttention(nn.Module):
     relative = cfg.position in ('rope', 'alibi') and not self.is_cross_attention
     if relative and positions_BL is None:
       raise ValueError(f'position={cfg.position!r} self-attention needs positions_BL.')
-    projection = lambda name: _dense(cfg, (heads, head_dim), -1, ('embed', 'heads', 'kv'), name)
+    projection = lambda name: _Projection(
+      cfg, (heads, head_dim), 1, ('embed', 'heads', 'kv'), name=name)
     query_BLHK = projection('query')(inputs_q_BLD)
 
     if self.decode and self.is_cross_attention:
@@ -165,7 +185,7 @@ class MultiHeadAttention(nn.Module):
       dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate)
     # Read by eval.py's attention maps through `mutable=['intermediates']`.
     self.sow('intermediates', 'attention_weights', weights_BHLS)
-    return _dense(cfg, (cfg.d_model,), (-2, -1), ('heads', 'kv', 'embed'), 'out')(out_BLHK)
+    return _Projection(cfg, (cfg.d_model,), 2, ('heads', 'kv', 'embed'), name='out')(out_BLHK)
 
   def _update_cache(self, key_B1HK, value_B1HK, mask_B11S, positions_B1):
     """Writes one step's key/value at the cache index; masks positions not yet written.

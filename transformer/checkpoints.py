@@ -1,18 +1,40 @@
 """Orbax checkpoints of the train state and the Grain iterator position, with resume checks.
 
 Layout (Orbax's default): WORKDIR/checkpoints/<step>/{state,data}/. Writes are
-asynchronous and atomic (Orbax renames a finished temporary folder into place),
-so an interrupted save never leaves a checkpoint that looks complete.
+asynchronous and atomic (Orbax renames a finished temporary folder
+`<step>.orbax-checkpoint-tmp*` into place), so an interrupted save never leaves
+a checkpoint that looks complete; such folders are never read, and a training
+run removes them when it starts. A checkpoint that fails to restore is reported
+by step; only `restore_latest(..., fallback=True)` moves it aside (to
+WORKDIR/corrupt_checkpoints/) and resumes from an older one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
+import shutil
 
 import grain
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
+from jax.experimental import multihost_utils
+
+from transformer import faults
+
+# custom_metadata key of each checkpoint: {array path: checksum} (`array_checksums`).
+_CHECKSUMS_KEY = 'array_checksums'
+
+
+class CorruptCheckpointError(RuntimeError):
+  """A committed checkpoint cannot be read back (truncated or corrupted files)."""
+
+
+class CheckpointSaveError(RuntimeError):
+  """Writing a checkpoint failed (e.g. the disk is full); committed ones are untouched."""
 
 
 def _entry_name(entry) -> str:
@@ -22,11 +44,40 @@ def _entry_name(entry) -> str:
   return str(entry)
 
 
-def _leaf_shapes(tree) -> dict[str, tuple[int, ...]]:
-  """{'params/encoder/.../kernel': shape}; dataclass fields, dict keys and tuple indices alike."""
+def _leaves(tree) -> dict[str, object]:
+  """{'params/encoder/.../kernel': leaf}; dataclass fields, dict keys and tuple indices alike."""
   flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-  return {'/'.join(_entry_name(e) for e in path): tuple(getattr(leaf, 'shape', ()))
-          for path, leaf in flat}
+  return {'/'.join(_entry_name(e) for e in path): leaf for path, leaf in flat}
+
+
+def _leaf_shapes(tree) -> dict[str, tuple[int, ...]]:
+  return {key: tuple(getattr(leaf, 'shape', ())) for key, leaf in _leaves(tree).items()}
+
+
+_UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+
+
+@jax.jit
+def _checksum_arrays(tree):
+  """Per array, the sum of its bit patterns as uint32 words, wrapping: any changed word shows.
+
+  Exact integer sums are independent of the summation order, so the value does
+  not depend on sharding or device count.
+  """
+  def checksum(x):
+    bits = jax.lax.bitcast_convert_type(x, _UNSIGNED[x.dtype.itemsize])
+    return jnp.sum(bits.astype(jnp.uint32), dtype=jnp.uint32)
+  return jax.tree.map(checksum, tree)
+
+
+def array_checksums(state) -> dict[str, int]:
+  """{'params/.../kernel': checksum} of a (possibly sharded) state; stored with each checkpoint.
+
+  Orbax's array files carry no checksums, so a flipped byte would otherwise
+  restore silently as a wrong (often NaN) value.
+  """
+  checksums = jax.device_get(_checksum_arrays(state))
+  return {key: int(value) for key, value in _leaves(checksums).items()}
 
 
 class Checkpointer:
@@ -34,13 +85,25 @@ class Checkpointer:
 
   def __init__(self, workdir: str, *, keep: int | None = None, read_only: bool = False):
     """`keep`: checkpoints kept when saving; `read_only` (evaluation) never writes or deletes."""
-    self.directory = os.path.join(os.path.abspath(os.path.expanduser(workdir)), 'checkpoints')
+    workdir = os.path.abspath(os.path.expanduser(workdir))
+    self.directory = os.path.join(workdir, 'checkpoints')
+    self.corrupt_directory = os.path.join(workdir, 'corrupt_checkpoints')
     if read_only and not os.path.isdir(self.directory):
       raise FileNotFoundError(f'No checkpoints directory at {self.directory}.')
+    if not read_only and jax.process_index() == 0:  # Orbax removes them on process 0.
+      for path in sorted(glob.glob(os.path.join(self.directory, '*.orbax-checkpoint-tmp*'))):
+        logging.warning('Removing %s: a save that never committed (the process died during it).',
+                        path)
+    self._saving_step = None  # The step of the save in flight, if any.
+    async_options = None
+    if faults.enabled():  # Test-only: lets a test crash the process inside a save.
+      async_options = ocp.AsyncOptions(
+        post_finalization_callback=lambda: faults.maybe_kill('during_save', self._saving_step))
     self._manager = ocp.CheckpointManager(
       self.directory,
       options=ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=not read_only, read_only=read_only),
+        max_to_keep=keep, create=not read_only, read_only=read_only,
+        cleanup_tmp_directories=not read_only, async_options=async_options),
       item_names=('state', 'data'),
     )
 
@@ -51,23 +114,51 @@ class Checkpointer:
     return list(self._manager.all_steps())
 
   def save(self, step: int, state, data_iterator: grain.DatasetIterator, *, force=False) -> bool:
-    """Starts an asynchronous save of `state` and the iterator's position at `step`."""
-    return self._manager.save(
-      step,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=grain.checkpoint.CheckpointSave(data_iterator),
-      ),
-      force=force,
-    )
+    """Starts an asynchronous save of `state` and the iterator's position at `step`.
+
+    Raises `CheckpointSaveError` if this save, or the previous one still in
+    flight, fails.
+    """
+    with self._reporting_save_errors():
+      self._manager.wait_until_finished()  # A failed earlier save is reported as such.
+      self._saving_step = step
+      return self._manager.save(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          data=grain.checkpoint.CheckpointSave(data_iterator),
+        ),
+        force=force,
+        custom_metadata={_CHECKSUMS_KEY: array_checksums(state)},
+      )
+
+  @contextlib.contextmanager
+  def _reporting_save_errors(self):
+    try:
+      yield
+    except Exception as e:
+      step, self._saving_step = self._saving_step, None
+      self._manager.reload()  # The failed save's temporary folder is not a checkpoint.
+      committed = self._manager.latest_step()
+      previous = (f'the last committed checkpoint, {self.directory}/{committed}, is intact'
+                  if committed is not None else 'no checkpoint had been committed yet')
+      raise CheckpointSaveError(
+        f'Saving checkpoint {step} to {self.directory} failed ({type(e).__name__}: {e}); '
+        f'{previous}. Free space (or fix the error) and run the same command to resume.') from e
 
   def check_compatible(self, step: int, abstract_state) -> None:
     """Raises, naming every differing array, if checkpoint `step` does not fit the model.
 
     Runs before any restore or compile; the checkpoint on disk is never touched.
     """
-    metadata = ocp.StandardCheckpointer().metadata(os.path.join(self.directory, str(step), 'state'))
-    saved = _leaf_shapes(metadata.item_metadata)
+    try:
+      metadata = ocp.StandardCheckpointer().metadata(
+        os.path.join(self.directory, str(step), 'state'))
+      saved = _leaf_shapes(metadata.item_metadata)
+    except Exception as e:
+      raise self._corrupt(step, e) from e
+    if not saved:  # Orbax only warns when the array metadata cannot be read.
+      raise self._corrupt(step, 'its array metadata is missing or unreadable')
     expected = _leaf_shapes(abstract_state)
     problems = []
     for key in sorted(set(saved) | set(expected)):
@@ -85,18 +176,102 @@ class Checkpointer:
         f'({len(problems)} arrays differ); it is left untouched. Use another --workdir or '
         f'the config that wrote it.\n  {shown}{more}')
 
+  def check_latest_compatible(self, abstract_state) -> None:
+    """`check_compatible` for the latest checkpoint, if any, before any data or compile.
+
+    An unreadable one is not an error here: `restore_latest` reports it (or
+    falls back).
+    """
+    latest = self.latest_step()
+    if latest is not None:
+      with contextlib.suppress(CorruptCheckpointError):
+        self.check_compatible(latest, abstract_state)
+
   def restore(self, step: int, abstract_state, data_iterator: grain.DatasetIterator | None):
     """Restores the state into `abstract_state`'s shapes and shardings, and the iterator."""
     self.check_compatible(step, abstract_state)
     args = {'state': ocp.args.StandardRestore(abstract_state)}
     if data_iterator is not None:
       args['data'] = grain.checkpoint.CheckpointRestore(data_iterator)
-    restored = self._manager.restore(step, args=ocp.args.Composite(**args))
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(**args))
+      saved_checksums = self._manager.metadata(step).custom_metadata.get(_CHECKSUMS_KEY)
+    except Exception as e:
+      raise self._corrupt(step, e) from e
+    if saved_checksums is not None:  # Checkpoints written before checksums have none.
+      restored_checksums = array_checksums(restored['state'])
+      damaged = sorted(key for key, value in restored_checksums.items()
+                       if saved_checksums.get(key) != value)
+      if damaged:
+        shown = ', '.join(damaged[:5]) + (f' and {len(damaged) - 5} more'
+                                          if len(damaged) > 5 else '')
+        raise self._corrupt(step, f'{len(damaged)} arrays differ from the checksums written '
+                            f'with them ({shown}): the files were changed after the save')
     logging.info('Restored checkpoint %s/%d.', self.directory, step)
     return restored['state']
 
+  def _corrupt(self, step: int, error: Exception | str) -> CorruptCheckpointError:
+    if isinstance(error, Exception):
+      # Orbax wraps the TensorStore error that says what is wrong (e.g. "ZSTD_decompressStream()
+      # failed: Data corruption detected") in one that runs to pages: report the innermost.
+      while error.__cause__ or error.__context__:
+        error = error.__cause__ or error.__context__
+      error = f'{type(error).__name__}: {str(error).splitlines()[0][:400]}'
+    return CorruptCheckpointError(
+      f'Checkpoint {step} ({self.directory}/{step}) cannot be restored: {error}')
+
+  def restore_latest(self, abstract_state, data_iterator: grain.DatasetIterator, *,
+                     fallback: bool = False):
+    """Restores the newest checkpoint; returns (step, state), or (None, None) if there is none.
+
+    A checkpoint that fails to restore raises `CorruptCheckpointError` naming
+    its step, and nothing on disk changes. With `fallback`, the newest one
+    that restores is used instead, and only then are the newer, unreadable
+    ones moved to `corrupt_directory` (kept for inspection, out of Orbax's way
+    so that their steps can be saved again). A checkpoint of another model
+    (`check_compatible`) is always an error.
+    """
+    unreadable = []
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        state = self.restore(step, abstract_state, data_iterator)
+      except CorruptCheckpointError as e:
+        if not fallback:
+          raise CorruptCheckpointError(
+            f'{e}\nNothing was changed. To resume from the newest checkpoint that restores '
+            f'instead, pass --restore_fallback (checkpoint {step} is then moved to '
+            f'{self.corrupt_directory}).') from e.__cause__
+        logging.warning('%s; trying the previous checkpoint.', e)
+        unreadable.append(step)
+        continue
+      if unreadable:
+        if jax.process_index() == 0:
+          for bad_step in unreadable:
+            self._move_aside(bad_step)
+        if jax.process_count() > 1:
+          multihost_utils.sync_global_devices('Checkpointer.restore_latest: moved aside')
+        self._manager.reload()
+      return step, state
+    if unreadable:
+      raise CorruptCheckpointError(
+        f'No checkpoint in {self.directory} restores (steps {unreadable}); nothing was changed.')
+    return None, None
+
+  def _move_aside(self, step: int) -> None:
+    os.makedirs(self.corrupt_directory, exist_ok=True)
+    target = os.path.join(self.corrupt_directory, str(step))
+    suffix = 1
+    while os.path.exists(target):
+      target = os.path.join(self.corrupt_directory, f'{step}-{suffix}')
+      suffix += 1
+    shutil.move(os.path.join(self.directory, str(step)), target)
+    logging.warning('Moved unreadable checkpoint %d to %s.', step, target)
+
   def wait_until_finished(self) -> None:
-    self._manager.wait_until_finished()
+    """Blocks until the save in flight is committed; raises `CheckpointSaveError` if it failed."""
+    with self._reporting_save_errors():
+      self._manager.wait_until_finished()
+    self._saving_step = None
 
   def close(self) -> None:
     self._manager.close()

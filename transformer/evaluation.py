@@ -13,6 +13,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from configs import default
 from transformer import (
   attention_maps,
   checkpoints,
@@ -30,19 +31,39 @@ from transformer.model import ModelConfig
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-  """The resolved config that train.py wrote to WORKDIR/config.json."""
+  """The resolved config that train.py wrote to WORKDIR/config.json, fitted to this machine.
+
+  Keys added to the project after the run was written get their defaults. A
+  mesh that needs other devices than this machine has (say, a run trained on 8
+  GPUs, evaluated on 1) becomes data-parallel over the devices here: restore
+  reshards the checkpoint onto it.
+  """
   path = os.path.join(os.path.expanduser(workdir), 'config.json')
   if not os.path.exists(path):
     raise FileNotFoundError(
       f'No resolved config at {path}: --workdir must be a directory written by train.py.')
   with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    config = ml_collections.ConfigDict(json.load(f))
+  if 'rules' not in config.mesh:
+    config.mesh.rules = default.get_config().mesh.rules
+  try:
+    sharding.mesh_shape(config.mesh, jax.device_count())
+  except ValueError as e:
+    logging.info('%s Evaluating data-parallel over the %d devices here instead.', e,
+                 jax.device_count())
+    config.mesh.update(data=-1, fsdp=1, tensor=1)
+  return config
+
+
+def mesh_and_rules(config: ml_collections.ConfigDict):
+  """The config's mesh over every device, and its logical axis rules."""
+  return sharding.create_mesh(config.mesh), sharding.axis_rules(config.mesh)
 
 
 def abstract_state(config: ml_collections.ConfigDict):
   """Shapes and shardings of the train state (restore targets), nothing allocated."""
   model, _ = training.create_models(config)
-  mesh = sharding.create_mesh(config.mesh)
+  mesh, _ = mesh_and_rules(config)
   abstract, _ = training.abstract_state_and_shardings(
     config, model, optim.create_optimizer(config), mesh)
   return abstract
@@ -70,7 +91,8 @@ def evaluate_split(
   empty there stay empty) and the scores.
   """
   tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
-  translate_fn = inference.make_translate_fn(ModelConfig.from_config(config), options)
+  translate_fn = inference.make_translate_fn(
+    ModelConfig.from_config(config), options, *mesh_and_rules(config))
   batches = input_pipeline.translation_batches(config, tokenizer, split, batch_size)
   translations, speed = inference.decode_batches(translate_fn, params, batches, tokenizer,
                                        jax.random.key(seed))
@@ -129,7 +151,8 @@ def translate_lines(
 ) -> list[str]:
   """One translation per input line; empty input lines give empty output lines."""
   tokenizer = tokenizer_lib.get_tokenizer(config)
-  translate_fn = inference.make_translate_fn(ModelConfig.from_config(config), options)
+  translate_fn = inference.make_translate_fn(
+    ModelConfig.from_config(config), options, *mesh_and_rules(config))
   batches = input_pipeline.text_batches(lines, tokenizer, batch_size, config.data.max_eval_len)
   translations, _ = inference.decode_batches(translate_fn, params, batches, tokenizer,
                                    jax.random.key(seed))

@@ -24,8 +24,9 @@ from collections.abc import Iterable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
-from transformer import decoding
+from transformer import decoding, sharding
 from transformer import tokenizer as tokenizer_lib
 from transformer.model import ModelConfig, Transformer
 
@@ -128,9 +129,41 @@ def _run_decoder(logits_fn, state, rng: jax.Array, options: DecodeOptions, max_d
     top_k=options.top_k, top_p=options.top_p, **common)
 
 
-def make_translate_fn(model_config: ModelConfig, options: DecodeOptions):
-  """`jax.jit`ed `translate(params, src_tokens, rng)`; one compile per source length."""
-  return jax.jit(functools.partial(translate, model_config=model_config, options=options))
+def make_translate_fn(model_config: ModelConfig, options: DecodeOptions, mesh: Mesh | None = None,
+                      rules: sharding.Rules = ()):
+  """`translate(params, src_tokens, rng)` jitted once per source length (see `_jit_rows`)."""
+  return _jit_rows(functools.partial(translate, model_config=model_config, options=options),
+                   mesh, rules)
+
+
+def _jit_rows(decode_fn, mesh: Mesh | None, rules: sharding.Rules):
+  """`decode_fn(params, tokens_BS, rng)` jitted, its rows over the mesh's batch axes.
+
+  Without a mesh, a plain `jax.jit` (inputs on their devices). With a mesh, the
+  rows of the batch are split over the mesh's batch axes (data-parallel decoding,
+  parameters as sharded by training): every process passes the same whole host
+  batch, rows are padded to a multiple of the batch shards, and every process
+  gets the whole result back as a host array.
+  """
+  if mesh is None:
+    return jax.jit(decode_fn)
+  rows = sharding.rows_sharding(mesh, rules)
+  shards = sharding.batch_shards(dict(mesh.shape), rules)
+  jitted = jax.jit(
+    lambda params, tokens_BS, key_data: decode_fn(
+      params, tokens_BS, jax.random.wrap_key_data(key_data)),
+    out_shardings=rows)
+
+  def sharded_decode(params, tokens_BS, rng: jax.Array) -> np.ndarray:
+    tokens_BS = np.asarray(tokens_BS)
+    batch = tokens_BS.shape[0]
+    padded_BS = np.pad(tokens_BS, [(0, -batch % shards), (0, 0)])  # All-PAD rows.
+    with sharding.activated(mesh, rules):
+      tokens = jitted(params, sharding.from_host(padded_BS, rows),
+                      sharding.from_host(jax.random.key_data(rng), sharding.replicated(mesh)))
+    return sharding.to_host(tokens)[:batch]
+
+  return sharded_decode
 
 
 def _init_lm_state(params, prompt_tokens_BP: jax.Array, model_config: ModelConfig,
@@ -196,9 +229,11 @@ def generate(params, prompt_tokens_BP: jax.Array, rng: jax.Array, *, model_confi
                       max_lengths_B)
 
 
-def make_generate_fn(model_config: ModelConfig, options: DecodeOptions):
-  """`jax.jit`ed `generate(params, prompt_tokens, rng)`; one compile per prompt width."""
-  return jax.jit(functools.partial(generate, model_config=model_config, options=options))
+def make_generate_fn(model_config: ModelConfig, options: DecodeOptions, mesh: Mesh | None = None,
+                     rules: sharding.Rules = ()):
+  """`generate(params, prompt_tokens, rng)` jitted once per prompt width (see `_jit_rows`)."""
+  return _jit_rows(functools.partial(generate, model_config=model_config, options=options),
+                   mesh, rules)
 
 
 def decode_batches(

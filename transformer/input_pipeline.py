@@ -17,6 +17,7 @@ the target side.
 """
 
 import dataclasses
+import math
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -237,9 +238,23 @@ def train_iterator(
   return iter(it.batch(rows, drop_remainder=True))
 
 
-def eval_rows(config: ml_collections.ConfigDict) -> int:
-  """Rows per eval batch: `tokens_per_batch // max_eval_len`, at least 1."""
-  return max(1, config.data.tokens_per_batch // config.data.max_eval_len)
+def eval_rows(config: ml_collections.ConfigDict, multiple_of: int = 1) -> int:
+  """Global rows per eval batch: `tokens_per_batch // max_eval_len`, at least 1,
+  rounded up to a multiple of `multiple_of` (the batch shards of the mesh)."""
+  rows = max(1, config.data.tokens_per_batch // config.data.max_eval_len)
+  return -(-rows // multiple_of) * multiple_of
+
+
+@dataclasses.dataclass(frozen=True)
+class _ProcessRows:
+  """This process's contiguous block of the rows of a global batch."""
+
+  shard_index: int
+  shard_count: int
+
+  def __call__(self, batch: Batch) -> Batch:
+    rows = next(iter(batch.values())).shape[0] // self.shard_count
+    return {k: v[self.shard_index * rows:(self.shard_index + 1) * rows] for k, v in batch.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,25 +274,37 @@ def eval_batches(
     config: ml_collections.ConfigDict,
     tokenizer: tokenizer_lib.Tokenizer,
     split: str,
+    *,
+    rows_multiple_of: int = 1,
+    shard_index: int = 0,
+    shard_count: int = 1,
 ) -> grain.IterDataset:
   """Returns the packed batches of a whole split, for loss evaluation.
 
   Finite and deterministic; every example of the split is in exactly one row
-  of one batch. Pairs with a side longer than `config.data.max_eval_len` tokens
-  are truncated to fit (counted and logged), never dropped. Rows have
-  `config.data.max_eval_len` tokens; every batch has `eval_rows(config)` rows,
-  the last one padded with all-zero rows.
+  of one global batch. Pairs with a side longer than `config.data.max_eval_len`
+  tokens are truncated to fit (counted and logged), never dropped. Rows have
+  `config.data.max_eval_len` tokens; every global batch has
+  `eval_rows(config, rows_multiple_of)` rows, the last one padded with
+  all-zero rows. With several processes, each packs the same global batches
+  (so all of them run the same number of steps) and keeps its own block of
+  rows: `shard_index` of `shard_count` equal blocks.
 
   Args:
     config: The full config.
     tokenizer: The shared tokenizer.
     split: Split name, e.g. `config.data.eval_split`.
+    rows_multiple_of: The mesh's batch shards; global rows are a multiple of it.
+    shard_index: This process's index (`jax.process_index()`).
+    shard_count: Number of processes (`jax.process_count()`).
 
   Returns:
     A grain `IterDataset` (iterate it once per evaluation).
   """
   data = config.data
-  rows = eval_rows(config)
+  rows = eval_rows(config, math.lcm(rows_multiple_of, shard_count))
+  if not 0 <= shard_index < shard_count:
+    raise ValueError(f'shard_index={shard_index} not in [0, {shard_count}).')
   source = datasets.get_data_source(data, split)
   truncated = _Counter(
       f'Truncated %d {split} pairs to config.data.max_eval_len='
@@ -288,7 +315,8 @@ def eval_batches(
   )
   it = grain.MapDataset.source(source).map(encode).to_iter_dataset(_READ_OPTIONS)
   it = _pack(it, data.max_eval_len, rows, seed=config.seed, shuffle=False)
-  return it.batch(rows, drop_remainder=False).map(_PadRows(rows))
+  it = it.batch(rows, drop_remainder=False).map(_PadRows(rows))
+  return it.map(_ProcessRows(shard_index, shard_count)) if shard_count > 1 else it
 
 
 def _read_all(source: Sequence[Any]) -> Iterator[tuple[int, Any]]:

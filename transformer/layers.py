@@ -116,7 +116,11 @@ class Embed(nn.Module):
 
   def __call__(self, tokens_BL: jax.Array) -> jax.Array:
     cfg = self.config
-    embedded_BLD = jnp.take(jnp.asarray(self.embedding, cfg.dtype), tokens_BL, axis=0)
+    # The lookup gathers rows of a table split over the vocabulary (tensor); gathered whole
+    # along `embed` first (as FSDP does for every weight), so that XLA partitions the gather
+    # instead of replicating its output.
+    table_VD = nn.with_logical_constraint(jnp.asarray(self.embedding, cfg.dtype), ('vocab', None))
+    embedded_BLD = jnp.take(table_VD, tokens_BL, axis=0)
     # Section 3.4: "we multiply those weights by sqrt(d_model)".
     return embedded_BLD * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
 

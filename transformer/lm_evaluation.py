@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from transformer import inference, lm_pipeline, losses
+from transformer import evaluation, inference, lm_pipeline, losses, sharding
 from transformer import tokenizer as tokenizer_lib
 from transformer.model import ModelConfig, Transformer
 
@@ -62,11 +62,17 @@ def score_split(
   band_width = config.data.max_len
   num_bands = -(-length // band_width)
   model = Transformer(ModelConfig.from_config(config).replace(deterministic=True))
+  mesh, rules = evaluation.mesh_and_rules(config)
   step = jax.jit(functools.partial(_score_sums, model=model, band_width=band_width,
-                                   num_bands=num_bands))
+                                   num_bands=num_bands), out_shardings=sharding.replicated(mesh))
+  batches = lm_pipeline.eval_batches(
+    config, tokenizer, split, length,
+    rows_multiple_of=sharding.batch_shards(dict(mesh.shape), rules),
+    shard_index=jax.process_index(), shard_count=jax.process_count())
   total = None
-  for batch in lm_pipeline.eval_batches(config, tokenizer, split, length):
-    sums = step(params, batch)
+  for batch in batches:
+    with sharding.activated(mesh, rules):
+      sums = step(params, sharding.global_batch(batch, mesh, rules))
     total = sums if total is None else jax.tree.map(jnp.add, total, sums)
   if total is None:
     raise ValueError(f'Split {split!r} is empty.')
@@ -124,7 +130,8 @@ def continue_prompts(
   scratch. Greedy decoding or sampling (temperature, top-k, top-p), seeded.
   """
   tokenizer = tokenizer_lib.get_tokenizer(config)
-  generate_fn = inference.make_generate_fn(ModelConfig.from_config(config), options)
+  generate_fn = inference.make_generate_fn(ModelConfig.from_config(config), options,
+                                           *evaluation.mesh_and_rules(config))
   batches = lm_pipeline.prompt_batches(prompts, tokenizer, batch_size, config.model.max_len)
   texts, _ = inference.decode_batches(generate_fn, params, batches, tokenizer,
                                       jax.random.key(seed), input_key='prompt_tokens')

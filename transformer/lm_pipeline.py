@@ -20,6 +20,7 @@ window boundary), and short windows are packed several to a row.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,6 +50,9 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   if decoder_only and config.eval_bleu_sentences:
     errors.append(f'config.eval_bleu_sentences={config.eval_bleu_sentences} must be 0 for a '
                   'decoder_only model: BLEU scores translations.')
+  if decoder_only and config.target_metric == 'eval_bleu':
+    errors.append("config.target_metric='eval_bleu' ranks translations; use 'eval_loss' for a "
+                  'decoder_only model.')
   if lm_data and config.data.lines_per_document < 1:
     errors.append(
         f'config.data.lines_per_document={config.data.lines_per_document} must be positive.')
@@ -177,23 +181,35 @@ def eval_batches(
     tokenizer: tokenizer_lib.Tokenizer,
     split: str,
     length: int | None = None,
+    *,
+    rows_multiple_of: int = 1,
+    shard_index: int = 0,
+    shard_count: int = 1,
 ) -> grain.IterDataset:
   """The packed batches of a whole split, for perplexity.
 
   Finite and deterministic: every token of every document is predicted exactly
   once, in windows of `length` (default `config.data.max_eval_len`) tokens,
-  packed into rows of `length`; `tokens_per_batch // length` rows a batch (at
-  least 1), the last batch padded with all-zero rows. With a `length` beyond
-  the training `max_len` this scores positions the model never trained on
-  (the length-extrapolation study).
+  packed into rows of `length`; `tokens_per_batch // length` global rows a
+  batch (at least 1, rounded up to a multiple of `rows_multiple_of` and
+  `shard_count`), the last batch padded with all-zero rows. With several
+  processes each keeps its own block of rows, as in `input_pipeline.eval_batches`.
+  With a `length` beyond the training `max_len` this scores positions the model
+  never trained on (the length-extrapolation study).
   """
   length = length or config.data.max_eval_len
-  rows = max(1, config.data.tokens_per_batch // length)
+  multiple_of = math.lcm(rows_multiple_of, shard_count)
+  rows = -(-max(1, config.data.tokens_per_batch // length) // multiple_of) * multiple_of
+  if not 0 <= shard_index < shard_count:
+    raise ValueError(f'shard_index={shard_index} not in [0, {shard_count}).')
   docs = documents(config, split)
   it = grain.MapDataset.source(docs).map(_EncodeDocument(tokenizer))
   it = it.to_iter_dataset(input_pipeline._READ_OPTIONS)
   it = _windows_packed(it, length, rows, seed=config.seed, shuffle=False)
-  return it.batch(rows, drop_remainder=False).map(input_pipeline._PadRows(rows))
+  it = it.batch(rows, drop_remainder=False).map(input_pipeline._PadRows(rows))
+  if shard_count > 1:
+    return it.map(input_pipeline._ProcessRows(shard_index, shard_count))
+  return it
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,8 +42,12 @@ def loss_and_metrics(
 
 
 def summarize(sums: dict[str, float], prefix: str) -> dict[str, float]:
-  """Means from summed metrics: `{prefix}_loss`, `_perplexity`, `_accuracy`."""
-  tokens = max(float(sums['num_tokens']), 1.0)
+  """Means from summed metrics: `{prefix}_loss`, `_perplexity`, `_accuracy`.
+
+  Over zero tokens (e.g. every step of a log window skipped as non-finite) the
+  means are undefined: NaN.
+  """
+  tokens = float(sums['num_tokens']) or float('nan')
   nll = float(sums['nll_sum']) / tokens
   return {
     f'{prefix}_loss': float(sums['loss_sum']) / tokens,

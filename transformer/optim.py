@@ -19,6 +19,16 @@ def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
 
 
 def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Adam(b1, b2, eps) at the paper's schedule scaled by `config.lr_scale`."""
+  """Adam(b1, b2, eps) at the paper's schedule scaled by `config.lr_scale`.
+
+  With `config.grad_clip_norm` > 0 the gradients are first clipped to that
+  global L2 norm (the paper does not clip). Clipping adds an (empty) entry to the
+  optimizer state, so checkpoints written with it on and off are not interchangeable.
+  """
   schedule = paper_schedule(config.model.d_model, config.warmup_steps, config.lr_scale)
-  return optax.adam(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
+  adam = optax.adam(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
+  # WORKDIR/config.json of runs older than the key (read by eval.py) lacks it: no clipping.
+  clip_norm = config.get('grad_clip_norm', 0.0)
+  if clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(clip_norm), adam)
+  return adam

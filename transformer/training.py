@@ -17,16 +17,21 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from transformer import (
   checkpoints,
+  divergence,
+  faults,
   inference,
   input_pipeline,
   lm_pipeline,
   losses,
   metrics,
   optim,
+  preemption,
+  provenance,
   scoring,
   sharding,
   tokenizer,
@@ -40,6 +45,7 @@ Batch = dict[str, jax.Array]
 RESUMABLE_KEYS = (
   'num_train_steps', 'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
   'keep_checkpoints', 'data.manual_dir', 'data.data_dir', 'data.vocab_path',
+  'skip_nonfinite_steps', 'target_metric',
 )
 
 
@@ -57,17 +63,18 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
   """Checks everything that can be checked before data or compiles; errors name the key."""
   ModelConfig.from_config(config)
   num_devices = jax.device_count() if num_devices is None else num_devices
-  data, fsdp, _ = sharding.mesh_shape(config.mesh, num_devices)
+  sizes = dict(zip(sharding.MESH_AXES, sharding.mesh_shape(config.mesh, num_devices), strict=True))
+  shards = sharding.batch_shards(sizes, sharding.axis_rules(config.mesh))
   rows = input_pipeline.train_rows(config)  # Global rows per batch.
   errors = []
-  if rows % (data * fsdp):
+  if rows % shards:
     errors.append(
       f'config.data.tokens_per_batch // config.data.max_len = {rows} rows per batch do not '
-      f'divide over the {data * fsdp} data-parallel shards (config.mesh.data x config.mesh.fsdp).')
-  if config.grad_accum_steps < 1 or rows % (config.grad_accum_steps * data * fsdp):
+      f'divide over the {shards} batch shards of the mesh {sizes} (config.mesh).')
+  if config.grad_accum_steps < 1 or rows % (config.grad_accum_steps * shards):
     errors.append(
       f'config.grad_accum_steps={config.grad_accum_steps} must divide the {rows} rows per '
-      f'batch into equal micro-batches over {data * fsdp} shards.')
+      f'batch into equal micro-batches over {shards} batch shards.')
   if config.data.max_len > config.model.max_len or config.data.max_eval_len > config.model.max_len:
     errors.append(
       f'config.data.max_len={config.data.max_len} and config.data.max_eval_len='
@@ -76,6 +83,8 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
               'checkpoint_every_steps', 'keep_checkpoints'):
     if config[key] < 1:
       errors.append(f'config.{key}={config[key]} must be positive.')
+  if config.grad_clip_norm < 0:
+    errors.append(f'config.grad_clip_norm={config.grad_clip_norm} must be >= 0 (0: no clipping).')
   if config.eval_bleu_decoder not in ('greedy', 'beam'):
     errors.append(f"config.eval_bleu_decoder={config.eval_bleu_decoder!r} is not 'greedy' or "
                   "'beam'.")
@@ -114,13 +123,20 @@ def _init_state(key: jax.Array, *, model: Transformer, optimizer, config) -> Tra
 
 
 def abstract_state_and_shardings(config, model, optimizer, mesh: Mesh):
-  """Shapes of the state (nothing allocated) and the NamedSharding of every array."""
+  """Shapes of the state (nothing allocated) and the NamedSharding of every array.
+
+  Parameters and Adam's moments get the shardings of their logical axis names
+  under `config.mesh.rules`; a dimension that does not divide over its mesh
+  axes is an error naming the array.
+  """
   init = functools.partial(_init_state, model=model, optimizer=optimizer, config=config)
   boxed = jax.eval_shape(init, jax.random.key(0))
-  state_shardings = sharding.logical_shardings(nn.get_partition_spec(boxed), mesh)
+  rules = sharding.axis_rules(config.mesh)
+  state_shardings = sharding.logical_shardings(nn.get_partition_spec(boxed), mesh, rules)
   abstract = jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
     nn.meta.unbox(boxed), state_shardings)
+  sharding.check_divisible(abstract, mesh)
   return abstract, state_shardings
 
 
@@ -128,8 +144,10 @@ def create_train_state(config, model, optimizer, mesh: Mesh, key: jax.Array):
   """Initialises every array directly into its sharding (never whole on one device)."""
   _, state_shardings = abstract_state_and_shardings(config, model, optimizer, mesh)
   init = functools.partial(_init_state, model=model, optimizer=optimizer, config=config)
-  init_unboxed = lambda k: nn.meta.unbox(init(k))
-  return jax.jit(init_unboxed, out_shardings=state_shardings)(key)
+  init_unboxed = lambda k: nn.meta.unbox(init(jax.random.wrap_key_data(k)))
+  # The key goes in as raw data replicated on the mesh, so every process passes the same value.
+  key_data = sharding.from_host(jax.random.key_data(key), sharding.replicated(mesh))
+  return jax.jit(init_unboxed, out_shardings=state_shardings)(key_data)
 
 
 def _forward(params, batch: Batch, model: Transformer, rngs=None):
@@ -145,7 +163,10 @@ def train_step(state: TrainState, batch: Batch, *, model, optimizer, config):
   """One optimizer update on the global batch, accumulated over `grad_accum_steps` slices.
 
   The loss is the mean over all real target tokens of the whole batch, so the
-  update does not depend on how the batch is split into micro-batches.
+  update does not depend on how the batch is split into micro-batches. A step
+  with a non-finite loss or gradient norm counts in `nonfinite_steps`; under
+  `config.skip_nonfinite_steps` it leaves params and optimizer state as they were
+  and adds nothing to the other metrics.
   """
   accum = config.grad_accum_steps
   step_key = jax.random.fold_in(jax.random.wrap_key_data(state.dropout_key), state.step)
@@ -171,6 +192,12 @@ def train_step(state: TrainState, batch: Batch, *, model, optimizer, config):
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   sums['grad_norm_sum'] = optax.tree.norm(grads)
+  finite = divergence.finite_step(sums['loss_sum'], sums['grad_norm_sum'])
+  if config.skip_nonfinite_steps:
+    params, opt_state = divergence.keep_if_finite(
+      finite, (params, opt_state), (state.params, state.opt_state))
+    sums = divergence.keep_if_finite(finite, sums, jax.tree.map(jnp.zeros_like, sums))
+  sums[divergence.NONFINITE_KEY] = 1.0 - finite.astype(jnp.float32)
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums
 
 
@@ -180,17 +207,11 @@ def eval_step(params, batch: Batch, *, model, config) -> dict[str, jax.Array]:
   return sums
 
 
-def to_global(batch: dict[str, np.ndarray], mesh: Mesh) -> Batch:
-  """This process's rows of the global batch -> global arrays sharded over data x fsdp."""
-  batch_sharding = sharding.batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in batch.items()}
-
-
-def evaluate(eval_fn, params, batches: Iterable[dict[str, np.ndarray]], mesh: Mesh):
-  """Summed metrics over a whole split (every example counted once)."""
+def evaluate(eval_fn, params, batches: Iterable[dict[str, np.ndarray]], mesh: Mesh, rules):
+  """Summed metrics over a whole split (every example counted once, on every process)."""
   total = None
   for batch in batches:
-    sums = eval_fn(params, to_global(batch, mesh))
+    sums = eval_fn(params, sharding.global_batch(batch, mesh, rules))
     total = sums if total is None else jax.tree.map(jnp.add, total, sums)
   if total is None:
     raise ValueError('The evaluation split is empty.')
@@ -211,7 +232,9 @@ def validation_bleu(config, params, vocab, translate_fn) -> dict[str, float]:
 
 
 def _flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  return {'.'.join(k): v for k, v in flax.traverse_util.flatten_dict(config.to_dict()).items()}
+  """{'model.d_model': 256, ...} with values as JSON holds them (tuples become lists)."""
+  as_json = json.loads(config.to_json_best_effort())
+  return {'.'.join(k): v for k, v in flax.traverse_util.flatten_dict(as_json).items()}
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -232,6 +255,13 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   os.replace(tmp, path)
 
 
+def _last_good_checkpoint(checkpointer: checkpoints.Checkpointer) -> str | None:
+  """Describes the newest committed checkpoint, after letting a save in flight commit."""
+  checkpointer.wait_until_finished()
+  step = checkpointer.latest_step()
+  return None if step is None else f'step {step} ({checkpointer.directory}/{step})'
+
+
 class _Progress:
   """Console line: step, loss, steps/s, tokens/s, time left."""
 
@@ -248,40 +278,69 @@ class _Progress:
     return steps_per_sec, tokens / elapsed, eta
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains `config` in `workdir`, resuming from its latest checkpoint; returns final metrics."""
-  validate_config(config)
+def _prepare_data(config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
+  """Prepares the data and vocabulary once, then loads the vocabulary on every process.
+
+  Process 0 goes first, so that processes sharing a filesystem never write the
+  same files at once; the others then find them ready (or, on hosts with their
+  own disks, prepare their own copy).
+  """
+  if jax.process_count() == 1:
+    return tokenizer.get_tokenizer(config)
+  vocab = tokenizer.get_tokenizer(config) if jax.process_index() == 0 else None
+  multihost_utils.sync_global_devices('data prepared')
+  return vocab or tokenizer.get_tokenizer(config)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices=None, *,
+                       restore_fallback: bool = False) -> dict[str, float]:
+  """Trains `config` in `workdir`, resuming from its latest checkpoint; returns final metrics.
+
+  `devices` (default: every device of every process) are laid out as `config.mesh`.
+  A latest checkpoint that fails to restore is an error that changes nothing,
+  unless `restore_fallback` (then the newest one that restores is used). On
+  SIGTERM/SIGINT the current step is finished, checkpointed and committed, and
+  this returns normally.
+  """
+  with preemption.PreemptionWatcher() as watcher:
+    return _train_and_evaluate(config, workdir, devices, watcher, restore_fallback)
+
+
+def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.PreemptionWatcher,
+                        restore_fallback: bool) -> dict[str, float]:
+  devices = jax.devices() if devices is None else devices
+  validate_config(config, len(devices))
   workdir = os.path.abspath(os.path.expanduser(workdir))
   os.makedirs(workdir, exist_ok=True)
 
-  mesh = sharding.create_mesh(config.mesh)
+  mesh = sharding.create_mesh(config.mesh, devices)
+  rules = sharding.axis_rules(config.mesh)
   model, eval_model = create_models(config)
   optimizer = optim.create_optimizer(config)
   abstract_state, state_shardings = abstract_state_and_shardings(config, model, optimizer, mesh)
 
   checkpointer = checkpoints.Checkpointer(workdir, keep=config.keep_checkpoints)
-  latest = checkpointer.latest_step()
-  if latest is not None:
-    # Before any data preparation or compile: a foreign checkpoint is an error.
-    checkpointer.check_compatible(latest, abstract_state)
-  if jax.process_index() == 0:
-    write_config(config, workdir)
+  # Before any data preparation or compile: a foreign checkpoint is an error.
+  checkpointer.check_latest_compatible(abstract_state)
 
-  vocab = tokenizer.get_tokenizer(config)
+  vocab = _prepare_data(config)
   pipeline = data_pipeline(config)
   train_iter = pipeline.train_iterator(
     config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count())
 
   params_key, _ = jax.random.split(jax.random.key(config.seed))  # Named: params, (data).
+  latest, state = checkpointer.restore_latest(abstract_state, train_iter, fallback=restore_fallback)
   if latest is None:
     state = create_train_state(config, model, optimizer, mesh, params_key)
-  else:
-    state = checkpointer.restore(latest, abstract_state, train_iter)
   start_step = int(state.step)
+  # Only once the checkpoint restored: an unreadable one leaves the workdir as it was.
+  if jax.process_index() == 0:
+    write_config(config, workdir)
+    provenance.record(workdir)  # Command line, git commit, package versions; warns on changes.
 
   writer = metrics.MetricsWriter(workdir)
   writer.truncate_after(start_step)
-  batch_sharding = sharding.batch_sharding(mesh)
+  batch_sharding = sharding.batch_sharding(mesh, rules)
   batch_shardings = {k: batch_sharding for k in pipeline.BATCH_KEYS}
   p_train_step = jax.jit(
     functools.partial(train_step, model=model, optimizer=optimizer, config=config),
@@ -294,11 +353,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     out_shardings=sharding.replicated(mesh))
 
   translate_fn = inference.make_translate_fn(
-    eval_model.config, inference.DecodeOptions(decoder=config.eval_bleu_decoder))
+    eval_model.config, inference.DecodeOptions(decoder=config.eval_bleu_decoder), mesh, rules)
+  eval_batches = pipeline.eval_batches(
+    config, vocab, config.data.eval_split,
+    rows_multiple_of=sharding.batch_shards(dict(mesh.shape), rules),
+    shard_index=jax.process_index(), shard_count=jax.process_count())
 
   def run_eval(step: int) -> dict[str, float]:
-    sums = evaluate(p_eval_step, state.params,
-                    pipeline.eval_batches(config, vocab, config.data.eval_split), mesh)
+    with sharding.activated(mesh, rules):
+      sums = evaluate(p_eval_step, state.params, eval_batches, mesh, rules)
     summary = losses.summarize(sums, 'eval')
     if config.eval_bleu_sentences > 0:
       summary.update(validation_bleu(config, state.params, vocab, translate_fn))
@@ -311,17 +374,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   logging.info('Training from step %d to %d on mesh %s.', start_step, config.num_train_steps,
                dict(mesh.shape))
   progress = _Progress(start_step, config.num_train_steps)
+  monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps)
   train_sums, summary = None, {}
   for step in range(start_step + 1, config.num_train_steps + 1):
-    batch = to_global(next(train_iter), mesh)
-    state, sums = p_train_step(state, batch)
+    batch = sharding.global_batch(next(train_iter), mesh, rules)
+    with sharding.activated(mesh, rules):
+      state, sums = p_train_step(state, batch)
     train_sums = sums if train_sums is None else jax.tree.map(jnp.add, train_sums, sums)
+    monitor.record(step, sums)
 
-    if step % config.log_every_steps == 0 or step == config.num_train_steps:
+    is_last = step == config.num_train_steps
+    preempted = watcher.reached(step)
+    log_now = step % config.log_every_steps == 0 or is_last
+    eval_now = step % config.eval_every_steps == 0 or is_last
+    save_now = step % config.checkpoint_every_steps == 0 or is_last or preempted
+    if log_now or eval_now or save_now:
+      # Nothing is logged, evaluated or saved from a state that went non-finite.
+      monitor.check(lambda: _last_good_checkpoint(checkpointer))
+
+    if log_now:
       train_sums = jax.device_get(train_sums)
+      skipped = int(train_sums[divergence.NONFINITE_KEY])
       steps_logged = step - progress.last_step
       summary = losses.summarize(train_sums, 'train')
-      summary['train_grad_norm'] = float(train_sums['grad_norm_sum']) / steps_logged
+      updated_steps = steps_logged - skipped
+      summary['train_grad_norm'] = (float(train_sums['grad_norm_sum']) / updated_steps
+                                    if updated_steps else float('nan'))
+      if config.skip_nonfinite_steps:
+        summary['train_skipped_steps'] = skipped
       steps_per_sec, tokens_per_sec, eta = progress.rates(step, float(train_sums['num_tokens']))
       summary.update(steps_per_sec=steps_per_sec, tokens_per_sec=tokens_per_sec,
                      learning_rate=float(optim.paper_schedule(
@@ -332,11 +412,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                    time.strftime('%H:%M:%S', time.gmtime(eta)))
       train_sums = None
 
-    is_last = step == config.num_train_steps
-    if step % config.eval_every_steps == 0 or is_last:
+    if eval_now:
       summary.update(run_eval(step))
-    if step % config.checkpoint_every_steps == 0 or is_last:
+    if save_now:
       checkpointer.save(step, state, train_iter, force=True)
+    if preempted:
+      checkpointer.wait_until_finished()
+      logging.info('Stopped by %s after step %d; checkpoint %s/%d is committed. Run the same '
+                   'command to resume.', watcher.signal_name, step, checkpointer.directory, step)
+      break
+    faults.maybe_kill('after_step', step, settle=checkpointer.wait_until_finished)
 
   if start_step >= config.num_train_steps:
     logging.info('Nothing to train: the checkpoint is at step %d.', start_step)

@@ -1,0 +1,16 @@
+"""Sweep: one language model per position encoding, for the length-extrapolation study.
+
+  python sweep.py --config=configs/lm_extrapolation.py \
+      --sweep=configs/sweeps/lm_extrapolation.py --workdir=workdirs/lm_ext \
+      --config.data.manual_dir=../shared/data/multi30k --eval --eval_flags=--lengths=64,128,256
+
+4 trials of 9-17 minutes each on a shared 2-core CPU; each trial's
+eval/*-extrapolation.json holds its perplexity in windows of 64, 128 and 256
+tokens (see configs/lm_extrapolation.py and the README's "Length extrapolation").
+"""
+
+
+def sweep() -> list[dict]:
+  """The base (sinusoidal, the paper's), then learned, rotary and ALiBi positions."""
+  return [{}, {'model.position': 'learned'}, {'model.position': 'rope'},
+          {'model.position': 'alibi'}]

@@ -1,0 +1,26 @@
+"""Sweep: each modern switch alone against the paper's model, at `configs/variants_study.py` size.
+
+  python sweep.py --config=configs/variants_study.py \
+      --sweep=configs/sweeps/variants_study.py --workdir=workdirs/variants_study \
+      --config.data.manual_dir=../shared/data/multi30k
+
+9 trials of about 5 minutes each on 2 CPU cores, in order of the comparisons the
+issue asks for first (post-LN vs pre-norm; sinusoidal vs RoPE vs ALiBi; ReLU vs
+SwiGLU at a matched parameter count), so a stopped sweep has the main ones.
+"""
+
+
+def sweep() -> list[dict]:
+  """The baseline (post_ln, sinusoidal, relu, biases), then one switch value at a time."""
+  return [
+    {},
+    {'model.norm': 'pre_ln'},
+    {'model.position': 'rope'},
+    {'model.position': 'alibi'},
+    # SwiGLU with d_ff shrunk by 2/3 (Shazeer 2020): 3 x 128 x 344 ~ 2 x 128 x 512 parameters.
+    {'model.ffn_activation': 'swiglu', 'model.d_ff': 344},
+    {'model.norm': 'rmsnorm'},
+    {'model.ffn_activation': 'gelu'},
+    {'model.position': 'learned'},
+    {'model.use_bias': False},
+  ]

@@ -1,0 +1,388 @@
+"""Reliability end to end: crashes at named points, preemption, divergence, damaged checkpoints,
+bad input and a full disk, each checked against one uninterrupted reference run.
+
+Crashes and signals need real processes: train.py runs as a subprocess on
+configs/tiny.py for 6 steps (checkpoints at 2, 4, 6). The subprocesses share one
+JAX compilation cache, so only the first compiles (about 25 s); most others take
+about 9 s each on 2 otherwise idle CPU cores.
+"""
+
+import hashlib
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import flax
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from conftest import synthetic_pairs, write_lines
+
+from configs import tiny
+from transformer import (
+  checkpoints,
+  faults,
+  optim,
+  preemption,
+  sharding,
+  training,
+)
+from transformer import tokenizer as tokenizer_lib
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+# The run every test compares with: 6 steps, checkpoints at 2, 4 and 6, a train row per step.
+OVERRIDES = {'num_train_steps': 6, 'checkpoint_every_steps': 2, 'eval_every_steps': 6,
+             'log_every_steps': 1, 'eval_bleu_sentences': 0}
+_TIMING = ('steps_per_sec', 'tokens_per_sec')
+
+
+@pytest.fixture(scope='module')
+def train(multi30k_dir, multi30k_data_dir, tmp_path_factory):
+  """Returns `train(workdir, *flags, fault=None, **overrides) -> CompletedProcess` of train.py."""
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu',
+         'JAX_COMPILATION_CACHE_DIR': str(tmp_path_factory.mktemp('jax_cache')),
+         'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+         'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '-1'}
+  env.pop(faults.ENV_VAR, None)
+
+  def command(workdir, *flags, **overrides):
+    settings = {'data.manual_dir': multi30k_dir, 'data.data_dir': multi30k_data_dir,
+                **OVERRIDES, **overrides}
+    return [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={workdir}',
+            *(f'--config.{key}={value}' for key, value in settings.items()), *flags]
+
+  def run(workdir, *flags, fault=None, **overrides):
+    run_env = {**env, faults.ENV_VAR: fault} if fault else env
+    return subprocess.run(command(workdir, *flags, **overrides), cwd=REPO, env=run_env,
+                          capture_output=True, text=True, timeout=300)
+
+  run.command, run.env = command, env
+  return run
+
+
+@pytest.fixture(scope='module')
+def reference(train, tmp_path_factory):
+  """The workdir of the uninterrupted run."""
+  workdir = tmp_path_factory.mktemp('reference')
+  result = train(workdir)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return workdir
+
+
+def _config(multi30k_dir, multi30k_data_dir, **overrides):
+  """configs/tiny.py with OVERRIDES, for runs inside this process."""
+  config = tiny.get_config()
+  config.data.manual_dir, config.data.data_dir = str(multi30k_dir), str(multi30k_data_dir)
+  for key, value in {**OVERRIDES, **overrides}.items():
+    *parents, leaf = key.split('.')
+    target = config
+    for parent in parents:
+      target = target[parent]
+    target[leaf] = value
+  return config
+
+
+def _entries(workdir) -> list[str]:
+  return sorted(os.listdir(Path(workdir) / 'checkpoints'))
+
+
+def _state(workdir, step):
+  path = Path(workdir).resolve() / 'checkpoints' / str(step) / 'state'
+  return ocp.StandardCheckpointer().restore(str(path))
+
+
+def _assert_same_state(workdir_a, workdir_b, step):
+  leaves_a, leaves_b = jax.tree.leaves(_state(workdir_a, step)), jax.tree.leaves(
+    _state(workdir_b, step))
+  assert len(leaves_a) == len(leaves_b)
+  for a, b in zip(leaves_a, leaves_b, strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def _rows(workdir):
+  with open(Path(workdir) / 'metrics.jsonl') as f:
+    return [{k: v for k, v in json.loads(line).items() if k not in _TIMING} for line in f]
+
+
+def _snapshot(workdir) -> dict[str, bytes | None]:
+  """Every path under `workdir` with a digest of its bytes (None for folders)."""
+  root = Path(workdir)
+  return {str(p.relative_to(root)): None if p.is_dir() else hashlib.sha256(p.read_bytes()).digest()
+          for p in sorted(root.rglob('*'))}
+
+
+def test_killed_at_named_points_resumes_to_the_uninterrupted_result(train, reference, tmp_path):
+  workdir = tmp_path / 'run'
+  restored = re.compile(r'Restored checkpoint \S+/checkpoints/(\d+)\.')
+
+  # 1. Before the first checkpoint: the next start begins again from scratch.
+  result = train(workdir, fault='after_step:1')
+  assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+  assert _entries(workdir) == []
+  assert [r['step'] for r in _rows(workdir)] == [1]
+
+  # 2. During the save of checkpoint 4: all written, not committed.
+  result = train(workdir, fault='during_save:4')
+  assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+  assert not restored.search(result.stderr)
+  entries = _entries(workdir)
+  assert [e for e in entries if e.isdigit()] == ['2']
+  assert len(entries) == 2 and '.orbax-checkpoint-tmp' in entries[1], entries
+
+  # 3. Between saves (4 committed, 6 not begun). The uncommitted 4 was removed, never read.
+  result = train(workdir, fault='after_step:5')
+  assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+  assert restored.findall(result.stderr) == ['2']
+  assert f'Removing {workdir}/checkpoints/{entries[1]}' in result.stderr
+  assert _entries(workdir) == ['2', '4']
+
+  # 4. To the end.
+  result = train(workdir)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert restored.findall(result.stderr) == ['4']
+  assert _entries(workdir) == ['2', '4', '6']
+  _assert_same_state(reference, workdir, 6)
+  assert _rows(workdir) == _rows(reference)
+
+
+def test_sigterm_checkpoints_the_last_completed_step_and_exits_0(train, tmp_path):
+  workdir = tmp_path / 'run'
+  # Long enough that the signal always arrives mid-run.
+  command = train.command(workdir, num_train_steps=1000)
+  process = subprocess.Popen(command, cwd=REPO, env=train.env, stderr=subprocess.PIPE, text=True)
+  log = []
+  for line in process.stderr:
+    log.append(line)
+    if 'step 2/1000' in line:
+      process.send_signal(signal.SIGTERM)
+      break
+  log.append(process.communicate(timeout=120)[1])
+  log = ''.join(log)
+
+  assert process.returncode == 0, log[-3000:]
+  last_step = max(r['step'] for r in _rows(workdir) if 'train_loss' in r)
+  assert 2 <= last_step < 1000
+  assert max(int(e) for e in _entries(workdir)) == last_step
+  assert all(e.isdigit() for e in _entries(workdir))  # Committed, nothing half-written.
+  assert int(_state(workdir, last_step)['step']) == last_step
+  assert (f'Stopped by SIGTERM after step {last_step}; checkpoint {workdir}/checkpoints/'
+          f'{last_step} is committed') in log
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(train, tmp_path):
+  """JAX's preemption notifier (jax.distributed) carries the notice to the other process."""
+  workdir = tmp_path / 'run'
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    port = s.getsockname()[1]
+  command = train.command(
+    workdir, f'--coordinator_address=localhost:{port}', '--num_processes=2',
+    num_train_steps=1000, eval_every_steps=1000, checkpoint_every_steps=1000)
+  with open(tmp_path / 'process_1.log', 'w') as log_1:
+    processes = [
+      subprocess.Popen([*command, '--process_id=0'], cwd=REPO, env=train.env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+      subprocess.Popen([*command, '--process_id=1'], cwd=REPO, env=train.env, stdout=log_1,
+                       stderr=subprocess.STDOUT)]
+    log = []
+    for line in processes[0].stdout:  # Only process 0 logs steps.
+      log.append(line)
+      if 'step 2/1000' in line:
+        processes[1].send_signal(signal.SIGTERM)
+        break
+    log = ''.join(log) + processes[0].communicate(timeout=300)[0]
+    processes[1].wait(timeout=300)
+
+  assert processes[0].returncode == 0, log[-3000:]
+  assert processes[1].returncode == 0, (tmp_path / 'process_1.log').read_text()[-3000:]
+  last_step = max(r['step'] for r in _rows(workdir) if 'train_loss' in r)
+  assert 2 <= last_step < 1000
+  assert _entries(workdir) == [str(last_step)]  # One checkpoint, written by both processes.
+  assert f'Stopped by preemption notice after step {last_step};' in log
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+def test_one_process_stops_at_the_step_after_a_signal(signum):
+  previous = signal.getsignal(signum)
+  with preemption.PreemptionWatcher() as watcher:
+    assert not watcher.reached(1)
+    os.kill(os.getpid(), signum)  # Python runs the handler before the next statement.
+    assert watcher.reached(2)
+    assert watcher.signal_name == signum.name
+    if signum == signal.SIGINT:
+      with pytest.raises(KeyboardInterrupt):  # A second Ctrl-C stops at once.
+        os.kill(os.getpid(), signum)
+  assert signal.getsignal(signum) is previous
+
+
+def test_divergence_stops_with_the_step_and_writes_no_bad_checkpoint(train, tmp_path):
+  # Adam moves each weight by about the learning rate: ~1e12 at step 1, so step 2 overflows.
+  result = train(tmp_path, lr_scale=1e15, checkpoint_every_steps=1)
+  assert result.returncode == 1, result.stderr[-3000:]
+  expected = (f'NonFiniteError: Training diverged at step 2: train loss = nan and gradient norm '
+              f'= nan. No checkpoint was written from this state; the last good checkpoint is '
+              f'step 1 ({tmp_path}/checkpoints/1), and a rerun resumes from it.')
+  assert expected in result.stderr, result.stderr[-3000:]
+  assert _entries(tmp_path) == ['1']
+  assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(_state(tmp_path, 1)))
+  assert [r['step'] for r in _rows(tmp_path)] == [1]  # Nothing logged from the bad step.
+
+
+def test_skip_nonfinite_steps_skips_and_counts(train, tmp_path):
+  result = train(tmp_path, lr_scale=1e15, checkpoint_every_steps=1, keep_checkpoints=6,
+                 skip_nonfinite_steps=True)
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = [r for r in _rows(tmp_path) if 'train_loss' in r]
+  assert [r['train_skipped_steps'] for r in rows] == [0, 1, 1, 1, 1, 1]
+  assert math.isfinite(rows[0]['train_loss'])
+  assert all(math.isnan(r['train_loss']) for r in rows[1:])  # A mean over no tokens.
+  after_1, after_6 = _state(tmp_path, 1), _state(tmp_path, 6)
+  assert int(after_6['step']) == 6  # The data position and dropout keys still advance...
+  for a, b in zip(jax.tree.leaves((after_1['params'], after_1['opt_state'])),
+                  jax.tree.leaves((after_6['params'], after_6['opt_state'])), strict=True):
+    np.testing.assert_array_equal(a, b)  # ...but no update was applied after step 1.
+
+
+def _flip_middle_byte(path):
+  with open(path, 'r+b') as f:
+    f.seek(os.path.getsize(path) // 2)
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 0x10]))
+
+
+# A failed TensorStore read can finish after Orbax closed its event loop; Python reports that
+# from a finalizer ("Event loop is closed"), harmlessly.
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+def test_every_damaged_array_file_is_detected_or_harmless(reference, tmp_path):
+  """A flipped byte in any data file of a checkpoint is reported, or the arrays come out intact."""
+  config = tiny.get_config()
+  model, _ = training.create_models(config)
+  abstract, _ = training.abstract_state_and_shardings(
+    config, model, optim.create_optimizer(config), sharding.create_mesh(config.mesh))
+  original = jax.tree.leaves(_state(reference, 6))
+  data_files = sorted((reference / 'checkpoints' / '6' / 'state').rglob('d/*'))
+  assert len(data_files) > 3
+  by_checksum = 0
+  for data_file in data_files:
+    workdir = tmp_path / data_file.name
+    shutil.copytree(reference, workdir)
+    _flip_middle_byte(workdir / data_file.relative_to(reference))
+    checkpointer = checkpoints.Checkpointer(str(workdir), read_only=True)
+    try:
+      restored = checkpointer.restore(6, abstract, None)
+    except checkpoints.CorruptCheckpointError as e:
+      assert str(e).startswith(f'Checkpoint 6 ({workdir}/checkpoints/6) cannot be restored: ')
+      by_checksum += 'differ from the checksums written with them' in str(e)
+    else:
+      as_saved = flax.serialization.to_state_dict(restored)  # Leaves in the order of _state.
+      for a, b in zip(original, jax.tree.leaves(as_saved), strict=True):
+        np.testing.assert_array_equal(a, b)
+    finally:
+      checkpointer.close()
+  # Orbax's compressed chunks carry no checksum: a flip there decodes to wrong values, which
+  # only the checksums written with the checkpoint reveal.
+  assert by_checksum >= 1
+
+
+def _truncate_largest_file(directory):
+  largest = max((p for p in directory.rglob('*') if p.is_file()), key=lambda p: p.stat().st_size)
+  os.truncate(largest, largest.stat().st_size // 2)
+
+
+def test_unreadable_checkpoint_stops_unless_fallback(
+    train, reference, multi30k_dir, multi30k_data_dir, tmp_path):
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference, workdir)
+  _truncate_largest_file(workdir / 'checkpoints' / '6' / 'state')
+  before = _snapshot(workdir)
+  config = _config(multi30k_dir, multi30k_data_dir, num_train_steps=8)
+  with pytest.raises(checkpoints.CorruptCheckpointError,
+                     match=r'(?s)Checkpoint 6 \(\S+/checkpoints/6\) cannot be restored: .*'
+                           r'Nothing was changed.*--restore_fallback'):
+    training.train_and_evaluate(config, str(workdir))
+  assert _snapshot(workdir) == before
+
+  result = train(workdir, '--restore_fallback')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'Restored checkpoint' in result.stderr and '/checkpoints/4.' in result.stderr
+  assert _entries(workdir) == ['2', '4', '6']
+  assert os.listdir(workdir / 'corrupt_checkpoints') == ['6']
+  _assert_same_state(reference, workdir, 6)  # Steps 5-6 again, exactly as the first time.
+
+
+def test_bad_inputs_are_named_and_leave_the_workdir_untouched(
+    reference, multi30k_dir, multi30k_data_dir, write_parallel_corpus, tmp_path):
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference, workdir)
+  before = _snapshot(workdir)
+
+  corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 20, 'val': 5})
+  write_lines(corpus / 'train.de', b'gut\nauch gut\nkaputt \xff\xfe\n' + b'gut\n' * 17)
+  config = _config(multi30k_dir, multi30k_data_dir, **{
+    'data.dataset': 'parallel_text', 'data.manual_dir': str(corpus),
+    'data.data_dir': str(tmp_path / 'tfds')})
+  with pytest.raises(ValueError, match=re.escape(f'{corpus / "train.de"}: line 3 is not valid')):
+    training.train_and_evaluate(config, str(workdir))
+  assert _snapshot(workdir) == before
+
+  vocab = tmp_path / 'spm300.model'
+  vocab.write_bytes(tokenizer_lib.train_tokenizer(
+    [s for pair in synthetic_pairs(400) for s in pair], 300).serialized_model())
+  config = _config(multi30k_dir, multi30k_data_dir, **{'data.vocab_path': str(vocab)})
+  with pytest.raises(ValueError, match=f'{vocab} has vocab size 300 but config.vocab_size is 512'):
+    training.train_and_evaluate(config, str(workdir))
+  assert _snapshot(workdir) == before
+
+
+def test_config_override_of_the_wrong_type_is_named(train, reference, tmp_path):
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference, workdir)
+  before = _snapshot(workdir)
+  result = train(workdir, num_train_steps='ten')
+  assert result.returncode != 0
+  assert "flag --config.num_train_steps=ten: invalid literal for int() with base 10: 'ten'" in (
+    result.stderr)
+  assert _snapshot(workdir) == before
+
+
+def _kib_on_disk(directory) -> int:
+  return sum(math.ceil(p.stat().st_size / 4096) * 4 for p in directory.rglob('*') if p.is_file())
+
+
+def test_disk_full_during_a_save_keeps_the_previous_checkpoint(train, reference, tmp_path):
+  """The workdir lies on a tmpfs with room for one checkpoint: saving the second fails."""
+  mount_point, copy = tmp_path / 'mnt', tmp_path / 'after'
+  mount_point.mkdir()
+  # A mount namespace of our own (root, or an unprivileged user namespace) so nothing leaks.
+  wrapper = ['unshare', '--user', '--map-root-user', '--mount', '--']
+  probe = subprocess.run([*wrapper, 'mount', '-t', 'tmpfs', 'tmpfs', str(mount_point)],
+                         capture_output=True, text=True)
+  if probe.returncode:
+    pytest.skip(f'Cannot mount a tmpfs in a private mount namespace here: {probe.stderr.strip()}')
+  size_kib = _kib_on_disk(reference / 'checkpoints' / '2') * 3 // 2 + 100
+  command = shlex.join(train.command(mount_point / 'w'))
+  script = (f'mount -t tmpfs -o size={size_kib}k tmpfs {mount_point} || exit 99; {command}; '
+            f'status=$?; cp -a {mount_point / "w"} {copy}; exit $status')
+  result = subprocess.run([*wrapper, 'sh', '-c', script], cwd=REPO, env=train.env,
+                          capture_output=True, text=True, timeout=300)
+
+  assert result.returncode not in (0, 99), result.stderr[-3000:]
+  message = (f'CheckpointSaveError: Saving checkpoint 4 to {mount_point}/w/checkpoints failed '
+             r'\(.*No space left on device.*\); the last committed checkpoint, '
+             f'{mount_point}/w/checkpoints/2, is intact')
+  assert re.search(message, result.stderr), result.stderr[-3000:]
+  assert [e for e in _entries(copy) if e.isdigit()] == ['2']
+  _assert_same_state(reference, copy, 2)  # Restores, bit for bit as written.

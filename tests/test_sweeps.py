@@ -1,0 +1,335 @@
+"""Sweeps: the sweep-building helpers and trial names; sweep.py end to end on configs/tiny.py."""
+
+import csv
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+from configs import tiny
+from transformer import provenance, sweeps
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Trials of 6 steps with one validation pass: a trial is a train.py process of a few seconds.
+TINY_TRIAL_FLAGS = ('--config.num_train_steps=6', '--config.eval_every_steps=6',
+                    '--config.log_every_steps=3', '--config.checkpoint_every_steps=3',
+                    '--config.eval_bleu_sentences=0')
+
+
+# --- Helpers, names and checks (no training) ------------------------------------------------------
+
+
+def test_grid_is_every_combination_first_axis_slowest():
+  assert sweeps.grid({'a': [1, 2], 'b': ['x', 'y']}) == [
+    {'a': 1, 'b': 'x'}, {'a': 1, 'b': 'y'}, {'a': 2, 'b': 'x'}, {'a': 2, 'b': 'y'}]
+
+
+def test_zipped_pairs_values_and_rejects_unequal_lengths():
+  assert sweeps.zipped({'a': [1, 2], 'b': [3, 4]}) == [{'a': 1, 'b': 3}, {'a': 2, 'b': 4}]
+  with pytest.raises(ValueError, match=r"differ in length: \{'a': 2, 'b': 1\}"):
+    sweeps.zipped({'a': [1, 2], 'b': [3]})
+  with pytest.raises(ValueError, match="'a' must be a non-empty list"):
+    sweeps.grid({'a': 'abc'})
+
+
+def test_one_at_a_time_and_product():
+  assert sweeps.one_at_a_time({'a': [1, 2], 'b': [3]}) == [{}, {'a': 1}, {'a': 2}, {'b': 3}]
+  assert sweeps.product(sweeps.zipped({'a': [1, 2]}), [{'b': 0}, {'c': 0}]) == [
+    {'a': 1, 'b': 0}, {'a': 1, 'c': 0}, {'a': 2, 'b': 0}, {'a': 2, 'c': 0}]
+  with pytest.raises(ValueError, match=r"both set \['a'\]"):
+    sweeps.product([{'a': 1}], [{'a': 2}])
+
+
+def test_random_search_is_seeded_distinct_rounded_and_in_range():
+  space = {'lr_scale': sweeps.log_uniform(0.1, 10.0), 'dropout': sweeps.uniform(0.0, 0.3),
+           'layers': sweeps.int_uniform(1, 3), 'norm': sweeps.choice(['pre_ln', 'post_ln'])}
+  draws = sweeps.random_search(space, num_trials=20, seed=3)
+  assert draws == sweeps.random_search(space, num_trials=20, seed=3)
+  assert draws != sweeps.random_search(space, num_trials=20, seed=4)
+  assert len({tuple(sorted(d.items())) for d in draws}) == 20
+  for draw in draws:
+    assert 0.1 <= draw['lr_scale'] <= 10.0 and 0.0 <= draw['dropout'] <= 0.3
+    assert draw['layers'] in (1, 2, 3) and draw['norm'] in ('pre_ln', 'post_ln')
+    assert draw['lr_scale'] == float(f"{draw['lr_scale']:.3g}")
+  with pytest.raises(ValueError, match='only 2 distinct trials'):
+    sweeps.random_search({'norm': sweeps.choice(['a', 'b'])}, num_trials=3, seed=0)
+
+
+def test_trial_names_are_readable_safe_stable_and_unique():
+  config = tiny.get_config()
+  trials = sweeps.make_trials(config, [
+    {'model.num_layers': 2, 'lr_scale': 2},  # An int for a float field: named as the float.
+    {'data.max_len': 16, 'model.max_len': 64},  # Same last component: full keys.
+    {'data.manual_dir': '/data/my corpus'},
+    {},
+  ])
+  assert [t.name for t in trials] == [
+    'lr_scale=2.0,num_layers=2', 'data.max_len=16,model.max_len=64',
+    'manual_dir=_data_my_corpus', 'base']
+  assert trials[0].overrides == {'model.num_layers': 2, 'lr_scale': 2.0}
+  assert trials[0].config.model.num_layers == 2 and config.model.num_layers == 1
+  with pytest.raises(ValueError, match='trials 0 and 1 are the same run'):
+    sweeps.make_trials(config, [{'lr_scale': 2.0}, {'lr_scale': 2}])
+  long_name = sweeps.make_trials(config, [{'data.manual_dir': 'x' * 300}])[0].name
+  assert len(long_name) == 120
+
+
+@pytest.mark.parametrize(('overrides', 'message'), [
+  ({'model.num_layer': 3}, r"trial 1 .*'model.num_layer' is not a key of the config\. "
+                           r"Did you mean 'model.num_layers'"),
+  ({'model.num_layers': 2.5}, r'model.num_layers=2.5 has type float, but config.model.num_layers '
+                              r'has type int'),
+  ({'model.use_bias': 0}, 'has type int, but config.model.use_bias has type bool'),
+  ({'model.num_layers': True}, 'has type bool, but config.model.num_layers has type int'),
+  ({'model': 3}, "'model' is a group of config keys"),
+  ({'data.vocab_path': None}, 'only str, int, float and bool values'),
+])
+def test_bad_overrides_are_errors_naming_trial_and_key(overrides, message):
+  with pytest.raises(ValueError, match=message):
+    sweeps.make_trials(tiny.get_config(), [{'lr_scale': 1.0}, overrides])
+
+
+def test_command_line_overrides_may_not_be_swept_too():
+  with pytest.raises(ValueError, match=r"trial 0 sets \['lr_scale'\], which the command line"):
+    sweeps.make_trials(tiny.get_config(), [{'lr_scale': 1.0}], fixed={'lr_scale': 2.0})
+
+
+def test_trial_status_tells_a_running_trial_from_an_interrupted_one(tmp_path):
+  workdir = tmp_path / 'trial'
+  assert sweeps.trial_status(str(workdir)) == 'pending'
+  workdir.mkdir()
+  # A live process whose command line names the workdir, as train.py's does.
+  process = subprocess.Popen(
+    [sys.executable, '-c', 'import time; print("up", flush=True); time.sleep(60)',
+     f'--workdir={workdir}'], stdout=subprocess.PIPE, text=True)
+  try:
+    assert process.stdout.readline() == 'up\n'  # Started: its command line is readable.
+    for pid, host, expected in [
+      (process.pid, socket.gethostname(), 'running'),
+      (os.getpid(), socket.gethostname(), 'interrupted'),  # Alive, but not the trial's.
+      (None, socket.gethostname(), 'interrupted'),  # No process: stopped between stages.
+      (process.pid, 'another-host', 'running'),  # Cannot be looked at: trust the record.
+    ]:
+      state = {'status': 'running', 'pid': pid, 'host': host, 'stages': {}}
+      (workdir / sweeps.STATE_FILE).write_text(json.dumps(state))
+      assert sweeps.trial_status(str(workdir)) == expected, (pid, host)
+  finally:
+    process.kill()
+    process.wait()
+    process.stdout.close()
+  state['host'] = socket.gethostname()
+  (workdir / sweeps.STATE_FILE).write_text(json.dumps(state | {'pid': process.pid}))
+  assert sweeps.trial_status(str(workdir)) == 'interrupted'  # The process is gone.
+
+
+def _write_sweep(path: Path, body: str) -> Path:
+  path.write_text(f'from transformer import sweeps\n\n\ndef sweep():\n  return {body}\n')
+  return path
+
+
+def test_dry_run_prints_train_commands_and_writes_nothing(tmp_path):
+  sweep_file = _write_sweep(tmp_path / 's.py', "sweeps.grid({'lr_scale': [1.0, 2.0]})")
+  config = tiny.get_config()
+  config.data.manual_dir = '/corpus'
+  sweep = sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'),
+                        shared_overrides={'data.manual_dir': '/corpus'},
+                        eval_flags=['--split=validation'])
+  lines = sweeps.dry_run(sweep)
+  assert lines[1].startswith('# lr_scale=1.0 [train, new]\n')
+  train_command = lines[1].splitlines()[1]
+  assert f'train.py --config={REPO}/configs/tiny.py --workdir={tmp_path}/root/lr_scale=1.0' in (
+    train_command)
+  assert train_command.endswith(' --config.data.manual_dir=/corpus --config.lr_scale=1.0')
+  assert lines[2].splitlines()[1].endswith(
+    f'eval.py --workdir={tmp_path}/root/lr_scale=1.0 --split=validation')
+  assert len(lines) == 5
+  assert not (tmp_path / 'root').exists()
+
+
+# --- sweep.py end to end on Multi30k ----------------------------------------------------------
+
+
+@pytest.fixture(scope='module')
+def sweep_env(tmp_path_factory):
+  """Trials share compiled programs through JAX's disk cache: a trial that only differs in
+  its seed from an earlier one compiles nothing. Unoptimised XLA code compiles faster."""
+  xla_flags = os.environ.get('XLA_FLAGS', '') + ' --xla_backend_optimization_level=0'
+  return {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': xla_flags.strip(),
+          'JAX_COMPILATION_CACHE_DIR': str(tmp_path_factory.mktemp('jax_cache')),
+          'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0'}
+
+
+def _sweep_py(sweep_file, root, data_dirs, env, *flags):
+  manual_dir, data_dir = data_dirs
+  command = [sys.executable, 'sweep.py', '--config=configs/tiny.py', f'--sweep={sweep_file}',
+             f'--workdir={root}', f'--config.data.manual_dir={manual_dir}',
+             f'--config.data.data_dir={data_dir}', *TINY_TRIAL_FLAGS, *flags]
+  return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _summary_rows(root):
+  with open(root / 'summary.csv') as f:
+    return list(csv.DictReader(f))
+
+
+def _snapshot(root, names):
+  """Everything a trial's training writes or appends to, per trial."""
+  files = ('trial.json', 'metrics.jsonl', 'train.log', 'provenance.jsonl')
+  return {name: {f: (root / name / f).read_bytes() for f in files} for name in names}
+
+
+TWO_BY_TWO = ['lr_scale=1.0,seed=0', 'lr_scale=2.0,seed=0', 'lr_scale=1.0,seed=1',
+              'lr_scale=2.0,seed=1']
+
+
+@pytest.fixture(scope='module')
+def two_by_two(tmp_path_factory, multi30k_dir, multi30k_data_dir, sweep_env):
+  """A 2x2 grid (seed slowest, so the second pair reuses the first pair's compiles), run once."""
+  directory = tmp_path_factory.mktemp('two_by_two')
+  sweep_file = _write_sweep(directory / 'two_by_two.py',
+                            "sweeps.grid({'seed': [0, 1], 'lr_scale': [1.0, 2.0]})")
+  root = directory / 'root'
+  run = lambda *flags: _sweep_py(sweep_file, root, (multi30k_dir, multi30k_data_dir), sweep_env,
+                                 *flags)
+  result = run('--parallel=2')
+  return root, run, result
+
+
+@pytest.mark.slow
+def test_two_by_two_sweep_runs_and_writes_the_summary(two_by_two):
+  root, _, result = two_by_two
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = (root / 'summary.csv').read_text().splitlines()
+  assert len(lines) == 5, lines
+  assert lines[0] == ('rank,best,trial,seed,lr_scale,status,steps,train_loss,eval_loss,'
+                      'best_eval_bleu,tokens_per_sec,decode_bleu,decode_result,error,workdir')
+  rows = _summary_rows(root)
+  assert sorted(r['trial'] for r in rows) == sorted(TWO_BY_TWO)
+  assert all(r['status'] == 'finished' and r['steps'] == '6' for r in rows), rows
+  eval_losses = [float(r['eval_loss']) for r in rows]
+  assert eval_losses == sorted(eval_losses)  # configs/tiny.py ranks by final eval_loss.
+  assert [r['rank'] for r in rows] == ['1', '2', '3', '4']
+  assert [r['best'] for r in rows] == ['yes', '', '', '']
+  assert all(float(r['tokens_per_sec']) > 0 and float(r['train_loss']) > 0 for r in rows)
+  markdown = (root / 'summary.md').read_text()
+  assert markdown.count('| finished |') == 3 and markdown.count('**finished**') == 1
+  assert f"**`{rows[0]['trial']}`**" in markdown
+  png = (root / 'summary.png').read_bytes()
+  assert png.startswith(b'\x89PNG') and len(png) > 10_000
+
+  for name in TWO_BY_TWO:
+    trial_dir = root / name
+    config = json.loads((trial_dir / 'config.json').read_text())
+    assert f"lr_scale={config['lr_scale']},seed={config['seed']}" == name
+    state = json.loads((trial_dir / 'trial.json').read_text())
+    assert state['status'] == 'finished' and state['stages']['train']['attempts'] == 1
+    [entry] = provenance.read(str(trial_dir))
+    assert entry['command'][1:3] == [str(REPO / 'train.py'), '--config=' + str(REPO / 'configs'
+                                                                               '/tiny.py')]
+    assert f'--config.lr_scale={config["lr_scale"]}' in entry['command']
+    assert entry['packages']['jax'] == jax.__version__
+    assert entry['git'] == provenance.git_state()
+  if shutil.which('git') and (REPO / '.git').exists():
+    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert entry['git']['commit'] == head
+
+
+@pytest.mark.slow
+def test_rerunning_the_sweep_starts_no_training(two_by_two):
+  root, run, first = two_by_two
+  assert first.returncode == 0, first.stderr[-3000:]
+  before = _snapshot(root, TWO_BY_TWO)
+  result = run('--parallel=2')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert _snapshot(root, TWO_BY_TWO) == before
+  assert result.stderr.count('finished earlier with the same commands, skipped') == 4
+  assert len(_summary_rows(root)) == 4
+
+
+@pytest.mark.slow
+def test_interrupted_trial_resumes_from_its_checkpoint(two_by_two):
+  root, run, first = two_by_two
+  assert first.returncode == 0, first.stderr[-3000:]
+  name, others = TWO_BY_TWO[1], [n for n in TWO_BY_TWO if n != TWO_BY_TWO[1]]
+  # As if the sweep was killed after the checkpoint of step 3: the process is gone.
+  shutil.rmtree(root / name / 'checkpoints' / '6')
+  state = json.loads((root / name / 'trial.json').read_text())
+  state['status'] = state['stages']['train']['status'] = 'running'
+  (root / name / 'trial.json').write_text(json.dumps(state))
+  summarized = run('--summarize')
+  assert summarized.returncode == 0, summarized.stderr[-3000:]
+  assert {r['trial']: r['status'] for r in _summary_rows(root)}[name] == 'interrupted'
+
+  before = _snapshot(root, others)
+  result = run()
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert _snapshot(root, others) == before
+  attempts = (root / name / 'train.log').read_text().split('\n=== ')
+  assert len(attempts) == 3 and 'attempt 2:' in attempts[2]  # '' before the first header.
+  assert 'Training from step 3 to 6' in attempts[2]
+  assert len(provenance.read(str(root / name))) == 2
+  rows = {r['trial']: r for r in _summary_rows(root)}
+  assert rows[name]['status'] == 'finished' and rows[name]['steps'] == '6'
+
+
+@pytest.mark.slow
+def test_slurm_script_runs_trials_as_array_tasks(two_by_two):
+  root, run, first = two_by_two
+  assert first.returncode == 0, first.stderr[-3000:]
+  result = run('--emit=slurm', '--parallel=2', '--slurm_option=--time=0:30:00')
+  assert result.returncode == 0, result.stderr[-3000:]
+  script = (root / 'sweep.slurm').read_text()
+  assert '#SBATCH --array=0-3%2\n' in script and '#SBATCH --time=0:30:00\n' in script
+  assert all(f'  {shlex.quote(name)}\n' in script for name in TWO_BY_TWO)
+  assert subprocess.run(['bash', '-n', str(root / 'sweep.slurm')]).returncode == 0
+  before = _snapshot(root, TWO_BY_TWO)
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'SLURM_ARRAY_TASK_ID': '2'}
+  task = subprocess.run(['bash', str(root / 'sweep.slurm')], env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert task.returncode == 0, task.stderr[-3000:]
+  assert f'{TWO_BY_TWO[2]}: finished earlier with the same commands, skipped' in task.stderr
+  assert task.stderr.count('skipped') == 1  # Only its own trial.
+  assert _snapshot(root, TWO_BY_TWO) == before
+
+
+@pytest.mark.slow
+def test_failing_trial_is_recorded_and_the_others_finish(tmp_path, multi30k_dir,
+                                                         multi30k_data_dir, sweep_env):
+  # 3 heads do not divide d_model=32: train.py fails; it runs first, the other one after it.
+  sweep_file = _write_sweep(tmp_path / 'failing.py', "[{'model.num_heads': 3}, {'seed': 2}]")
+  root = tmp_path / 'root'
+  result = _sweep_py(sweep_file, root, (multi30k_dir, multi30k_data_dir), sweep_env)
+  assert result.returncode == 1
+  assert '1 of 2 trials failed' in result.stderr
+  rows = {r['trial']: r for r in _summary_rows(root)}
+  assert len((root / 'summary.csv').read_text().splitlines()) == 3
+  assert rows['seed=2']['status'] == 'finished' and rows['seed=2']['steps'] == '6'
+  assert rows['seed=2']['rank'] == '1'
+  failed = rows['num_heads=3']
+  assert failed['status'] == 'failed' and failed['rank'] == '' and failed['steps'] == ''
+  message = 'config.model.d_model=32 is not divisible by config.model.num_heads=3'
+  assert message in failed['error']
+  assert message in (root / 'num_heads=3' / 'train.log').read_text()
+  markdown = (root / 'summary.md').read_text()
+  [line] = [line for line in markdown.splitlines() if line.startswith('* `num_heads=3`: ')]
+  assert 'ValueError: ' in line and message in line and line.endswith('(num_heads=3/train.log)')
+
+
+def test_unknown_override_key_is_rejected_before_any_trial_starts(tmp_path):
+  sweep_file = _write_sweep(tmp_path / 'typo.py', "[{'lr_scale': 2.0}, {'model.num_layer': 3}]")
+  root = tmp_path / 'root'
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  result = _sweep_py(sweep_file, root, ('/nonexistent', tmp_path / 'tfds'), env)
+  assert result.returncode != 0
+  assert "trial 1 {'model.num_layer': 3}: 'model.num_layer' is not a key" in result.stderr
+  assert "Did you mean 'model.num_layers'" in result.stderr
+  assert not root.exists()

@@ -1,0 +1,76 @@
+"""Preemption: on SIGTERM or SIGINT the loop finishes its step, checkpoints it and exits cleanly.
+
+Two mechanisms, chosen by the process count:
+
+* One process: Python handlers for SIGTERM and SIGINT set a flag that the loop
+  reads after each step. JAX's preemption sync point never fires without
+  `jax.distributed`, so it cannot serve here.
+* Several processes: JAX's preemption notifier, installed by
+  `jax.distributed.initialize`, catches SIGTERM on any process, and
+  `multihost_utils.reached_preemption_sync_point(step)` turns True on every
+  process at the same step, so all of them save the same checkpoint. No Python
+  handler is installed: one would replace JAX's notifier. SIGINT keeps its
+  default (KeyboardInterrupt, no checkpoint), since one process alone cannot
+  make the others stop at its step.
+"""
+
+from __future__ import annotations
+
+import signal
+import types
+
+import jax
+from absl import logging
+from jax.experimental import multihost_utils
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class PreemptionWatcher:
+  """Says, after each step, whether the run should checkpoint that step and stop.
+
+  Use as a context manager around the loop: the single-process signal handlers
+  are installed on entry and the previous ones restored on exit.
+  """
+
+  def __init__(self):
+    self.signal_name: str | None = None  # The signal that asked to stop (one process).
+    self._multi_process = jax.process_count() > 1
+    self._previous_handlers: dict[int, object] = {}
+    self._service_off_logged = False
+
+  def __enter__(self) -> PreemptionWatcher:
+    if not self._multi_process:
+      for signum in _SIGNALS:
+        self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    for signum, handler in self._previous_handlers.items():
+      signal.signal(signum, handler)
+    self._previous_handlers.clear()
+
+  def _on_signal(self, signum: int, frame: types.FrameType | None) -> None:
+    del frame
+    name = signal.Signals(signum).name
+    if self.signal_name is not None and signum == signal.SIGINT:
+      # A second Ctrl-C means "now": the committed checkpoints are safe, an
+      # interrupted save is discarded on the next start.
+      raise KeyboardInterrupt
+    self.signal_name = name
+    logging.warning('Received %s: stopping after the current step with a checkpoint of it.', name)
+
+  def reached(self, step: int) -> bool:
+    """True if the run must save `step` and stop; call it after every step, on every process."""
+    if not self._multi_process:
+      return self.signal_name is not None
+    try:
+      reached = multihost_utils.reached_preemption_sync_point(step)
+    except RuntimeError as e:  # jax_enable_preemption_service is off: nothing is noticed.
+      if not self._service_off_logged:
+        logging.warning('No preemption checkpoints: %s', e)
+        self._service_off_logged = True
+      return False
+    if reached:
+      self.signal_name = 'preemption notice'
+    return reached

@@ -86,7 +86,8 @@ def _train_two_steps(config):
   optimizer = optim.create_optimizer(config)
   _, state_shardings = training.abstract_state_and_shardings(config, model, optimizer, mesh)
   state = training.create_train_state(config, model, optimizer, mesh, jax.random.key(0))
-  batch_shardings = {k: sharding.batch_sharding(mesh, rules) for k in _packed_batch(0, 10)}
+  keys = training.data_pipeline(config).BATCH_KEYS
+  batch_shardings = {k: sharding.batch_sharding(mesh, rules) for k in keys}
   step = jax.jit(
     functools.partial(training.train_step, model=model, optimizer=optimizer, config=config),
     in_shardings=(state_shardings, batch_shardings),
@@ -94,7 +95,8 @@ def _train_two_steps(config):
   losses = []
   with sharding.activated(mesh, rules):
     for seed in range(2):
-      batch = sharding.global_batch(_packed_batch(seed, config.vocab_size), mesh, rules)
+      batch = {k: v for k, v in _packed_batch(seed, config.vocab_size).items() if k in keys}
+      batch = sharding.global_batch(batch, mesh, rules)
       state, sums = step(state, batch)
       losses.append(float(sums['loss_sum']) / float(sums['num_tokens']))
   return losses, jax.device_get(state.params), state.params
@@ -143,6 +145,8 @@ MODERN = {
                                      use_bias=False),
   'pre_ln_alibi_gelu': dict(norm='pre_ln', position='alibi', ffn_activation='gelu'),
   'learned_positions': dict(position='learned'),
+  # The language model: its batches are the target half (no src_* keys).
+  'decoder_only_pre_ln_rope': dict(architecture='decoder_only', norm='pre_ln', position='rope'),
 }
 
 

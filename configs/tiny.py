@@ -12,18 +12,11 @@ import ml_collections
 from configs import default
 
 
-def get_config() -> ml_collections.ConfigDict:
-  config = default.get_config()
+def shrink(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Sizes the model, vocabulary and batches of `config` for smoke tests (in place)."""
   config.vocab_size = 512
-  config.num_train_steps = 60
-  config.warmup_steps = 20
   config.lr_scale = 1.0
   config.log_every_steps = 10
-  config.eval_every_steps = 30
-  config.checkpoint_every_steps = 30
-  config.eval_bleu_sentences = 32
-  config.keep_checkpoints = 3
-  config.target_metric = 'eval_loss'  # BLEU means little at this size.
   config.model.num_layers = 1
   config.model.d_model = 32
   config.model.num_heads = 2
@@ -33,4 +26,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.max_eval_len = 64
   config.data.tokens_per_batch = 512
   config.data.spm_train_sentences = 20_000
+  return config
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = shrink(default.get_config())
+  config.num_train_steps = 60
+  config.warmup_steps = 20
+  config.eval_every_steps = 30
+  config.checkpoint_every_steps = 30
+  config.eval_bleu_sentences = 32
+  config.keep_checkpoints = 3
+  config.target_metric = 'eval_loss'  # BLEU means little at this size.
   return config

@@ -32,13 +32,13 @@ from transformer import tokenizer as tokenizer_lib
 
 # Read and tokenize in the consuming thread: the work is Python-bound, and
 # reader threads only contend for the GIL (measured ~3x slower on 2 cores).
-_READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 # Packing bins per batch of rows: more bins pack tighter.
-_PACKING_BINS_PER_ROW = 2
+PACKING_BINS_PER_ROW = 2
 _READ_CHUNK = 1024  # Examples read at once when scanning a split.
 # Training splits up to this many examples keep their tokenized examples in
 # memory after first use, so later epochs skip reading and tokenizing.
-_MEMOIZE_MAX_EXAMPLES = 1_000_000
+MEMOIZE_MAX_EXAMPLES = 1_000_000
 
 Batch = dict[str, np.ndarray]
 # Keys of every `train_iterator` / `eval_batches` batch.
@@ -120,7 +120,7 @@ class _FitsMaxLen:
     return False
 
 
-class _Memoized:
+class Memoized:
   """Random-access source of `transform(source[i])`, computed once per index.
 
   Only the first epoch reads and tokenizes; the result must not depend on
@@ -143,17 +143,21 @@ class _Memoized:
     return element
 
 
-def _rename_packed(packed: Mapping[str, np.ndarray]) -> Batch:
-  """Maps the packer's keys to the batch keys (tgt_in shares tgt's segments)."""
-  return {
-      'src_tokens': packed['src'],
-      'src_segments': packed['src_segment_ids'],
-      'src_positions': packed['src_positions'],
-      'tgt_input_tokens': packed['tgt_in'],
-      'tgt_tokens': packed['tgt'],
-      'tgt_segments': packed['tgt_segment_ids'],
-      'tgt_positions': packed['tgt_positions'],
-  }
+# Batch key -> the packer's key (`tgt_in` shares `tgt`'s segments and positions).
+_PACKED_KEYS = {
+    'src_tokens': 'src',
+    'src_segments': 'src_segment_ids',
+    'src_positions': 'src_positions',
+    'tgt_input_tokens': 'tgt_in',
+    'tgt_tokens': 'tgt',
+    'tgt_segments': 'tgt_segment_ids',
+    'tgt_positions': 'tgt_positions',
+}
+
+
+def rename_packed(packed: Mapping[str, np.ndarray]) -> Batch:
+  """Maps the packer's keys to the batch keys, for the sides present (an LM has no source)."""
+  return {key: packed[name] for key, name in _PACKED_KEYS.items() if name in packed}
 
 
 def _pack(
@@ -163,11 +167,11 @@ def _pack(
   ds = grain.experimental.FirstFitPackIterDataset(
       ds,
       length_struct={'src': length, 'tgt_in': length, 'tgt': length},
-      num_packing_bins=rows * _PACKING_BINS_PER_ROW,
+      num_packing_bins=rows * PACKING_BINS_PER_ROW,
       seed=seed,
       shuffle_bins=shuffle,
   )
-  return ds.map(_rename_packed)
+  return ds.map(rename_packed)
 
 
 def train_rows(config: ml_collections.ConfigDict, shard_count: int = 1) -> int:
@@ -227,13 +231,13 @@ def train_iterator(
       '(running count).'
   )
   encode = _EncodePair(tokenizer, data.source_lang, data.target_lang)
-  if len(source) <= _MEMOIZE_MAX_EXAMPLES:
-    ds = grain.MapDataset.source(_Memoized(source, encode))
+  if len(source) <= MEMOIZE_MAX_EXAMPLES:
+    ds = grain.MapDataset.source(Memoized(source, encode))
   else:
     ds = grain.MapDataset.source(source).map(encode)
   ds = ds[shard_index::shard_count].shuffle(seed=config.seed).repeat(None)
   ds = ds.filter(_FitsMaxLen(data.max_len, dropped))
-  it = ds.to_iter_dataset(_READ_OPTIONS)
+  it = ds.to_iter_dataset(READ_OPTIONS)
   it = _pack(it, data.max_len, rows, seed=config.seed, shuffle=True)
   return iter(it.batch(rows, drop_remainder=True))
 
@@ -246,7 +250,7 @@ def eval_rows(config: ml_collections.ConfigDict, multiple_of: int = 1) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class _ProcessRows:
+class ProcessRows:
   """This process's contiguous block of the rows of a global batch."""
 
   shard_index: int
@@ -258,7 +262,7 @@ class _ProcessRows:
 
 
 @dataclasses.dataclass(frozen=True)
-class _PadRows:
+class PadRows:
   """Pads a batch with all-zero rows up to `rows` rows."""
 
   rows: int
@@ -313,10 +317,10 @@ def eval_batches(
   encode = _EncodePair(
       tokenizer, data.source_lang, data.target_lang, data.max_eval_len, truncated
   )
-  it = grain.MapDataset.source(source).map(encode).to_iter_dataset(_READ_OPTIONS)
+  it = grain.MapDataset.source(source).map(encode).to_iter_dataset(READ_OPTIONS)
   it = _pack(it, data.max_eval_len, rows, seed=config.seed, shuffle=False)
-  it = it.batch(rows, drop_remainder=False).map(_PadRows(rows))
-  return it.map(_ProcessRows(shard_index, shard_count)) if shard_count > 1 else it
+  it = it.batch(rows, drop_remainder=False).map(PadRows(rows))
+  return it.map(ProcessRows(shard_index, shard_count)) if shard_count > 1 else it
 
 
 def _read_all(source: Sequence[Any]) -> Iterator[tuple[int, Any]]:

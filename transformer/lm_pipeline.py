@@ -121,16 +121,6 @@ class _Windows(grain.experimental.FlatMapTransform):
             for start in range(0, total, self.length)]
 
 
-def _rename_packed(packed: Mapping[str, np.ndarray]) -> Batch:
-  """Maps the packer's keys to the batch keys (tgt_in shares tgt's segments)."""
-  return {
-      'tgt_input_tokens': packed['tgt_in'],
-      'tgt_tokens': packed['tgt'],
-      'tgt_segments': packed['tgt_segment_ids'],
-      'tgt_positions': packed['tgt_positions'],
-  }
-
-
 def _windows_packed(
     ds: grain.IterDataset, length: int, rows: int, *, seed: int, shuffle: bool
 ) -> grain.IterDataset:
@@ -139,11 +129,11 @@ def _windows_packed(
   ds = grain.experimental.FirstFitPackIterDataset(
       ds,
       length_struct={'tgt_in': length, 'tgt': length},
-      num_packing_bins=rows * input_pipeline._PACKING_BINS_PER_ROW,
+      num_packing_bins=rows * input_pipeline.PACKING_BINS_PER_ROW,
       seed=seed,
       shuffle_bins=shuffle,
   )
-  return ds.map(_rename_packed)
+  return ds.map(input_pipeline.rename_packed)
 
 
 def train_iterator(
@@ -166,12 +156,12 @@ def train_iterator(
     raise ValueError(f'shard_index={shard_index} not in [0, {shard_count}).')
   docs = documents(config, config.data.train_split)
   encode = _EncodeDocument(tokenizer)
-  if len(docs) <= input_pipeline._MEMOIZE_MAX_EXAMPLES:
-    ds = grain.MapDataset.source(input_pipeline._Memoized(docs, encode))
+  if len(docs) <= input_pipeline.MEMOIZE_MAX_EXAMPLES:
+    ds = grain.MapDataset.source(input_pipeline.Memoized(docs, encode))
   else:
     ds = grain.MapDataset.source(docs).map(encode)
   ds = ds[shard_index::shard_count].shuffle(seed=config.seed).repeat(None)
-  it = ds.to_iter_dataset(input_pipeline._READ_OPTIONS)
+  it = ds.to_iter_dataset(input_pipeline.READ_OPTIONS)
   it = _windows_packed(it, config.data.max_len, rows, seed=config.seed, shuffle=True)
   return iter(it.batch(rows, drop_remainder=True))
 
@@ -204,11 +194,11 @@ def eval_batches(
     raise ValueError(f'shard_index={shard_index} not in [0, {shard_count}).')
   docs = documents(config, split)
   it = grain.MapDataset.source(docs).map(_EncodeDocument(tokenizer))
-  it = it.to_iter_dataset(input_pipeline._READ_OPTIONS)
+  it = it.to_iter_dataset(input_pipeline.READ_OPTIONS)
   it = _windows_packed(it, length, rows, seed=config.seed, shuffle=False)
-  it = it.batch(rows, drop_remainder=False).map(input_pipeline._PadRows(rows))
+  it = it.batch(rows, drop_remainder=False).map(input_pipeline.PadRows(rows))
   if shard_count > 1:
-    return it.map(input_pipeline._ProcessRows(shard_index, shard_count))
+    return it.map(input_pipeline.ProcessRows(shard_index, shard_count))
   return it
 
 

@@ -53,7 +53,11 @@ _WORKDIR = flags.DEFINE_string(
 _CHECKPOINT = flags.DEFINE_string(
   'checkpoint', 'latest', "With --workdir: 'latest', a step number or 'avg:N'.")
 _SPLIT = flags.DEFINE_string('split', None, 'Split to decode (default: config.data.test_split).')
-_BATCH_SIZE = flags.DEFINE_integer('batch_size', 64, 'Sentences per decoding batch.')
+_BATCH_SIZE = flags.DEFINE_integer(
+  'batch_size', inference.MAX_DECODE_ROWS, 'Most sentences per decoding batch.')
+_MAX_TOKENS = flags.DEFINE_integer(
+  'max_tokens', inference.MAX_DECODE_TOKENS, 'Source token slots per batch, sentences sorted '
+  'by length (as eval.py decodes); 0: batches of --batch_size in input order (before issue 14).')
 _MAX_SENTENCES = flags.DEFINE_integer('max_sentences', 0, 'Decode at most this many (0: all).')
 
 BEAM_SIZE, ALPHA, MAX_EXTRA_LEN = 4, 0.6, 50
@@ -97,8 +101,12 @@ def source_batches(config, vocab, split: str) -> tuple[list[dict[str, np.ndarray
       break
     # Rows left out by the cap are decoded as padding (all zeros), keeping the batch shape.
     batches.append({'src_tokens': np.where(valid[:, None], batch['src_tokens'], 0),
-                    'valid': valid})
+                    'index': batch['index'], 'valid': valid})
     count += int(valid.sum())
+  if _MAX_TOKENS.value:
+    batches = inference.length_sorted_batches(
+      batches, max_tokens=_MAX_TOKENS.value, max_rows=_BATCH_SIZE.value,
+      max_len=config.data.max_eval_len)
   return batches, time.perf_counter() - start
 
 
@@ -161,9 +169,12 @@ def main(argv):
   print(f'model: {source}, params: {label}; d_model {model_config.d_model}, '
         f'{model_config.num_layers}+{model_config.num_layers} layers, '
         f'vocab {model_config.vocab_size}')
-  print(f'data: {split}, {num_sentences} sentences in {len(batches)} batches of '
-        f'{_BATCH_SIZE.value} (source lengths {lengths}); tokenized in {pipeline_seconds:.1f} s, '
-        'not timed below')
+  rows = sorted({b['src_tokens'].shape[0] for b in batches})
+  order = (f'sorted by length, {_MAX_TOKENS.value} token slots' if _MAX_TOKENS.value
+           else 'input order')
+  print(f'data: {split}, {num_sentences} sentences in {len(batches)} batches ({order}; rows '
+        f'{rows}, source lengths {lengths}); tokenized in {pipeline_seconds:.1f} s, not timed '
+        'below')
   print(f'options: output limit source length + {MAX_EXTRA_LEN}; beam alpha {ALPHA}')
   header = (f'{"decoder":<8} {"shapes":>6} {"compile s":>9} {"decode s":>9} '
             f'{"sent/s":>9} {"out tok/s":>10} {"tok/sent":>8}')

@@ -3,6 +3,7 @@ hand-computed cases."""
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -71,3 +72,21 @@ def test_gradient_clipping_by_global_norm(clip_norm, first_moment_norm):
 def test_summary_over_zero_tokens_is_nan():
   zero = {'loss_sum': 0.0, 'nll_sum': 0.0, 'correct_sum': 0.0, 'num_tokens': 0.0}
   assert all(math.isnan(v) for v in losses.summarize(zero, 'train').values())
+
+
+def test_label_smoothed_loss_matches_optax_one_hot_form():
+  # The closed form (no one-hot) equals Optax's smoothed-label cross-entropy.
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(2, 5, 11)) * 3, jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 11, (2, 5)))
+  smoothed, nll = losses.token_losses(logits, targets, 0.1)
+  onehot = jax.nn.one_hot(targets, 11)
+  np.testing.assert_allclose(
+    smoothed, optax.losses.softmax_cross_entropy(logits, optax.smooth_labels(onehot, 0.1)),
+    rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    nll, optax.losses.softmax_cross_entropy_with_integer_labels(logits, targets), rtol=1e-5,
+    atol=1e-6)
+  _, sums = losses.loss_and_metrics(logits, targets, 0.1)
+  correct = (jnp.argmax(logits, -1) == targets) & (targets != 0)
+  assert float(sums['correct_sum']) == float(correct.sum())

@@ -58,15 +58,19 @@ def dot_product_attention(
   bias_BHLS: jax.Array | None = None,
   dropout_rng: jax.Array | None = None,
   dropout_rate: float = 0.0,
+  kv_heads_first: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
   """Eq. 1: softmax(Q K^T / sqrt(d_k) + bias) V, per head; the softmax runs in float32.
 
   `bias_BHLS` (float32, e.g. ALiBi's) is added to the scaled logits before masking.
+  With `kv_heads_first`, keys and values come as [B, H, K, S] (the decoding cache's
+  layout: the one the two products read, so that no step transposes the cache).
   Returns the attended values [B, L, H, K] and the weights [B, H, L, S].
   """
   depth = query_BLHK.shape[-1]
   query_BLHK = query_BLHK / jnp.sqrt(depth).astype(query_BLHK.dtype)
-  logits_BHLS = jnp.einsum('blhk,bshk->bhls', query_BLHK, key_BSHK).astype(jnp.float32)
+  key_spec, value_spec = ('bhks', 'bhks') if kv_heads_first else ('bshk', 'bshk')
+  logits_BHLS = jnp.einsum(f'blhk,{key_spec}->bhls', query_BLHK, key_BSHK).astype(jnp.float32)
   if bias_BHLS is not None:
     logits_BHLS = logits_BHLS + bias_BHLS
   if mask_B1LS is not None:
@@ -75,8 +79,14 @@ def dot_product_attention(
   if dropout_rng is not None and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights_BHLS.shape)
     weights_BHLS = jnp.where(keep, weights_BHLS / (1.0 - dropout_rate), 0.0)
-  out_BLHK = jnp.einsum('bhls,bshk->blhk', weights_BHLS.astype(value_BSHK.dtype), value_BSHK)
+  out_BLHK = jnp.einsum(f'bhls,{value_spec}->blhk', weights_BHLS.astype(value_BSHK.dtype),
+                        value_BSHK)
   return out_BLHK, weights_BHLS
+
+
+def _heads_first(x_BSHK: jax.Array) -> jax.Array:
+  """[B, S, H, K] -> [B, H, K, S], the layout of the decoding cache."""
+  return jnp.transpose(x_BSHK, (0, 2, 3, 1))
 
 
 class _Projection(nn.Module):
@@ -154,10 +164,12 @@ class MultiHeadAttention(nn.Module):
     query_BLHK = projection('query')(inputs_q_BLD)
 
     if self.decode and self.is_cross_attention:
-      # Keys and values of the encoder output, projected once per source sentence.
-      key_BSHK = self.variable('cache', 'cross_key', lambda: projection('key')(inputs_kv_BSD))
+      # Keys and values of the encoder output, projected once per source sentence and
+      # kept as [B, H, K, S].
+      key_BSHK = self.variable(
+        'cache', 'cross_key', lambda: _heads_first(projection('key')(inputs_kv_BSD)))
       value_BSHK = self.variable(
-        'cache', 'cross_value', lambda: projection('value')(inputs_kv_BSD))
+        'cache', 'cross_value', lambda: _heads_first(projection('value')(inputs_kv_BSD)))
       key_BSHK, value_BSHK = key_BSHK.value, value_BSHK.value
     else:
       key_BSHK = projection('key')(inputs_kv_BSD)
@@ -182,7 +194,8 @@ class MultiHeadAttention(nn.Module):
       dropout_rng = self.make_rng('dropout')
     out_BLHK, weights_BHLS = dot_product_attention(
       query_BLHK, key_BSHK, value_BSHK, mask_B1LS, bias_BHLS=bias_BHLS,
-      dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate)
+      dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate,
+      kv_heads_first=self.decode)
     # Read by eval.py's attention maps through `mutable=['intermediates']`.
     self.sow('intermediates', 'attention_weights', weights_BHLS)
     return _Projection(cfg, (cfg.d_model,), 2, ('heads', 'kv', 'embed'), name='out')(out_BLHK)
@@ -190,25 +203,28 @@ class MultiHeadAttention(nn.Module):
   def _update_cache(self, key_B1HK, value_B1HK, mask_B11S, positions_B1):
     """Writes one step's key/value at the cache index; masks positions not yet written.
 
-    Returns the keys, values, mask and key positions to attend over. The call that
-    creates the cache (no cache passed in) writes nothing: it only allocates
-    [B, max_decode_len, H, K] buffers, sets the index to 0 and attends to itself.
+    Returns the keys and values to attend over, as [B, H, K, S], the mask and the key
+    positions. The cache is kept in that layout, [B, H, K, max_decode_len], so that a
+    step writes one column in place and reads the cache as the products want it. The
+    call that creates the cache (no cache passed in) writes nothing: it only allocates
+    the buffers, sets the index to 0 and attends to itself.
     """
     cfg = self.config
     is_initialized = self.has_variable('cache', 'cached_key')
     batch, _, heads, head_dim = key_B1HK.shape
-    shape = (batch, cfg.max_decode_len, heads, head_dim)
+    shape = (batch, heads, head_dim, cfg.max_decode_len)
     cached_key = self.variable('cache', 'cached_key', jnp.zeros, shape, key_B1HK.dtype)
     cached_value = self.variable('cache', 'cached_value', jnp.zeros, shape, value_B1HK.dtype)
     cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
     if not is_initialized:
-      return key_B1HK, value_B1HK, mask_B11S, positions_B1
+      return _heads_first(key_B1HK), _heads_first(value_B1HK), mask_B11S, positions_B1
     if key_B1HK.shape[1] != 1:
       raise ValueError(f'Cached decoding takes one token per step, got {key_B1HK.shape[1]}.')
     index = cache_index.value
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key_B1HK, (0, index, 0, 0))
+    cached_key.value = jax.lax.dynamic_update_slice(
+      cached_key.value, _heads_first(key_B1HK), (0, 0, 0, index))
     cached_value.value = jax.lax.dynamic_update_slice(
-      cached_value.value, value_B1HK, (0, index, 0, 0))
+      cached_value.value, _heads_first(value_B1HK), (0, 0, 0, index))
     cache_index.value = index + 1
     # Causality: step `index` sees cache positions 0..index.
     written_11S = (jnp.arange(cfg.max_decode_len) <= index)[None, None, None, :]

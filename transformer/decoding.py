@@ -37,7 +37,7 @@ Length limits (`max_lengths`, int32[B]):
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +45,8 @@ from jax import lax
 
 PyTree = Any
 LogitsFn = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
+# (state, beam_indices_BK) -> state whose rows follow the selected beams.
+ReorderFn = Callable[[PyTree, jax.Array], PyTree]
 
 NEG_INF = float('-inf')
 
@@ -107,7 +109,7 @@ def reorder_beam_rows(tree: PyTree, beam_indices_BK: jax.Array) -> PyTree:
 
   def gather(x):
     x = jnp.asarray(x)
-    return x if x.ndim == 0 else jnp.take(x, rows_N, axis=0)
+    return x if x.ndim == 0 else jnp.take(x, rows_N, axis=0, mode='clip')
 
   return jax.tree.map(gather, tree)
 
@@ -318,6 +320,36 @@ def sample_decode(
 # ------------------------------------------------------------------------------
 
 
+def _top_k_over_beams(cand_BKV: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """`lax.top_k` over the flattened [B, K * V] candidates, in two stages.
+
+  First the best k of each beam (over V), then the best k of those K * k: the same
+  values and flat indices, ties included (both stages prefer the lower index, and
+  the second stage sees the beams in order), without one selection over K * V.
+  """
+  batch_size, beam_size, vocab_size = cand_BKV.shape
+  if k > vocab_size:
+    return lax.top_k(cand_BKV.reshape(batch_size, beam_size * vocab_size), k)
+  beam_top_BKk, beam_token_BKk = lax.top_k(cand_BKV, k)
+  top_BC, pick_BC = lax.top_k(beam_top_BKk.reshape(batch_size, beam_size * k), k)
+  token_BC = jnp.take_along_axis(beam_token_BKk.reshape(batch_size, beam_size * k), pick_BC,
+                                 axis=1)
+  return top_BC, (pick_BC // k) * vocab_size + token_BC
+
+
+class BeamState(NamedTuple):
+  """The loop state of `beam_search` (B sentences, K beams, L output positions)."""
+
+  step: jax.Array  # int32 scalar: output position chosen in this iteration.
+  alive_seqs_BKL: jax.Array  # int32: alive hypotheses (no EOS yet), pad after `step`.
+  alive_logp_BK: jax.Array  # float32: their log-probabilities, best first (-inf: empty).
+  last_BK: jax.Array  # int32: the last token of each alive hypothesis (fed next).
+  fin_seqs_BKL: jax.Array  # int32: finished hypotheses, best first.
+  fin_scores_BK: jax.Array  # float32: their length-normalised scores (-inf: empty slot).
+  done_B: jax.Array  # bool: sentence finished (its finished set is frozen).
+  model_state: PyTree  # The step function's state, rows b * K + k.
+
+
 def beam_search(
     logits_fn: LogitsFn,
     init_state: PyTree,
@@ -329,6 +361,7 @@ def beam_search(
     bos_id: int,
     eos_id: int,
     pad_id: int = 0,
+    reorder_fn: ReorderFn | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty and early stopping.
 
@@ -373,6 +406,10 @@ def beam_search(
     bos_id: token fed on the first step.
     eos_id: end-of-sequence token.
     pad_id: token written after EOS.
+    reorder_fn: `(state, beam_indices_BK) -> state`, how the step function's
+      state follows the selected beams; default `reorder_beam_rows` (every
+      row). A caller whose state holds leaves that are equal across the beams
+      of a sentence (the encoder's keys and values) may leave those in place.
 
   Returns:
     tokens int32[B, K, L] and scores float32[B, K] (length-normalised
@@ -384,28 +421,28 @@ def beam_search(
   limits_B = _row_limits(max_lengths, batch_size, max_decode_len)
   max_penalty_B = length_penalty(limits_B, alpha)
 
-  def cond_fn(carry):
-    step, done_B = carry[0], carry[-2]
-    return (step < max_decode_len) & ~jnp.all(done_B)
+  reorder_fn = reorder_beam_rows if reorder_fn is None else reorder_fn
 
-  def body_fn(carry):
-    (step, alive_seqs_BKL, alive_logp_BK, last_BK, fin_seqs_BKL, fin_scores_BK,
-     done_B, state) = carry
+  def cond_fn(carry: BeamState):
+    return (carry.step < max_decode_len) & ~jnp.all(carry.done_B)
+
+  def body_fn(carry: BeamState) -> BeamState:
+    step = carry.step
     length = step + 1  # Output length of every candidate made in this step.
 
-    logits_NV, state = logits_fn(last_BK.reshape(num_rows, 1), state)
+    logits_NV, model_state = logits_fn(carry.last_BK.reshape(num_rows, 1), carry.model_state)
     vocab_size = logits_NV.shape[-1]
     logp_BKV = jax.nn.log_softmax(logits_NV.astype(jnp.float32), axis=-1).reshape(
         batch_size, beam_size, vocab_size)
-    cand_logp_BKV = alive_logp_BK[:, :, None] + logp_BKV
+    cand_logp_BKV = carry.alive_logp_BK[:, :, None] + logp_BKV
 
     # Best C candidates per sentence; C = 2K leaves at least K without EOS.
     num_cands = min(2 * beam_size, beam_size * vocab_size)
-    top_logp_BC, top_flat_BC = lax.top_k(
-        cand_logp_BKV.reshape(batch_size, beam_size * vocab_size), num_cands)
+    top_logp_BC, top_flat_BC = _top_k_over_beams(cand_logp_BKV, num_cands)
     top_beam_BC = top_flat_BC // vocab_size
     top_token_BC = (top_flat_BC % vocab_size).astype(jnp.int32)
-    top_seqs_BCL = gather_beams(alive_seqs_BKL, top_beam_BC).at[:, :, step].set(top_token_BC)
+    top_seqs_BCL = gather_beams(carry.alive_seqs_BKL, top_beam_BC).at[:, :, step].set(
+        top_token_BC)
     at_limit_B = length >= limits_B
     ends_BC = (top_token_BC == eos_id) | at_limit_B[:, None]
 
@@ -414,43 +451,49 @@ def beam_search(
                    & (top_logp_BC > NEG_INF))
     cand_scores_BC = jnp.where(
         admitted_BC, top_logp_BC / length_penalty(length, alpha), NEG_INF)
-    merged_scores_BM = jnp.concatenate([fin_scores_BK, cand_scores_BC], axis=1)
-    merged_seqs_BML = jnp.concatenate([fin_seqs_BKL, top_seqs_BCL], axis=1)
+    merged_scores_BM = jnp.concatenate([carry.fin_scores_BK, cand_scores_BC], axis=1)
+    merged_seqs_BML = jnp.concatenate([carry.fin_seqs_BKL, top_seqs_BCL], axis=1)
     new_fin_scores_BK, fin_pick_BK = lax.top_k(merged_scores_BM, beam_size)
     new_fin_seqs_BKL = gather_beams(merged_seqs_BML, fin_pick_BK)
     # A done sentence's finished set is frozen.
-    fin_scores_BK = jnp.where(done_B[:, None], fin_scores_BK, new_fin_scores_BK)
-    fin_seqs_BKL = jnp.where(done_B[:, None, None], fin_seqs_BKL, new_fin_seqs_BKL)
+    done_B = carry.done_B
+    fin_scores_BK = jnp.where(done_B[:, None], carry.fin_scores_BK, new_fin_scores_BK)
+    fin_seqs_BKL = jnp.where(done_B[:, None, None], carry.fin_seqs_BKL, new_fin_seqs_BKL)
 
     # Alive set: best K candidates that do not end here.
     alive_logp_BK, alive_pick_BK = lax.top_k(
         jnp.where(ends_BC, NEG_INF, top_logp_BC), beam_size)
-    alive_seqs_BKL = gather_beams(top_seqs_BCL, alive_pick_BK)
-    last_BK = gather_beams(top_token_BC, alive_pick_BK)
-    state = reorder_beam_rows(state, gather_beams(top_beam_BC, alive_pick_BK))
+    model_state = reorder_fn(model_state, gather_beams(top_beam_BC, alive_pick_BK))
 
     # Early stopping (see docstring); scores are sorted, so index 0 / -1.
     best_penalty_B = jnp.maximum(length_penalty(length + 1, alpha), max_penalty_B)
     best_reachable_B = alive_logp_BK[:, 0] / best_penalty_B
-    done_B = done_B | at_limit_B | (fin_scores_BK[:, -1] >= best_reachable_B)
-    return (step + 1, alive_seqs_BKL, alive_logp_BK, last_BK, fin_seqs_BKL,
-            fin_scores_BK, done_B, state)
+    return BeamState(
+        step=step + 1,
+        alive_seqs_BKL=gather_beams(top_seqs_BCL, alive_pick_BK),
+        alive_logp_BK=alive_logp_BK,
+        last_BK=gather_beams(top_token_BC, alive_pick_BK),
+        fin_seqs_BKL=fin_seqs_BKL,
+        fin_scores_BK=fin_scores_BK,
+        done_B=done_B | at_limit_B | (fin_scores_BK[:, -1] >= best_reachable_B),
+        model_state=model_state)
 
   seqs_BKL = jnp.full((batch_size, beam_size, max_decode_len), pad_id, jnp.int32)
   # All beams start identical; only beam 0 is live so the first step does not
   # produce K copies of every candidate.
   alive_logp_BK = jnp.where(jnp.arange(beam_size) == 0, 0.0, NEG_INF)
-  init = (
-      jnp.array(0, jnp.int32),
-      seqs_BKL,
-      jnp.broadcast_to(alive_logp_BK, (batch_size, beam_size)).astype(jnp.float32),
-      jnp.full((batch_size, beam_size), bos_id, jnp.int32),
-      seqs_BKL,
-      jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
-      jnp.zeros((batch_size,), bool),
-      expand_to_beams(init_state, beam_size),
+  init = BeamState(
+      step=jnp.array(0, jnp.int32),
+      alive_seqs_BKL=seqs_BKL,
+      alive_logp_BK=jnp.broadcast_to(alive_logp_BK, (batch_size, beam_size)).astype(
+          jnp.float32),
+      last_BK=jnp.full((batch_size, beam_size), bos_id, jnp.int32),
+      fin_seqs_BKL=seqs_BKL,
+      fin_scores_BK=jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
+      done_B=jnp.zeros((batch_size,), bool),
+      model_state=expand_to_beams(init_state, beam_size),
   )
-  carry = lax.while_loop(cond_fn, body_fn, init)
-  fin_seqs_BKL, fin_scores_BK = carry[4], carry[5]
+  final = lax.while_loop(cond_fn, body_fn, init)
+  fin_seqs_BKL, fin_scores_BK = final.fin_seqs_BKL, final.fin_scores_BK
   fin_seqs_BKL = jnp.where((fin_scores_BK > NEG_INF)[:, :, None], fin_seqs_BKL, pad_id)
   return fin_seqs_BKL, fin_scores_BK

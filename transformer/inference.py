@@ -26,11 +26,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer import decoding, sharding
+from transformer import decoding, input_pipeline, sharding
 from transformer import tokenizer as tokenizer_lib
 from transformer.model import ModelConfig, Transformer
 
 DECODERS = ('beam', 'greedy', 'sample')
+# Default decoding batches (`length_sorted_batches`): source token slots, and most sentences.
+MAX_DECODE_TOKENS = 4096
+MAX_DECODE_ROWS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +100,22 @@ def _logits_fn(model: Transformer, params):
   return step
 
 
+# Decoding-state leaves that are equal across the beams of a sentence (the encoder output's
+# keys/values and the source segments): beam search leaves them where they are.
+_BEAM_INVARIANT = ('cross_key', 'cross_value', 'src_segments')
+
+
+def _reorder_beam_state(state, beam_indices_BK: jax.Array):
+  """`decoding.reorder_beam_rows` on every leaf but the beam-invariant ones."""
+
+  def reorder(path, x):
+    if any(getattr(key, 'key', None) in _BEAM_INVARIANT for key in path):
+      return x
+    return decoding.reorder_beam_rows(x, beam_indices_BK)
+
+  return jax.tree_util.tree_map_with_path(reorder, state)
+
+
 def translate(params, src_tokens_BS: jax.Array, rng: jax.Array, *, model_config: ModelConfig,
               options: DecodeOptions) -> jax.Array:
   """Best translation of each source row, int32 [B, S + max_extra_len], 0-padded after EOS.
@@ -107,7 +126,10 @@ def translate(params, src_tokens_BS: jax.Array, rng: jax.Array, *, model_config:
   src_len = src_tokens_BS.shape[1]
   max_decode_len = src_len + options.max_extra_len
   model, state = _init_state(params, src_tokens_BS, model_config, max_decode_len)
-  max_lengths_B = jnp.sum(src_tokens_BS != 0, axis=1).astype(jnp.int32) + options.max_extra_len
+  src_lengths_B = jnp.sum(src_tokens_BS != 0, axis=1).astype(jnp.int32)
+  # An all-PAD row (batch padding) is no sentence: one step ends it, instead of its running
+  # to the length limit and holding up the loop.
+  max_lengths_B = jnp.where(src_lengths_B > 0, src_lengths_B + options.max_extra_len, 1)
   return _run_decoder(_logits_fn(model, params), state, rng, options, max_decode_len,
                       max_lengths_B)
 
@@ -120,7 +142,8 @@ def _run_decoder(logits_fn, state, rng: jax.Array, options: DecodeOptions, max_d
                 bos_id=tokenizer_lib.BOS_ID, eos_id=tokenizer_lib.EOS_ID)
   if options.decoder == 'beam':
     tokens_BKL, _ = decoding.beam_search(
-      logits_fn, state, beam_size=options.beam_size, alpha=options.alpha, **common)
+      logits_fn, state, beam_size=options.beam_size, alpha=options.alpha,
+      reorder_fn=_reorder_beam_state, **common)
     return tokens_BKL[:, 0]
   if options.decoder == 'greedy':
     return decoding.greedy_decode(logits_fn, state, batch_size=batch, **common)
@@ -234,6 +257,49 @@ def make_generate_fn(model_config: ModelConfig, options: DecodeOptions, mesh: Me
   """`generate(params, prompt_tokens, rng)` jitted once per prompt width (see `_jit_rows`)."""
   return _jit_rows(functools.partial(generate, model_config=model_config, options=options),
                    mesh, rules)
+
+
+def length_sorted_batches(
+  batches: Iterable[dict[str, np.ndarray]], *, max_tokens: int, max_rows: int, max_len: int,
+  input_key: str = 'src_tokens',
+) -> list[dict[str, np.ndarray]]:
+  """Decoding batches regrouped by input length, so that a batch's rows end together.
+
+  Takes the valid rows of `batches` (as `input_pipeline.translation_batches` or
+  `text_batches` make them: `input_key`, `index`, `valid`), sorts them longest
+  first (equal lengths keep their order) and cuts them into batches of width
+  `input_pipeline.bucket_length(longest row, max_len)` holding the largest power of
+  two of rows, at most `max_rows`, whose width * rows is at most `max_tokens` (at
+  least one row); the last batch holds the next power of two of the rows left. So
+  few shapes occur (one per width, and the last batch's). `index`
+  travels with each row: `decode_batches` puts each output back in input order.
+  Each row's output does not depend on the batch it is decoded in.
+  """
+  if max_tokens < 1 or max_rows < 1:
+    raise ValueError(f'max_tokens={max_tokens} and max_rows={max_rows} must be positive.')
+  rows, indices = [], []
+  for batch in batches:
+    for tokens, index, valid in zip(batch[input_key], batch['index'], batch['valid'],
+                                    strict=True):
+      if valid:
+        rows.append(tokens[:np.count_nonzero(tokens)] if tokens.any() else tokens[:0])
+        indices.append(int(index))
+  order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+  out, start = [], 0
+  while start < len(order):
+    width = input_pipeline.bucket_length(max(len(rows[order[start]]), 1), max_len)
+    fit = 1 << max(0, (min(max_rows, max_tokens // width)).bit_length() - 1)
+    remaining = len(order) - start
+    count = min(fit, remaining)
+    size = fit if remaining >= fit else 1 << (count - 1).bit_length()
+    tokens_BS = np.zeros((size, width), np.int32)
+    index_B = np.full((size,), -1, np.int32)
+    for row, i in enumerate(order[start:start + count]):
+      tokens_BS[row, :len(rows[i])] = rows[i]
+      index_B[row] = indices[i]
+    out.append({input_key: tokens_BS, 'index': index_B, 'valid': np.arange(size) < count})
+    start += count
+  return out
 
 
 def decode_batches(

@@ -2,7 +2,22 @@
 
 import jax
 import jax.numpy as jnp
-import optax
+
+
+def _token_terms(
+  logits_BLV: jax.Array, targets_BL: jax.Array, label_smoothing: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Smoothed loss, NLL and whether the target is a top logit, [B, L] each (see token_losses)."""
+  logits_BLV = logits_BLV.astype(jnp.float32)
+  max_BL = jax.lax.stop_gradient(jnp.max(logits_BLV, axis=-1))
+  lse_BL = max_BL + jnp.log(jnp.sum(jnp.exp(logits_BLV - max_BL[..., None]), axis=-1))
+  target_logit_BL = jnp.take_along_axis(logits_BLV, targets_BL[..., None], axis=-1)[..., 0]
+  nll = lse_BL - target_logit_BL
+  smoothed = nll
+  if label_smoothing:
+    smoothed = (lse_BL - (1.0 - label_smoothing) * target_logit_BL
+                - label_smoothing * jnp.mean(logits_BLV, axis=-1))
+  return smoothed, nll, target_logit_BL >= max_BL
 
 
 def token_losses(
@@ -11,13 +26,12 @@ def token_losses(
   """Per-token label-smoothed cross-entropy and plain negative log-likelihood, [B, L] each.
 
   Label smoothing spreads `label_smoothing` of the target mass uniformly over the
-  vocabulary (Optax's `smooth_labels`): q = (1 - eps) * onehot + eps / V.
+  vocabulary (as Optax's `smooth_labels`): q = (1 - eps) * onehot + eps / V, so
+  -sum_v q_v log p_v = lse - (1 - eps) * z_t - eps * mean_v(z_v), z being the logits
+  and lse their log-sum-exp. Computed that way, from reductions over the vocabulary,
+  no [B, L, V] one-hot or log-probability array is materialised.
   """
-  logits_BLV = logits_BLV.astype(jnp.float32)
-  onehot_BLV = jax.nn.one_hot(targets_BL, logits_BLV.shape[-1], dtype=jnp.float32)
-  smoothed = optax.losses.softmax_cross_entropy(
-    logits_BLV, optax.smooth_labels(onehot_BLV, label_smoothing))
-  nll = optax.losses.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
+  smoothed, nll, _ = _token_terms(logits_BLV, targets_BL, label_smoothing)
   return smoothed, nll
 
 
@@ -28,14 +42,15 @@ def loss_and_metrics(
 
   The metrics are sums (not means) so that they add up exactly across
   micro-batches, steps and evaluation batches; `summarize` turns them into means.
+  A token is correct when its target has the largest logit (from the same maximum
+  the log-sum-exp uses; an exact tie for the largest logit counts as correct).
   """
   weights_BL = (targets_BL != 0).astype(jnp.float32)
-  smoothed, nll = token_losses(logits_BLV, targets_BL, label_smoothing)
-  correct = (jnp.argmax(logits_BLV, axis=-1) == targets_BL).astype(jnp.float32)
+  smoothed, nll, correct = _token_terms(logits_BLV, targets_BL, label_smoothing)
   sums = {
     'loss_sum': jnp.sum(smoothed * weights_BL),
     'nll_sum': jnp.sum(nll * weights_BL),
-    'correct_sum': jnp.sum(correct * weights_BL),
+    'correct_sum': jnp.sum(correct.astype(jnp.float32) * weights_BL),
     'num_tokens': jnp.sum(weights_BL),
   }
   return sums['loss_sum'] / jnp.maximum(sums['num_tokens'], 1.0), sums

@@ -35,7 +35,11 @@ _TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Sampling temperature (0: 
 _TOP_K = flags.DEFINE_integer('top_k', 0, 'Sample from the k most likely tokens (0: all).')
 _TOP_P = flags.DEFINE_float('top_p', 1.0, 'Nucleus sampling mass (1.0: all).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
-_BATCH_SIZE = flags.DEFINE_integer('batch_size', 64, 'Sentences decoded at once.')
+_BATCH_SIZE = flags.DEFINE_integer(
+  'batch_size', inference.MAX_DECODE_ROWS, 'Most sentences decoded at once.')
+_MAX_TOKENS = flags.DEFINE_integer(
+  'max_tokens', inference.MAX_DECODE_TOKENS,
+  'Translation: source token slots per batch (sentences are decoded sorted by length).')
 _INPUT_FILE = flags.DEFINE_string('input_file', None, "Translate this file ('-': stdin).")
 _OUTPUT_FILE = flags.DEFINE_string('output_file', '-', "Where --input_file's translation goes.")
 _WATCH = flags.DEFINE_bool('watch', False, 'Evaluate every new checkpoint until the final one.')
@@ -71,7 +75,8 @@ def main(argv):
 
   if _WATCH.value:
     evaluation.watch(config, _WORKDIR.value, split=split, options=options,
-                     batch_size=_BATCH_SIZE.value, poll_seconds=_POLL_SECONDS.value)
+                     batch_size=_BATCH_SIZE.value, max_tokens=_MAX_TOKENS.value,
+                     poll_seconds=_POLL_SECONDS.value)
     return
 
   if _INPUT_FILE.value is not None:
@@ -85,13 +90,14 @@ def main(argv):
     return
 
   if _INPUT_FILE.value is not None:
-    _write_output(evaluation.translate_lines(config, params, lines, options=options,
-                                             batch_size=_BATCH_SIZE.value, seed=_SEED.value))
+    _write_output(evaluation.translate_lines(
+      config, params, lines, options=options, batch_size=_BATCH_SIZE.value,
+      max_tokens=_MAX_TOKENS.value, seed=_SEED.value))
     return
 
   lines, results = evaluation.evaluate_split(
     config, params, split=split, options=options, batch_size=_BATCH_SIZE.value,
-    seed=_SEED.value)
+    max_tokens=_MAX_TOKENS.value, seed=_SEED.value)
   results.update(checkpoint=label, split=split, decoder=options.decoder,
                  beam_size=options.beam_size, alpha=options.alpha)
   tag = options.tag() + (f'_seed{_SEED.value}' if options.decoder == 'sample' else '')

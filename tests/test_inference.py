@@ -72,3 +72,41 @@ def test_tags_name_non_default_settings():
   assert inference.DecodeOptions(decoder='greedy').tag() == 'greedy'
   assert inference.DecodeOptions(beam_size=8, alpha=1.0).tag() == 'beam8_alpha1'
   assert inference.DecodeOptions(decoder='sample', top_p=0.9).tag() == 'sample_t1_k0_p0.9'
+
+
+def test_length_sorted_batches_keep_every_row_once_in_few_shapes():
+  rng = np.random.default_rng(1)
+  lengths = rng.integers(0, 40, size=50)
+  tokens = np.zeros((50, 64), np.int32)
+  for i, n in enumerate(lengths):
+    tokens[i, :n] = rng.integers(3, VOCAB, size=n)
+  valid = lengths > 0  # Empty rows stand for padding rows of the input batches.
+  batches = [{'src_tokens': tokens[i:i + 16], 'index': np.arange(i, i + 16)[:len(tokens[i:i + 16])],
+              'valid': valid[i:i + 16]} for i in range(0, 50, 16)]
+  out = inference.length_sorted_batches(batches, max_tokens=128, max_rows=8, max_len=64)
+  seen = []
+  for batch in out:
+    rows, width = batch['src_tokens'].shape
+    assert rows & (rows - 1) == 0 and width & (width - 1) == 0 and width >= 8
+    assert rows <= 8 and (rows * width <= 128 or rows == 1)
+    for row, index, ok in zip(batch['src_tokens'], batch['index'], batch['valid'], strict=True):
+      if ok:
+        np.testing.assert_array_equal(row, tokens[index, :width])
+        seen.append(int(index))
+      else:
+        assert index == -1 and not row.any()
+  assert sorted(seen) == np.flatnonzero(valid).tolist()
+  assert [lengths[i] for i in seen] == sorted(lengths[valid], reverse=True)
+
+
+@pytest.mark.parametrize('decoder', ['beam', 'greedy'])
+def test_translation_does_not_depend_on_batch_or_padding(decoder):
+  # Sorted decoding puts each sentence in another batch, padded to another width.
+  cfg, params, src = _setup()
+  fn = inference.make_translate_fn(cfg, inference.DecodeOptions(decoder=decoder, max_extra_len=5))
+  together = np.asarray(fn(params, src, jax.random.key(0)))
+  for i in range(src.shape[0]):
+    alone = np.asarray(fn(params, jnp.pad(src[i:i + 1], ((0, 1), (0, 4))), jax.random.key(0)))
+    np.testing.assert_array_equal(alone[0, :together.shape[1]], together[i])
+    assert not alone[0, together.shape[1]:].any()
+    assert np.count_nonzero(alone[1]) <= 1  # The all-PAD row ends after one step.

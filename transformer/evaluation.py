@@ -84,16 +84,21 @@ def _write_text(path: str, lines: Sequence[str]) -> None:
 def evaluate_split(
   config: ml_collections.ConfigDict, params, *, split: str, options: inference.DecodeOptions,
   batch_size: int, seed: int = 0, tokenizer: tokenizer_lib.Tokenizer | None = None,
+  max_tokens: int = inference.MAX_DECODE_TOKENS,
 ) -> tuple[list[str], dict]:
   """Translates every line of `split` in input order and scores it against the references.
 
+  Sentences are decoded sorted by length, in batches of at most `batch_size`
+  sentences and `max_tokens` source token slots (`inference.length_sorted_batches`).
   Returns one output line per line of the split's source file (lines that were
   empty there stay empty) and the scores.
   """
   tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
   translate_fn = inference.make_translate_fn(
     ModelConfig.from_config(config), options, *mesh_and_rules(config))
-  batches = input_pipeline.translation_batches(config, tokenizer, split, batch_size)
+  batches = inference.length_sorted_batches(
+    input_pipeline.translation_batches(config, tokenizer, split, batch_size),
+    max_tokens=max_tokens, max_rows=batch_size, max_len=config.data.max_eval_len)
   translations, speed = inference.decode_batches(translate_fn, params, batches, tokenizer,
                                        jax.random.key(seed))
   references = input_pipeline.translation_references(config, split)
@@ -148,12 +153,18 @@ def read_input_lines(path: str) -> list[str]:
 def translate_lines(
   config: ml_collections.ConfigDict, params, lines: Sequence[str], *,
   options: inference.DecodeOptions, batch_size: int, seed: int = 0,
+  max_tokens: int = inference.MAX_DECODE_TOKENS,
 ) -> list[str]:
-  """One translation per input line; empty input lines give empty output lines."""
+  """One translation per input line; empty input lines give empty output lines.
+
+  Decoded sorted by length, as `evaluate_split` does.
+  """
   tokenizer = tokenizer_lib.get_tokenizer(config)
   translate_fn = inference.make_translate_fn(
     ModelConfig.from_config(config), options, *mesh_and_rules(config))
-  batches = input_pipeline.text_batches(lines, tokenizer, batch_size, config.data.max_eval_len)
+  batches = inference.length_sorted_batches(
+    input_pipeline.text_batches(lines, tokenizer, batch_size, config.data.max_eval_len),
+    max_tokens=max_tokens, max_rows=batch_size, max_len=config.data.max_eval_len)
   translations, _ = inference.decode_batches(translate_fn, params, batches, tokenizer,
                                    jax.random.key(seed))
   return [translations.get(i, '') for i in range(len(lines))]
@@ -162,7 +173,7 @@ def translate_lines(
 def watch(
   config: ml_collections.ConfigDict, workdir: str, *, split: str,
   options: inference.DecodeOptions, batch_size: int, poll_seconds: float = 30.0,
-  timeout_seconds: float | None = None,
+  timeout_seconds: float | None = None, max_tokens: int = inference.MAX_DECODE_TOKENS,
 ) -> list[int]:
   """Evaluates each new checkpoint as it appears, until the run's final step is done.
 
@@ -180,7 +191,8 @@ def watch(
       for step in sorted(set(steps) - set(evaluated)):
         params, label = checkpoints.load_params(workdir, target, str(step))
         lines, results = evaluate_split(config, params, split=split, options=options,
-                                        batch_size=batch_size, tokenizer=tokenizer)
+                                        batch_size=batch_size, tokenizer=tokenizer,
+                                        max_tokens=max_tokens)
         write_split_results(workdir, label, split, lines, results, options.tag())
         writer.write(step, {f'{split}_bleu': results['bleu'], f'{split}_chrf': results['chrf']})
         writer.flush()

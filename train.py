@@ -23,6 +23,10 @@ _RESTORE_FALLBACK = flags.DEFINE_bool(
   'restore_fallback', False, 'If the latest checkpoint cannot be restored (truncated or '
   'corrupted files), move it to WORKDIR/corrupt_checkpoints/ and resume from the newest one '
   'that restores. Without it such a checkpoint stops the run and nothing is changed.')
+_PROFILE_STEPS = flags.DEFINE_integer(
+  'profile_steps', 0, 'Trace this many train steps, from the second one this process runs '
+  '(the first compiles), with jax.profiler into WORKDIR/profile/ (open with `tensorboard '
+  '--logdir WORKDIR/profile`, Profile tab). 0: no trace.', lower_bound=0)
 
 
 def main(argv):
@@ -36,7 +40,8 @@ def main(argv):
   distributed.initialize()
   logging.info('Config:\n%s', _CONFIG.value)
   training.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
-                              restore_fallback=_RESTORE_FALLBACK.value)
+                              restore_fallback=_RESTORE_FALLBACK.value,
+                              profile_steps=_PROFILE_STEPS.value)
 
 
 if __name__ == '__main__':

@@ -66,7 +66,9 @@ def test_tiny_trains_and_loss_falls(data_dirs, tmp_path):
 def test_tiny_trains_in_bfloat16_with_float32_parameters(data_dirs, tmp_path):
   config = _tiny_config(data_dirs, dtype='bfloat16', num_train_steps=40, eval_every_steps=40,
                         checkpoint_every_steps=40, eval_bleu_sentences=0)
-  training.train_and_evaluate(config, str(tmp_path))
+  training.train_and_evaluate(config, str(tmp_path), profile_steps=2)
+  # Steps 2 and 3 were traced for TensorBoard's profile plugin.
+  assert list((tmp_path / 'profile').glob('plugins/profile/*/*.xplane.pb'))
   train_losses = [r['train_loss'] for r in _metrics(tmp_path) if 'train_loss' in r]
   assert all(np.isfinite(train_losses)) and train_losses[-1] < train_losses[0] - 0.3, train_losses
   _, params, opt_state = _final_params(tmp_path)

@@ -293,21 +293,51 @@ def _prepare_data(config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices=None, *,
-                       restore_fallback: bool = False) -> dict[str, float]:
+                       restore_fallback: bool = False, profile_steps: int = 0
+                       ) -> dict[str, float]:
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns final metrics.
 
   `devices` (default: every device of every process) are laid out as `config.mesh`.
   A latest checkpoint that fails to restore is an error that changes nothing,
   unless `restore_fallback` (then the newest one that restores is used). On
   SIGTERM/SIGINT the current step is finished, checkpointed and committed, and
-  this returns normally.
+  this returns normally. `profile_steps` > 0 traces that many train steps, from the
+  second one this process runs, into WORKDIR/profile/ (TensorBoard's Profile tab).
   """
+  if profile_steps < 0:
+    raise ValueError(f'profile_steps={profile_steps} must be >= 0.')
   with preemption.PreemptionWatcher() as watcher:
-    return _train_and_evaluate(config, workdir, devices, watcher, restore_fallback)
+    return _train_and_evaluate(config, workdir, devices, watcher, restore_fallback,
+                               profile_steps)
+
+
+class _StepProfiler:
+  """Traces train steps [first, first + count) with jax.profiler into `directory`."""
+
+  def __init__(self, directory: str, first: int, count: int):
+    self.directory, self.first, self.last = directory, first, first + count - 1
+    self.active = False
+
+  def before(self, step: int) -> None:
+    if step == self.first and self.last >= self.first:
+      jax.profiler.start_trace(self.directory)
+      self.active = True
+
+  def after(self, step: int, outputs) -> None:
+    if self.active and step >= self.last:
+      jax.block_until_ready(outputs)
+      self.stop()
+      logging.info('Wrote a profile of steps %d-%d to %s (tensorboard --logdir %s).',
+                   self.first, step, self.directory, self.directory)
+
+  def stop(self) -> None:
+    if self.active:
+      jax.profiler.stop_trace()
+      self.active = False
 
 
 def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.PreemptionWatcher,
-                        restore_fallback: bool) -> dict[str, float]:
+                        restore_fallback: bool, profile_steps: int = 0) -> dict[str, float]:
   devices = jax.devices() if devices is None else devices
   validate_config(config, len(devices))
   workdir = os.path.abspath(os.path.expanduser(workdir))
@@ -376,10 +406,13 @@ def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.Preem
   progress = _Progress(start_step, config.num_train_steps)
   monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps)
   train_sums, summary = None, {}
+  profiler = _StepProfiler(os.path.join(workdir, 'profile'), start_step + 2, profile_steps)
   for step in range(start_step + 1, config.num_train_steps + 1):
     batch = sharding.global_batch(next(train_iter), mesh, rules)
+    profiler.before(step)
     with sharding.activated(mesh, rules):
       state, sums = p_train_step(state, batch)
+    profiler.after(step, sums)
     train_sums = sums if train_sums is None else jax.tree.map(jnp.add, train_sums, sums)
     monitor.record(step, sums)
 
@@ -423,6 +456,7 @@ def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.Preem
       break
     faults.maybe_kill('after_step', step, settle=checkpointer.wait_until_finished)
 
+  profiler.stop()  # A run that ended (or was preempted) within the traced steps.
   if start_step >= config.num_train_steps:
     logging.info('Nothing to train: the checkpoint is at step %d.', start_step)
     summary = run_eval(start_step)

@@ -14,7 +14,10 @@ rarely emits EOS, so nearly every output runs to its length limit (source length
 Reports, per decoder, from one run on one machine (figures are only comparable
 side by side):
   * compile time: every distinct batch shape is compiled ahead of time, before
-    any timing (batches are [batch_size, L], L a power of two, so few shapes);
+    any timing (sentences sorted by length in batches of --max_tokens source token
+    slots, as eval.py decodes them; rows and widths are powers of two, so few
+    shapes; --max_tokens=0 decodes batches of --batch_size in input order, as
+    before issue 14);
   * decode time, sentences/s and output tokens/s (EOS included, padding rows of
     the last batch excluded): each batch timed end to end (copy in, decode,
     copy out), with the source batches already tokenized.

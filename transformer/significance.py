@@ -133,6 +133,24 @@ def check_comparable(systems: Sequence[System]) -> None:
                        'references.')
 
 
+def pool(name: str, systems: Sequence[System]) -> System:
+  """One system of several results' translations one after another (e.g. a run's seeds).
+
+  Two pooled systems are paired line by line: result k of one with result k of
+  the other. The results must be comparable (`check_comparable`).
+  """
+  if len(systems) > 1:
+    check_comparable(systems)
+  first = systems[0]
+  return System(
+    name=name, result_path=', '.join(s.result_path for s in systems),
+    hypotheses_path=', '.join(s.hypotheses_path for s in systems),
+    references_path=first.references_path, split=first.split,
+    hypotheses=[line for s in systems for line in s.hypotheses],
+    references=[line for s in systems for line in s.references],
+    results={'pooled': [s.result_path for s in systems]})
+
+
 def _sacrebleu_metrics(metrics: Sequence[str]) -> dict:
   unknown = sorted(set(metrics) - set(METRICS))
   if unknown or not metrics:

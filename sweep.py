@@ -42,6 +42,9 @@ _TRIAL = flags.DEFINE_string('trial', None, 'Run only the trial of this name (Sl
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'Run every trial with this many seeds (config.seed, '
                               '+1, ...); the summary then groups them: mean, std, min/max, and '
                               'paired tests of eval.py results against the best.')
+_COMPARE_TO = flags.DEFINE_string('compare_to', None, "With --seeds: the configuration (e.g. "
+                                  "'base') the summary's paired tests compare every other one "
+                                  'to; default: the best.')
 
 
 def _raise_keyboard_interrupt(signum, frame):
@@ -55,7 +58,8 @@ def main(argv):
   sweep = sweeps.create(
     config_flags.get_config_filename(flags.FLAGS['config']), _CONFIG.value, _SWEEP.value,
     _WORKDIR.value, shared_overrides=config_flags.get_override_values(flags.FLAGS['config']),
-    eval_flags=shlex.split(_EVAL_FLAGS.value) if _EVAL.value else None, seeds=_SEEDS.value)
+    eval_flags=shlex.split(_EVAL_FLAGS.value) if _EVAL.value else None, seeds=_SEEDS.value,
+    compare_to=_COMPARE_TO.value)
   if _DRY_RUN.value:
     print('\n'.join(sweeps.dry_run(sweep)))
     return

@@ -1,6 +1,7 @@
 """Sweeps: the sweep-building helpers and trial names; sweep.py end to end on configs/tiny.py."""
 
 import csv
+import dataclasses
 import json
 import os
 import shlex
@@ -175,6 +176,16 @@ def test_seeds_repeat_every_trial_seed_slowest_and_group_them(tmp_path):
   with pytest.raises(ValueError, match='the command line may not set it too'):
     sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'),
                   shared_overrides={'seed': 1}, seeds=3)
+  with pytest.raises(ValueError, match=r"--compare_to=lr_scale=3.0 is not a configuration of "
+                                       r".*\['base', 'lr_scale=2.0'\]\. Did you mean 'lr_sca"):
+    sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'), seeds=2,
+                  compare_to='lr_scale=3.0')
+  with pytest.raises(ValueError, match='add --seeds'):
+    sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'),
+                  compare_to='base')
+  sweep = sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'),
+                        seeds=2, compare_to='base')
+  assert sweeps.sweep_command(sweep)[-2:] == ['--seeds=2', '--compare_to=base']
 
 
 def _fake_trial(workdir, eval_loss, references, hypotheses):
@@ -254,6 +265,15 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
       'mean'])
     segment = bar.lines[2][0].get_segments()[0]
     assert segment[1, 1] - segment[0, 1] == pytest.approx(2 * result.stats('eval_loss')['std'])
+
+  # Against a named configuration instead of the best: it comes first, the others by rank.
+  named = dataclasses.replace(sweep, compare_to='lr_scale=4.0')
+  sweep_summary.write(named)
+  markdown = (tmp_path / 'root' / 'summary.md').read_text()
+  assert '## Paired tests against `lr_scale=4.0`' in markdown
+  tests = markdown.split('## Paired tests')[1].split('## Trials')[0]
+  assert tests.index('| `lr_scale=4.0` (reference) |') < tests.index('| `lr_scale=2.0` |') < (
+    tests.index('| `lr_scale=1.0` |'))
 
   # A configuration without eval.py results of every seed is left out, saying so.
   (Path(groups[2].trials[1].workdir) / sweeps.STATE_FILE).write_text(json.dumps(

@@ -9,8 +9,8 @@ A sweep run with seeds (`sweep.py --seeds=N`) is summarized per configuration:
 the mean, standard deviation, minimum and maximum over its seeds, ranked by the
 mean, error bars in the plot (ROOT/trials.csv keeps one row per trial). With
 eval.py results, summary.md adds sacreBLEU's paired bootstrap test of the best
-configuration against each other one, on the translations of all seeds pooled
-(see `paired_tests`).
+configuration (or `sweep.py --compare_to=NAME`) against each other one, on the
+translations of all seeds pooled (see `paired_tests`).
 """
 
 from __future__ import annotations
@@ -326,8 +326,9 @@ def _spread(stats: dict[str, float | None], digits: int) -> str:
   return text
 
 
-def paired_tests(groups: Sequence[GroupResult]) -> tuple[dict[str, Any] | None, str]:
-  """sacreBLEU's paired bootstrap test of the best configuration against every other one.
+def paired_tests(groups: Sequence[GroupResult],
+                 compare_to: str | None = None) -> tuple[dict[str, Any] | None, str]:
+  """sacreBLEU's paired bootstrap test of the best configuration (or `compare_to`) against the rest.
 
   On eval.py's translations, all seeds pooled: seed k of the best configuration is
   paired with seed k of the other, and one test resamples all N x S sentence pairs
@@ -341,6 +342,10 @@ def paired_tests(groups: Sequence[GroupResult]) -> tuple[dict[str, Any] | None, 
   what was left out and why, or '').
   """
   ranked = sorted((g for g in groups if g.rank is not None), key=lambda g: g.rank)
+  if compare_to is not None:
+    if compare_to not in [g.name for g in ranked]:
+      return None, f'No paired tests: `{compare_to}` has no results yet.'
+    ranked.sort(key=lambda g: g.name != compare_to)  # It first, the others by rank.
   if len(ranked) < 2:
     return None, 'Fewer than two ranked configurations: nothing to test.'
   pooled, missing = [], {}
@@ -354,8 +359,8 @@ def paired_tests(groups: Sequence[GroupResult]) -> tuple[dict[str, Any] | None, 
     except (OSError, ValueError) as e:  # Not a translation result (a language model), or stale.
       missing[result.name] = f'`{result.name}` ({e})'
   if ranked[0].name in missing:
-    return None, ('No paired tests: they need eval.py translations of every seed of the best '
-                  'configuration (run the sweep with --eval); missing: '
+    return None, ('No paired tests: they need eval.py translations of every seed of '
+                  f'`{ranked[0].name}` (run the sweep with --eval); missing: '
                   + '; '.join(missing.values()) + '.')
   note = ('Left out of the paired tests, without eval.py translations of every seed: '
           + '; '.join(missing.values()) + '.' if missing else '')
@@ -369,7 +374,7 @@ def paired_tests(groups: Sequence[GroupResult]) -> tuple[dict[str, Any] | None, 
 
 def groups_to_markdown(groups: Sequence[GroupResult], results: Sequence[TrialResult],
                        swept_keys: Sequence[str], target_metric: str, title: str,
-                       seeds: int) -> str:
+                       seeds: int, compare_to: str | None = None) -> str:
   """Configurations ranked by the mean over seeds, the paired tests, then every trial."""
   column, higher_is_better = sweeps.TARGET_METRICS[target_metric]
   how = 'highest best' if higher_is_better else 'lowest final'
@@ -391,16 +396,17 @@ def groups_to_markdown(groups: Sequence[GroupResult], results: Sequence[TrialRes
     if result.rank == 1:
       cells = [f'**{cell}**' if cell else cell for cell in cells]
     lines.append('| ' + ' | '.join(cells) + ' |')
-  comparison, note = paired_tests(groups)
-  lines += ['', '## Paired tests against the best configuration', '']
+  comparison, note = paired_tests(groups, compare_to)
+  reference = f'`{compare_to}`' if compare_to else 'the best configuration'
+  lines += ['', f'## Paired tests against {reference}', '']
   if comparison is not None:
     lines += [
       f"sacreBLEU's paired bootstrap resampling ({comparison['n_samples']} resamples, seed "
       f"{comparison['seed']}) on eval.py's {comparison['split']} translations, all seeds pooled "
-      f"({comparison['num_sentences']} sentence pairs: seed k of the best configuration paired "
-      'with seed k of the other; see `sweep_summary.paired_tests` for why pooled). '
+      f"({comparison['num_sentences']} sentence pairs: seed k of {reference} paired with seed k "
+      'of the other; see `sweep_summary.paired_tests` for why pooled). '
       f"p < {comparison['alpha']}: significant.", '',
-      *_comparison_table(comparison), '',
+      *_comparison_table(comparison, 'best' if not compare_to else 'reference'), '',
       *(f'* {sentence}' for sentence in significance.verdicts(comparison))]
   if note:
     lines += ['', note]
@@ -408,14 +414,14 @@ def groups_to_markdown(groups: Sequence[GroupResult], results: Sequence[TrialRes
   return '\n'.join(lines) + '\n'
 
 
-def _comparison_table(comparison: dict[str, Any]) -> list[str]:
+def _comparison_table(comparison: dict[str, Any], role: str) -> list[str]:
   metrics = list(comparison['systems'][0]['scores'])
   header = ['configuration', *(f'{m} (pooled, ± 95% CI)' for m in metrics),
             *(f'p ({m})' for m in metrics)]
   lines = ['| ' + ' | '.join(header) + ' |', '|' + ' --- |' * len(header)]
   for index, row in enumerate(comparison['systems']):
     scores = row['scores']
-    cells = [f"`{row['name']}`" + (' (best)' if index == 0 else ''),
+    cells = [f"`{row['name']}`" + (f' ({role})' if index == 0 else ''),
              *(f"{scores[m]['score']:.2f} ± {scores[m]['ci']:.2f}" for m in metrics),
              *('' if index == 0 else f"{scores[m]['p_value']:.4f}"
                + (' (significant)' if scores[m]['significant'] else '') for m in metrics)]
@@ -537,7 +543,8 @@ def _write_groups(sweep: sweeps.Sweep, results: list[TrialResult],
   _write_text(os.path.join(sweep.root, 'trials.csv'), to_csv(trials, [*swept_keys, 'seed']))
   _write_text(os.path.join(sweep.root, 'summary.csv'), groups_to_csv(groups, swept_keys))
   _write_text(os.path.join(sweep.root, 'summary.md'),
-              groups_to_markdown(groups, trials, swept_keys, target_metric, title, sweep.seeds))
+              groups_to_markdown(groups, trials, swept_keys, target_metric, title, sweep.seeds,
+                                 sweep.compare_to))
   _replace(os.path.join(sweep.root, 'summary.png'),
            lambda tmp: plot_groups(groups, swept_keys, target_metric, tmp))
   return groups

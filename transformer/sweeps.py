@@ -365,6 +365,7 @@ class Sweep:
   eval_flags: tuple[str, ...] | None = None  # eval.py's flags after train.py; None: no eval.
   cwd: str = '.'  # Where the commands run: relative paths in overrides mean what they meant here.
   seeds: int = 1  # Runs of each configuration (config.seed, +1, ...); > 1: grouped summaries.
+  compare_to: str | None = None  # With seeds: the paired tests' reference configuration (best).
 
   def workdir(self, trial: Trial) -> str:
     return os.path.join(self.root, trial.name)
@@ -395,10 +396,13 @@ class Sweep:
 
 def create(config_file: str, config: ml_collections.ConfigDict, sweep_file: str, root: str,
            shared_overrides: Overrides | None = None,
-           eval_flags: Sequence[str] | None = None, seeds: int = 1) -> Sweep:
+           eval_flags: Sequence[str] | None = None, seeds: int = 1,
+           compare_to: str | None = None) -> Sweep:
   """Loads and checks the sweep file against `config` (before anything runs).
 
-  With `seeds` > 1 every trial of the file runs that many times (`with_seeds`).
+  With `seeds` > 1 every trial of the file runs that many times (`with_seeds`),
+  and the summary tests every configuration against `compare_to` (a
+  configuration's name, e.g. 'base'; None: the best one).
   """
   if config.target_metric not in TARGET_METRICS:
     raise ValueError(f'config.target_metric={config.target_metric!r} is not one of '
@@ -411,12 +415,22 @@ def create(config_file: str, config: ml_collections.ConfigDict, sweep_file: str,
     trials = with_seeds(config, overrides_list, seeds, source=sweep_file, fixed=shared_overrides)
   else:
     trials = make_trials(config, overrides_list, source=sweep_file, fixed=shared_overrides)
+  if compare_to is not None:
+    if seeds < 2:
+      raise ValueError(f'--compare_to={compare_to} names the configuration that the summary of a '
+                       'sweep with --seeds=N (N >= 2) tests the others against; add --seeds.')
+    names = list(dict.fromkeys(trial.group for trial in trials))
+    if compare_to not in names:
+      close = difflib.get_close_matches(compare_to, names, n=1)
+      raise ValueError(f'--compare_to={compare_to} is not a configuration of {sweep_file}: '
+                       f'{names}.' + (f' Did you mean {close[0]!r}?' if close else ''))
   return Sweep(
     config_file=os.path.abspath(os.path.expanduser(path)) + colon + argument,
     config=config, shared_overrides=shared_overrides,
     sweep_file=os.path.abspath(os.path.expanduser(sweep_file)),
     root=os.path.abspath(os.path.expanduser(root)), trials=tuple(trials),
-    eval_flags=None if eval_flags is None else tuple(eval_flags), cwd=os.getcwd(), seeds=seeds)
+    eval_flags=None if eval_flags is None else tuple(eval_flags), cwd=os.getcwd(), seeds=seeds,
+    compare_to=compare_to)
 
 
 # --- Trial state: ROOT/<name>/trial.json ----------------------------------------------------------
@@ -679,6 +693,8 @@ def sweep_command(sweep: Sweep, *extra: str) -> list[str]:
     command += ['--eval', f'--eval_flags={shlex.join(sweep.eval_flags)}']
   if sweep.seeds > 1:
     command.append(f'--seeds={sweep.seeds}')
+  if sweep.compare_to is not None:
+    command.append(f'--compare_to={sweep.compare_to}')
   command += [f'--config.{key}={flag_value(value)}'
               for key, value in sweep.shared_overrides.items()]
   return command + list(extra)

@@ -11,7 +11,8 @@ ones. WORKDIR/summary.{csv,md,png} rank the trials by `config.target_metric`.
 With --seeds=N each trial runs N times (config.seed, config.seed + 1, ...) and the
 summary ranks configurations by the mean over their seeds (mean, std, min/max,
 error bars); with --eval it adds paired significance tests of the best
-configuration's eval.py translations against each other's (see sweep_summary.py).
+configuration's (or --compare_to's) eval.py translations against each other's
+(see sweep_summary.py).
 """
 
 import shlex

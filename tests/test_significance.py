@@ -148,7 +148,7 @@ def test_incomparable_results_are_refused_naming_both_files(tmp_path, systems, w
   assert base_dir in str(raised.value) and other_dir in str(raised.value)
 
 
-def test_bad_inputs_are_clear_errors(tmp_path, systems):
+def test_bad_inputs_are_clear_errors(tmp_path, systems, monkeypatch):
   second = systems['base'].parent / 'step_20-validation.json'
   shutil.copy(systems['base'], second)
   with pytest.raises(ValueError, match=r'holds 2 eval.py translation results.*step_10-validation'
@@ -164,6 +164,9 @@ def test_bad_inputs_are_clear_errors(tmp_path, systems):
     significance.compare([base, base], metrics=['ter'])
   with pytest.raises(ValueError, match='n_samples=-1 must be an integer >= 0'):
     significance.compare([base, base], n_samples=-1)
+  monkeypatch.setenv('SACREBLEU_SEED', '0')
+  with pytest.raises(ValueError, match='SACREBLEU_SEED=0 leaves sacreBLEU'):
+    significance.compare([base, base])
   with pytest.raises(ValueError, match='n_bootstrap=0 must be an integer >= 1'):
     scoring.corpus_scores(['a'], ['a'], n_bootstrap=0)
 

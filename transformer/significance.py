@@ -186,6 +186,9 @@ def compare(systems: Sequence[System], metrics: Sequence[str] = METRICS, test: s
   named = [(system.name, system.hypotheses) for system in systems]
   paired = PairedTest(named, _sacrebleu_metrics(metrics), [systems[0].references],
                       test_type=test, n_samples=n_samples, n_ar_confidence=0)
+  if paired._seed == 0:  # sacreBLEU passes `seed or None` to its tests.
+    raise ValueError('SACREBLEU_SEED=0 leaves sacreBLEU\'s paired tests unseeded (it reads 0 '
+                     'as no seed): choose another seed.')
   signatures, table = paired()
   metric_names = [key for key in table if key != 'System']  # sacreBLEU's: 'BLEU', 'chrF2'.
   rows = []
@@ -204,6 +207,7 @@ def compare(systems: Sequence[System], metrics: Sequence[str] = METRICS, test: s
     rows.append({'name': system.name, 'result': system.result_path, 'scores': scores,
                  'identical_to_baseline': identical})
   return {
+    # The seed as sacreBLEU's signatures give it ('none' for SACREBLEU_SEED=none: unseeded).
     'test': test, 'n_samples': paired.n_samples, 'seed': str(paired._seed).lower(),
     'alpha': ALPHA, 'split': systems[0].split, 'num_sentences': len(systems[0].references),
     'references': systems[0].references_path,

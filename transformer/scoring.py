@@ -87,24 +87,14 @@ def _moses_compound_split(text: str, tokenizer: MosesTokenizer) -> str:
   return _COMPOUND.sub(r'\1 ##AT##-##AT## \2', tokenized)
 
 
-def tokenized_compound_split_bleu(
-  hypotheses: Sequence[str], references: Sequence[str], lang: str
-) -> float:
-  """BLEU as the paper measured it (27.3/28.4 on WMT14 En-De).
+def tokenized_compound_split_scores(
+  hypotheses: Sequence[str], references: Sequence[str], lang: str, n_bootstrap: int = 1
+) -> dict:
+  """{'bleu_tokenized_compound_split': BLEU as the paper measured it (27.3/28.4 on WMT14 En-De)}.
 
   Moses tokenization, then hyphenated compounds split ("a-b" -> "a ##AT##-##AT## b"),
   then BLEU on the tokens with no further tokenization (multi-bleu.perl's
   arithmetic). Higher than sacreBLEU on the same output, and not comparable with it.
-  """
-  return tokenized_compound_split_scores(hypotheses, references, lang)[
-    'bleu_tokenized_compound_split']
-
-
-def tokenized_compound_split_scores(
-  hypotheses: Sequence[str], references: Sequence[str], lang: str, n_bootstrap: int = 1
-) -> dict:
-  """{'bleu_tokenized_compound_split': BLEU} as `tokenized_compound_split_bleu`.
-
   With `n_bootstrap` > 1 also its interval (`..._ci`, `..._bootstrap_mean`), from
   the same sacreBLEU resampling as `corpus_scores` (BLEU over the tokens costs as
   little to resample as sacreBLEU's).

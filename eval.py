@@ -3,8 +3,10 @@
 Reads the run's resolved config from WORKDIR/config.json, decodes a split (beam
 search by default, as in the paper: beam 4, alpha 0.6, max length = source + 50)
 and writes WORKDIR/eval/<checkpoint>-<split>.txt and .json (with a suffix such as
-`-greedy` for other decoding settings) (sacreBLEU, chrF,
-length ratio, decode speed). Also translates arbitrary text (--input_file),
+`-greedy` for other decoding settings) (sacreBLEU, chrF, each with its bootstrap
+95% confidence interval (--n_bootstrap), length ratio, decode speed), and the
+references scored against (WORKDIR/eval/references-<split>.txt; compare.py tests
+two results for a significant difference). Also translates arbitrary text (--input_file),
 follows a training run (--watch) and draws attention maps (--attention_plot).
 
 For a decoder-only language model (config.model.architecture='decoder_only'):
@@ -21,7 +23,7 @@ import sys
 
 from absl import app, flags, logging
 
-from transformer import evaluation, inference, lm_evaluation, training
+from transformer import evaluation, inference, lm_evaluation, scoring, training
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
 _CHECKPOINT = flags.DEFINE_string(
@@ -35,6 +37,9 @@ _TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Sampling temperature (0: 
 _TOP_K = flags.DEFINE_integer('top_k', 0, 'Sample from the k most likely tokens (0: all).')
 _TOP_P = flags.DEFINE_float('top_p', 1.0, 'Nucleus sampling mass (1.0: all).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
+_N_BOOTSTRAP = flags.DEFINE_integer(
+  'n_bootstrap', scoring.DEFAULT_BOOTSTRAP, "Bootstrap resamples for each score's 95% "
+  'confidence interval (sacreBLEU\'s, seeded by SACREBLEU_SEED, default 12345); 1: none.')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 64, 'Sentences decoded at once.')
 _INPUT_FILE = flags.DEFINE_string('input_file', None, "Translate this file ('-': stdin).")
 _OUTPUT_FILE = flags.DEFINE_string('output_file', '-', "Where --input_file's translation goes.")
@@ -57,6 +62,10 @@ def main(argv):
     raise app.UsageError('--workdir is required.')
   if _ATTENTION_PLOT.value and not _INPUT_TEXT.value:
     raise app.UsageError('--attention_plot needs --input_text.')
+  try:
+    scoring.check_n_bootstrap(_N_BOOTSTRAP.value)
+  except ValueError as e:
+    raise app.UsageError(f'--{e}') from None
   config = evaluation.load_run_config(_WORKDIR.value)
   if training.is_language_model(config):
     _language_model(config)
@@ -91,12 +100,19 @@ def main(argv):
 
   lines, results = evaluation.evaluate_split(
     config, params, split=split, options=options, batch_size=_BATCH_SIZE.value,
-    seed=_SEED.value)
+    seed=_SEED.value, n_bootstrap=_N_BOOTSTRAP.value)
   results.update(checkpoint=label, split=split, decoder=options.decoder,
                  beam_size=options.beam_size, alpha=options.alpha)
   tag = options.tag() + (f'_seed{_SEED.value}' if options.decoder == 'sample' else '')
   path = evaluation.write_split_results(_WORKDIR.value, label, split, lines, results, tag)
-  print(json.dumps({k: results[k] for k in ('bleu', 'chrf', 'num_sentences')}))
+  evaluation.write_references(config, _WORKDIR.value, split)
+  interval = (f' (± 95% bootstrap interval, {_N_BOOTSTRAP.value} resamples)'
+              if _N_BOOTSTRAP.value > 1 else '')
+  print(f'{label} {split} ({results["num_sentences"]} sentences): BLEU '
+        f'{scoring.format_score(results, "bleu")}, chrF {scoring.format_score(results, "chrf")}'
+        f'{interval}')
+  print(json.dumps({k: v for k, v in results.items()
+                    if k in ('bleu', 'bleu_ci', 'chrf', 'chrf_ci', 'num_sentences')}))
   logging.info('Wrote %s', path)
 
 

@@ -84,11 +84,15 @@ def _write_text(path: str, lines: Sequence[str]) -> None:
 def evaluate_split(
   config: ml_collections.ConfigDict, params, *, split: str, options: inference.DecodeOptions,
   batch_size: int, seed: int = 0, tokenizer: tokenizer_lib.Tokenizer | None = None,
+  n_bootstrap: int = scoring.DEFAULT_BOOTSTRAP,
 ) -> tuple[list[str], dict]:
   """Translates every line of `split` in input order and scores it against the references.
 
   Returns one output line per line of the split's source file (lines that were
-  empty there stay empty) and the scores.
+  empty there stay empty) and the scores, each BLEU and chrF with its bootstrap
+  95% interval from `n_bootstrap` resamples (1: none); `unscored_lines` lists the
+  (1-based) lines left out of the scores (empty source lines), and
+  `references_sha256` identifies the references scored against.
   """
   tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
   translate_fn = inference.make_translate_fn(
@@ -98,14 +102,32 @@ def evaluate_split(
                                        jax.random.key(seed))
   references = input_pipeline.translation_references(config, split)
   ordered = [translations[i] for i in sorted(translations)]
-  results = scoring.corpus_scores(ordered, references)
+  results = scoring.corpus_scores(ordered, references, n_bootstrap)
   if config.data.target_lang == 'de':
-    results['bleu_tokenized_compound_split'] = scoring.tokenized_compound_split_bleu(
-      ordered, references, 'de')
+    results.update(scoring.tokenized_compound_split_scores(ordered, references, 'de', n_bootstrap))
   results.update(speed)
   num_lines = datasets.split_num_lines(config.data, split) or len(references)
   lines = [translations.get(i, '') for i in range(num_lines)]
+  results['unscored_lines'] = [i + 1 for i in range(num_lines) if i not in translations]
+  results['references_sha256'] = scoring.references_digest(references)
   return lines, results
+
+
+def references_path(workdir: str, split: str) -> str:
+  """WORKDIR/eval/references-<split>.txt: the references eval.py scored `split` against."""
+  return os.path.join(workdir, 'eval', f'references-{split}.txt')
+
+
+def write_references(config: ml_collections.ConfigDict, workdir: str, split: str) -> str:
+  """Writes the split's references (as scored, in input order) next to the results; its path.
+
+  With them a result file is self-contained: `compare.py` and sacreBLEU's own
+  command line (`sacrebleu REFERENCES -i A.txt B.txt --paired-bs`) read them.
+  """
+  path = references_path(workdir, split)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  _write_text(path, input_pipeline.translation_references(config, split))
+  return path
 
 
 def write_split_results(workdir: str, label: str, split: str, lines: Sequence[str],
@@ -182,9 +204,10 @@ def watch(
         lines, results = evaluate_split(config, params, split=split, options=options,
                                         batch_size=batch_size, tokenizer=tokenizer)
         write_split_results(workdir, label, split, lines, results, options.tag())
+        write_references(config, workdir, split)
         writer.write(step, {f'{split}_bleu': results['bleu'], f'{split}_chrf': results['chrf']})
         writer.flush()
-        logging.info('step %d: %s BLEU %.2f', step, split, results['bleu'])
+        logging.info('step %d: %s BLEU %s', step, split, scoring.format_score(results, 'bleu'))
         evaluated.append(step)
       if evaluated and max(evaluated) >= config.num_train_steps:
         return evaluated

@@ -44,6 +44,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from transformer import config_validation
+
 Overrides = dict[str, Any]
 # The repository root, where train.py and eval.py live.
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -225,7 +227,11 @@ def _typed_value(config: ml_collections.ConfigDict, key: str, value: Any) -> Any
 
 
 def check_overrides(config: ml_collections.ConfigDict, overrides: Overrides) -> Overrides:
-  """`overrides` with values typed as their config fields; an unknown key is an error naming it."""
+  """`overrides` with values typed as their config fields; an unknown key is an error naming it.
+
+  Each value must lie in its domain (`config_validation.CONFIG_RULES`); rules
+  across keys are checked on the whole trial config (`make_trials`).
+  """
   keys = flatten_keys(config)
   groups = {key.rsplit('.', 1)[0] for key in keys if '.' in key}
   typed = {}
@@ -235,6 +241,10 @@ def check_overrides(config: ml_collections.ConfigDict, overrides: Overrides) -> 
       hint = f' Did you mean {" or ".join(map(repr, close))}?' if close else ''
       raise ValueError(f'{key!r} is not a key of the config.{hint}')
     typed[key] = _typed_value(config, key, value)
+    rule = config_validation.CONFIG_RULES.get(key)
+    error = rule and rule.error(f'config.{key}', typed[key])
+    if error:
+      raise ValueError(error)
   return typed
 
 
@@ -310,7 +320,12 @@ def make_trials(config: ml_collections.ConfigDict, overrides_list: Sequence[Over
       raise ValueError(f'{source}: trials {first_index[name]} and {index} are the same run '
                        f'({name}); give each trial different overrides.')
     first_index[name] = index
-    trials.append(Trial(name=name, overrides=typed, config=apply_overrides(config, typed)))
+    resolved = apply_overrides(config, typed)
+    errors = config_validation.config_errors(resolved)
+    if errors:  # Every value in its domain before any trial runs.
+      raise ValueError(f'{source}: trial {index} {typed} gives an invalid config:\n  '
+                       + '\n  '.join(errors))
+    trials.append(Trial(name=name, overrides=typed, config=resolved))
   return trials
 
 
@@ -361,9 +376,7 @@ def create(config_file: str, config: ml_collections.ConfigDict, sweep_file: str,
            shared_overrides: Overrides | None = None,
            eval_flags: Sequence[str] | None = None) -> Sweep:
   """Loads and checks the sweep file against `config` (before anything runs)."""
-  if config.target_metric not in TARGET_METRICS:
-    raise ValueError(f'config.target_metric={config.target_metric!r} is not one of '
-                     f'{sorted(TARGET_METRICS)}.')
+  config_validation.raise_if(config_validation.config_errors(config))
   path, colon, argument = config_file.partition(':')
   shared_overrides = dict(shared_overrides or {})
   trials = make_trials(config, load_overrides(sweep_file), source=sweep_file,

@@ -349,3 +349,16 @@ def writable_file_errors(path: str, flag: str) -> list[str]:
   if not os.path.exists(path) and not os.access(folder, os.W_OK | os.X_OK):
     return [f'{flag}={path}: the folder {folder} is not writable.']
   return []
+
+
+def writable_dir_errors(path: str, flag: str) -> list[str]:
+  """Whether folder `path` is, or can be created, writable (its nearest existing ancestor)."""
+  path = os.path.abspath(os.path.expanduser(path))
+  existing = path
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    return [f'{flag}: {existing} is a file, so {path} cannot be a folder.']
+  if not os.access(existing, os.W_OK | os.X_OK):
+    return [f'{flag}: {existing} is not writable, so nothing can be written to {path}.']
+  return []

@@ -44,7 +44,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from transformer import config_validation
+from transformer import config_validation, workdir_lock
 
 Overrides = dict[str, Any]
 # The repository root, where train.py and eval.py live.
@@ -502,6 +502,11 @@ class _Runner:
     state = read_state(workdir)
     if state and state['status'] == 'running' and _process_alive(state, workdir):
       logging.warning('%s: already running in process %s; left alone.', trial.name, state['pid'])
+      return 'running'
+    holder = workdir_lock.read_holder(workdir)
+    if holder is not None and workdir_lock.holder_alive(holder) is not False:
+      logging.warning('%s: its workdir is in use by another training run, %s; left alone.',
+                      trial.name, workdir_lock.describe(holder))
       return 'running'
     commands = self.sweep.commands(trial)
     # After a stage runs, the later ones run again: they read what it wrote.

@@ -119,7 +119,8 @@ def _check_flags() -> None:
   else:  # Results go to WORKDIR/eval/.
     errors += config_validation.writable_dir_errors(
       os.path.join(_WORKDIR.value, 'eval'), '--workdir')
-  config_validation.raise_if(errors, 'flags')
+  if errors:
+    raise app.UsageError('Invalid flags:\n  ' + '\n  '.join(errors))
 
 
 def _write_output(lines) -> None:

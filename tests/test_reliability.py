@@ -7,6 +7,7 @@ JAX compilation cache, so only the first compiles (about 25 s); most others take
 about 9 s each on 2 otherwise idle CPU cores.
 """
 
+import functools
 import hashlib
 import json
 import math
@@ -30,7 +31,9 @@ from conftest import synthetic_pairs, write_lines
 from configs import tiny
 from transformer import (
   checkpoints,
+  evaluation,
   faults,
+  inference,
   optim,
   preemption,
   sharding,
@@ -536,3 +539,68 @@ def test_the_first_error_is_the_last_thing_printed(small_run, copied_run, tmp_pa
     'val.en, val.de (each may also be gzipped, with a .gz suffix).'), result.stderr[-3000:]
   assert 'Traceback' not in result.stderr.split('ValueError')[-1]
   assert _snapshot(workdir) == before
+
+
+def test_eval_flags_outside_their_domains_are_named_before_any_work(small_run, copied_run,
+                                                                   tmp_path):
+  workdir, before = copied_run
+  (tmp_path / 'in.txt').write_text('A sentence.\n')
+  result = subprocess.run(
+    [sys.executable, 'eval.py', f'--workdir={workdir}', '--alpha=nan', '--top_p=1.5',
+     '--beam_size=0', '--temperature=-1', f'--input_file={tmp_path / "in.txt"}',
+     f'--output_file={tmp_path / "missing" / "out.txt"}'],
+    cwd=REPO, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True,
+    timeout=300)
+  assert result.returncode == 1
+  lines = result.stderr.strip().splitlines()[-6:]
+  assert lines == [  # Every one at once, after eval.py's usage text.
+    'Invalid flags:', '  --beam_size=0 must be a positive integer.',
+    '  --alpha=nan must be a finite number in [0, inf).',
+    '  --temperature=-1.0 must be a finite number in [0, inf).',
+    '  --top_p=1.5 must be a finite number in (0, 1].',
+    f'  --output_file={tmp_path}/missing/out.txt: the folder {tmp_path}/missing does not exist.',
+  ], result.stderr[-3000:]
+  assert _snapshot(workdir) == before
+
+
+def _watch_config(workdir, num_train_steps):
+  config = evaluation.load_run_config(str(workdir))
+  config.num_train_steps = num_train_steps  # As if the run had been started for more steps.
+  return config
+
+
+def test_watch_says_what_it_waits_for_and_stops_when_the_run_is_gone(small_run, copied_run,
+                                                                     tmp_path, caplog):
+  workdir, _ = copied_run
+  options = inference.DecodeOptions(decoder='greedy')
+  watch = functools.partial(evaluation.watch, split='validation', options=options, batch_size=16,
+                            poll_seconds=0.01)
+  caplog.set_level('INFO')
+  # A run still training (its lock held by this live process) before its first checkpoint.
+  fresh = tmp_path / 'fresh'
+  fresh.mkdir()
+  shutil.copy(workdir / 'config.json', fresh)
+  with workdir_lock.WorkdirLock(str(fresh)):
+    assert watch(_watch_config(fresh, 4), str(fresh), timeout_seconds=0) == []
+  assert (f'Waiting for a checkpoint after none yet (the run ends at step 4; it is trained by '
+          f'pid {os.getpid()} on host {socket.gethostname()}') in caplog.text
+  # The run stopped at step 2 of 4 (no lock: it is gone): step 2 is evaluated, then it stops.
+  assert watch(_watch_config(workdir, 4), str(workdir)) == [2]
+  assert (f'Stopped watching: the training run of {workdir} is no longer running (no train.lock '
+          'in it), so no new checkpoint can come; its last checkpoint (step 2) is evaluated, '
+          'short of the final step 4.') in caplog.text
+  assert (workdir / 'eval' / 'step_2-validation-greedy.json').exists()
+
+
+def test_over_long_input_lines_are_reported_by_number(small_run, caplog):
+  workdir = small_run[0]
+  config = evaluation.load_run_config(str(workdir))
+  params, _ = evaluation.restore_params(config, str(workdir), 'latest')
+  lines = ['Bada kelo.', 'bada ' * 200, '', 'Sopi ' * 30 + 'ra ' * 40]
+  caplog.set_level('WARNING')
+  outputs = evaluation.translate_lines(config, params, lines, batch_size=4,
+                                       options=inference.DecodeOptions(decoder='greedy'))
+  assert len(outputs) == 4 and outputs[2] == ''
+  assert ('2 input lines are longer than the model reads (config.data.max_eval_len=64 tokens, EOS '
+          'included): each was truncated to fit, so its translation covers only its start. '
+          'Lines: 2, 4.') in caplog.text

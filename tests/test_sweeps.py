@@ -15,7 +15,7 @@ import jax
 import pytest
 
 from configs import tiny
-from transformer import provenance, sweeps
+from transformer import provenance, sweeps, workdir_lock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -134,6 +134,17 @@ def test_trial_status_tells_a_running_trial_from_an_interrupted_one(tmp_path):
 def _write_sweep(path: Path, body: str) -> Path:
   path.write_text(f'from transformer import sweeps\n\n\ndef sweep():\n  return {body}\n')
   return path
+
+
+def test_a_trial_whose_workdir_another_run_holds_is_left_alone(tmp_path):
+  sweep_file = _write_sweep(tmp_path / 's.py', "[{'seed': 1}]")
+  sweep = sweeps.create('configs/tiny.py', tiny.get_config(), str(sweep_file),
+                        str(tmp_path / 'root'))
+  workdir = Path(sweep.workdir(sweep.trials[0]))
+  workdir.mkdir(parents=True)
+  with workdir_lock.WorkdirLock(str(workdir)):  # A train.py started by hand, say.
+    assert sweeps.run(sweep) == {'seed=1': 'running'}
+    assert os.listdir(workdir) == [workdir_lock.LOCK_FILE]  # No train.py was started.
 
 
 def test_dry_run_prints_train_commands_and_writes_nothing(tmp_path):

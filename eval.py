@@ -144,10 +144,7 @@ def _language_model(config) -> None:
     top_k=_TOP_K.value, top_p=_TOP_P.value)
   if options.decoder == 'beam':
     raise app.UsageError('A language model continues prompts with --decoder=greedy or sample.')
-  lengths = _LENGTHS.value or []
-  if not all(length.isdigit() and int(length) > 0 for length in lengths):
-    raise app.UsageError(f'--lengths={",".join(lengths)}: expected positive integers.')
-  lengths = [int(length) for length in lengths]
+  lengths = [int(length) for length in _LENGTHS.value or []]  # Checked by _check_flags.
   prompts = None
   if _INPUT_FILE.value is not None:
     prompts = evaluation.read_input_lines(_INPUT_FILE.value)

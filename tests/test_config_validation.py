@@ -85,6 +85,8 @@ def test_a_language_model_config_is_checked_as_one():
   ('max_extra_len', -1, '--max_extra_len=-1 must be a positive integer'),
   ('batch_size', 0, '--batch_size=0 must be a positive integer'),
   ('poll_seconds', 0.0, '--poll_seconds=0.0 must be a finite positive number'),
+  ('lengths', ['64', '0'], "--lengths=['64', '0'] must be None or positive integers"),
+  ('lengths', ['64', 'x'], "--lengths=['64', 'x'] must be None or positive integers"),
 ])
 def test_eval_flags_outside_their_domains_are_named(flag, value, message):
   [error] = config_validation.eval_flag_errors({flag: value})

@@ -305,7 +305,7 @@ def _device_errors(config: ml_collections.ConfigDict, num_devices: int) -> list[
 
 # --- eval.py's flags ------------------------------------------------------------------------------
 
-# eval.py's numeric flags -> their domains (the decoder and split are checked where they are used).
+# eval.py's flags -> their domains (the decoder and split are checked where they are used).
 DECODE_RULES: dict[str, Rule] = {
   'beam_size': POSITIVE_INT,
   'alpha': real(0.0),  # GNMT length penalty exponent; 0: none.
@@ -319,6 +319,8 @@ EVAL_FLAG_RULES: dict[str, Rule] = {
   'seed': integer(0),
   'batch_size': POSITIVE_INT,
   'poll_seconds': POSITIVE_REAL,
+  'lengths': Rule('None or positive integers', lambda v: v is None or all(
+    str(x).isdigit() and int(x) > 0 for x in v)),  # A list flag: strings.
 }
 
 

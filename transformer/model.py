@@ -87,9 +87,9 @@ class ModelConfig:
               if key not in m}
     if absent:
       m = ml_collections.ConfigDict({**m.to_dict(), **absent})
-    dtype_error = _validation().CONFIG_RULES['dtype'].error('config.dtype', config.dtype)
-    if dtype_error:
-      raise ValueError(f'Invalid model config:\n  {dtype_error}')
+    validation = _validation()  # The other fields are checked by __post_init__.
+    dtype_error = validation.CONFIG_RULES['dtype'].error('config.dtype', config.dtype)
+    validation.raise_if([dtype_error] if dtype_error else [], 'model config')
     return cls(
       vocab_size=config.vocab_size,
       architecture=m.architecture,

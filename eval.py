@@ -19,11 +19,12 @@ language model) or sample (--temperature, --top_k, --top_p, --seed); at most
 """
 
 import json
+import os
 import sys
 
 from absl import app, flags, logging
 
-from transformer import evaluation, inference, lm_evaluation, scoring, training
+from transformer import config_validation, evaluation, inference, lm_evaluation, scoring, training
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
 _CHECKPOINT = flags.DEFINE_string(
@@ -62,10 +63,7 @@ def main(argv):
     raise app.UsageError('--workdir is required.')
   if _ATTENTION_PLOT.value and not _INPUT_TEXT.value:
     raise app.UsageError('--attention_plot needs --input_text.')
-  try:
-    scoring.check_n_bootstrap(_N_BOOTSTRAP.value)
-  except ValueError as e:
-    raise app.UsageError(f'--{e}') from None
+  _check_flags()
   config = evaluation.load_run_config(_WORKDIR.value)
   if training.is_language_model(config):
     _language_model(config)
@@ -77,6 +75,12 @@ def main(argv):
     max_extra_len=_MAX_EXTRA_LEN.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
     top_p=_TOP_P.value)
   split = _SPLIT.value or config.data.test_split
+  longest = config.data.max_eval_len + options.max_extra_len
+  if longest > config.model.max_len:
+    raise app.UsageError(
+      f'--max_extra_len={options.max_extra_len}: outputs of up to config.data.max_eval_len + '
+      f'{options.max_extra_len} = {longest} tokens exceed config.model.max_len='
+      f'{config.model.max_len}, the longest position the model supports.')
 
   if _WATCH.value:
     evaluation.watch(config, _WORKDIR.value, split=split, options=options,
@@ -116,6 +120,21 @@ def main(argv):
   logging.info('Wrote %s', path)
 
 
+def _check_flags() -> None:
+  """Every flag in its domain and every output location writable, before anything is read."""
+  errors = config_validation.eval_flag_errors(
+    {name: flags.FLAGS[name].value for name in config_validation.EVAL_FLAG_RULES})
+  if _INPUT_FILE.value is not None:
+    errors += config_validation.writable_file_errors(_OUTPUT_FILE.value, '--output_file')
+  elif _ATTENTION_PLOT.value:
+    errors += config_validation.writable_dir_errors(_ATTENTION_PLOT.value, '--attention_plot')
+  else:  # Results go to WORKDIR/eval/.
+    errors += config_validation.writable_dir_errors(
+      os.path.join(_WORKDIR.value, 'eval'), '--workdir')
+  if errors:
+    raise app.UsageError('Invalid flags:\n  ' + '\n  '.join(errors))
+
+
 def _write_output(lines) -> None:
   """One line per input line, to --output_file ('-': stdout)."""
   text = ''.join(line + '\n' for line in lines)
@@ -137,10 +156,7 @@ def _language_model(config) -> None:
     top_k=_TOP_K.value, top_p=_TOP_P.value)
   if options.decoder == 'beam':
     raise app.UsageError('A language model continues prompts with --decoder=greedy or sample.')
-  lengths = _LENGTHS.value or []
-  if not all(length.isdigit() and int(length) > 0 for length in lengths):
-    raise app.UsageError(f'--lengths={",".join(lengths)}: expected positive integers.')
-  lengths = [int(length) for length in lengths]
+  lengths = [int(length) for length in _LENGTHS.value or []]  # Checked by _check_flags.
   prompts = None
   if _INPUT_FILE.value is not None:
     prompts = evaluation.read_input_lines(_INPUT_FILE.value)

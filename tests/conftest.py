@@ -60,7 +60,7 @@ def write_lines(path: pathlib.Path, lines: Sequence[str] | bytes) -> pathlib.Pat
   return path
 
 
-@pytest.fixture
+@pytest.fixture(scope='session')
 def write_parallel_corpus() -> Callable[..., pathlib.Path]:
   """Returns `write(directory, sizes={'train': 50, 'val': 10}, langs=('en', 'de'),
   compress=False, seed=0)`: writes synthetic `SPLIT.LANG[.gz]` files, returns directory."""

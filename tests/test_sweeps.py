@@ -4,6 +4,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -17,7 +18,7 @@ import pytest
 from conftest import synthetic_pairs, write_lines
 
 from configs import tiny
-from transformer import provenance, scoring, significance, sweep_summary, sweeps
+from transformer import provenance, scoring, significance, sweep_summary, sweeps, workdir_lock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,6 +137,17 @@ def test_trial_status_tells_a_running_trial_from_an_interrupted_one(tmp_path):
 def _write_sweep(path: Path, body: str) -> Path:
   path.write_text(f'from transformer import sweeps\n\n\ndef sweep():\n  return {body}\n')
   return path
+
+
+def test_a_trial_whose_workdir_another_run_holds_is_left_alone(tmp_path):
+  sweep_file = _write_sweep(tmp_path / 's.py', "[{'seed': 1}]")
+  sweep = sweeps.create('configs/tiny.py', tiny.get_config(), str(sweep_file),
+                        str(tmp_path / 'root'))
+  workdir = Path(sweep.workdir(sweep.trials[0]))
+  workdir.mkdir(parents=True)
+  with workdir_lock.WorkdirLock(str(workdir)):  # A train.py started by hand, say.
+    assert sweeps.run(sweep) == {'seed=1': 'running'}
+    assert os.listdir(workdir) == [workdir_lock.LOCK_FILE]  # No train.py was started.
 
 
 def test_dry_run_prints_train_commands_and_writes_nothing(tmp_path):
@@ -473,8 +485,9 @@ def test_slurm_script_runs_trials_as_array_tasks(two_by_two):
 @pytest.mark.slow
 def test_failing_trial_is_recorded_and_the_others_finish(tmp_path, multi30k_dir,
                                                          multi30k_data_dir, sweep_env):
-  # 3 heads do not divide d_model=32: train.py fails; it runs first, the other one after it.
-  sweep_file = _write_sweep(tmp_path / 'failing.py', "[{'model.num_heads': 3}, {'seed': 2}]")
+  # A mesh of 3 data shards needs 3 devices, the trial has 1: train.py fails (a config error that
+  # only the machine shows); it runs first, the other one after it.
+  sweep_file = _write_sweep(tmp_path / 'failing.py', "[{'mesh.data': 3}, {'seed': 2}]")
   root = tmp_path / 'root'
   result = _sweep_py(sweep_file, root, (multi30k_dir, multi30k_data_dir), sweep_env)
   assert result.returncode == 1
@@ -483,14 +496,26 @@ def test_failing_trial_is_recorded_and_the_others_finish(tmp_path, multi30k_dir,
   assert len((root / 'summary.csv').read_text().splitlines()) == 3
   assert rows['seed=2']['status'] == 'finished' and rows['seed=2']['steps'] == '6'
   assert rows['seed=2']['rank'] == '1'
-  failed = rows['num_heads=3']
+  failed = rows['data=3']
   assert failed['status'] == 'failed' and failed['rank'] == '' and failed['steps'] == ''
-  message = 'config.model.d_model=32 is not divisible by config.model.num_heads=3'
+  message = "config.mesh {'data': 3, 'fsdp': 1, 'tensor': 1} needs 3 devices, but 1 are available"
   assert message in failed['error']
-  assert message in (root / 'num_heads=3' / 'train.log').read_text()
+  assert message in (root / 'data=3' / 'train.log').read_text()
   markdown = (root / 'summary.md').read_text()
-  [line] = [line for line in markdown.splitlines() if line.startswith('* `num_heads=3`: ')]
-  assert 'ValueError: ' in line and message in line and line.endswith('(num_heads=3/train.log)')
+  [line] = [line for line in markdown.splitlines() if line.startswith('* `data=3`: ')]
+  assert 'Error: ' in line and message in line and line.endswith('(data=3/train.log)')
+
+
+@pytest.mark.parametrize(('trial', 'message'), [
+  ({'model.num_heads': 3}, 'config.model.d_model=32 is not divisible by config.model.num_heads=3'),
+  ({'model.dropout_rate': 1.5}, 'config.model.dropout_rate=1.5 must be a finite number in [0, 1)'),
+  ({'lr_scale': -1}, 'config.lr_scale=-1.0 must be a finite positive number'),
+  ({'model.norm': 'batch'}, "config.model.norm='batch' is not one of"),
+])
+def test_trial_outside_the_domains_is_rejected_before_any_trial_starts(trial, message):
+  with pytest.raises(ValueError, match=re.escape(f'sweep(): trial 1 {trial}')) as error:
+    sweeps.make_trials(tiny.get_config(), [{'seed': 1}, trial])
+  assert message in str(error.value)
 
 
 def test_unknown_override_key_is_rejected_before_any_trial_starts(tmp_path):

@@ -25,6 +25,7 @@ from transformer import (
   scoring,
   sharding,
   training,
+  workdir_lock,
 )
 from transformer import tokenizer as tokenizer_lib
 from transformer.model import ModelConfig
@@ -173,9 +174,19 @@ def translate_lines(
 ) -> list[str]:
   """One translation per input line; empty input lines give empty output lines."""
   tokenizer = tokenizer_lib.get_tokenizer(config)
+  max_len = config.data.max_eval_len
+  too_long = [number for number, line in enumerate(lines, start=1)
+              if line.strip() and len(tokenizer.encode(line)) > max_len - 1]
+  if too_long:
+    shown = ', '.join(map(str, too_long[:20])) + (
+      f' and {len(too_long) - 20} more' if len(too_long) > 20 else '')
+    logging.warning(
+      '%d input lines are longer than the model reads (config.data.max_eval_len=%d tokens, EOS '
+      'included): each was truncated to fit, so its translation covers only its start. '
+      'Lines: %s.', len(too_long), max_len, shown)
   translate_fn = inference.make_translate_fn(
     ModelConfig.from_config(config), options, *mesh_and_rules(config))
-  batches = input_pipeline.text_batches(lines, tokenizer, batch_size, config.data.max_eval_len)
+  batches = input_pipeline.text_batches(lines, tokenizer, batch_size, max_len)
   translations, _ = inference.decode_batches(translate_fn, params, batches, tokenizer,
                                    jax.random.key(seed))
   return [translations.get(i, '') for i in range(len(lines))]
@@ -189,15 +200,22 @@ def watch(
   """Evaluates each new checkpoint as it appears, until the run's final step is done.
 
   A side-car next to a training job: BLEU per step goes to WORKDIR/eval/*.json,
-  metrics.jsonl (`{split}_bleu` rows) and TensorBoard. Returns the steps evaluated.
+  metrics.jsonl (`{split}_bleu` rows) and TensorBoard. It never takes the
+  workdir's lock; it reads it (`workdir_lock`) to know whether the run is still
+  training, logs what it waits for, and stops with a warning once the run is no
+  longer running and every checkpoint it left has been evaluated (no new one
+  can come). Returns the steps evaluated.
   """
   target = abstract_state(config)
   tokenizer = tokenizer_lib.get_tokenizer(config)
   writer = metrics.MetricsWriter(os.path.join(workdir, 'eval'))
   evaluated: list[int] = []
   started = time.monotonic()
+  waiting_for = None
   try:
     while True:
+      # The lock first: a run that ends after this look left its last checkpoint in the listing.
+      holder = workdir_lock.read_holder(workdir)
       steps = checkpoints.available_steps(workdir)
       for step in sorted(set(steps) - set(evaluated)):
         params, label = checkpoints.load_params(workdir, target, str(step))
@@ -211,6 +229,24 @@ def watch(
         evaluated.append(step)
       if evaluated and max(evaluated) >= config.num_train_steps:
         return evaluated
+      last = f'step {max(steps)}' if steps else 'none yet'
+      alive = None if holder is None else workdir_lock.holder_alive(holder)
+      if holder is None or alive is False:
+        why = (f'no {workdir_lock.LOCK_FILE} in it' if holder is None
+               else f'{workdir_lock.describe(holder)} is dead')
+        logging.warning(
+          'Stopped watching: the training run of %s is no longer running (%s), so no new '
+          'checkpoint can come; its last checkpoint (%s) is evaluated, short of the final step '
+          '%d. Run the same train.py command to resume it, then eval.py --watch again.',
+          workdir, why, last, config.num_train_steps)
+        return evaluated
+      message = (f'Waiting for a checkpoint after {last} (the run ends at step '
+                 f'{config.num_train_steps}; it is trained by {workdir_lock.describe(holder)}'
+                 + ('' if alive else ', on another host: not checked') +
+                 f'); looking every {poll_seconds:g} s.')
+      if message != waiting_for:
+        logging.info('%s', message)
+        waiting_for = message
       if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:
         logging.warning('Stopped watching after %.0f s.', timeout_seconds)
         return evaluated

@@ -30,33 +30,10 @@ import numpy as np
 
 from transformer import datasets, input_pipeline
 from transformer import tokenizer as tokenizer_lib
-from transformer.model import ModelConfig
 
 Batch = dict[str, np.ndarray]
 # Keys of every `train_iterator` / `eval_batches` batch.
 BATCH_KEYS = ('tgt_input_tokens', 'tgt_tokens', 'tgt_segments', 'tgt_positions')
-
-
-def config_errors(config: ml_collections.ConfigDict) -> list[str]:
-  """Errors, naming the keys, of a config that mixes the language model and translation."""
-  decoder_only = not ModelConfig.from_config(config).has_encoder
-  lm_data = datasets.is_language_model_data(config.data)
-  errors = []
-  if decoder_only != lm_data:
-    errors.append(
-        f'config.model.architecture={config.model.architecture!r} does not fit '
-        f'config.data.dataset={config.data.dataset!r}: a decoder_only model trains on '
-        f'monolingual text {datasets.LM_DATASETS}, an encoder_decoder one on parallel text.')
-  if decoder_only and config.eval_bleu_sentences:
-    errors.append(f'config.eval_bleu_sentences={config.eval_bleu_sentences} must be 0 for a '
-                  'decoder_only model: BLEU scores translations.')
-  if decoder_only and config.target_metric == 'eval_bleu':
-    errors.append("config.target_metric='eval_bleu' ranks translations; use 'eval_loss' for a "
-                  'decoder_only model.')
-  if lm_data and config.data.lines_per_document < 1:
-    errors.append(
-        f'config.data.lines_per_document={config.data.lines_per_document} must be positive.')
-  return errors
 
 
 class Documents(Sequence[str]):

@@ -44,6 +44,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from transformer import config_validation, workdir_lock
+
 Overrides = dict[str, Any]
 # The repository root, where train.py and eval.py live.
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -225,7 +227,11 @@ def _typed_value(config: ml_collections.ConfigDict, key: str, value: Any) -> Any
 
 
 def check_overrides(config: ml_collections.ConfigDict, overrides: Overrides) -> Overrides:
-  """`overrides` with values typed as their config fields; an unknown key is an error naming it."""
+  """`overrides` with values typed as their config fields; an unknown key is an error naming it.
+
+  Each value must lie in its domain (`config_validation.CONFIG_RULES`); rules
+  across keys are checked on the whole trial config (`make_trials`).
+  """
   keys = flatten_keys(config)
   groups = {key.rsplit('.', 1)[0] for key in keys if '.' in key}
   typed = {}
@@ -235,6 +241,10 @@ def check_overrides(config: ml_collections.ConfigDict, overrides: Overrides) -> 
       hint = f' Did you mean {" or ".join(map(repr, close))}?' if close else ''
       raise ValueError(f'{key!r} is not a key of the config.{hint}')
     typed[key] = _typed_value(config, key, value)
+    rule = config_validation.CONFIG_RULES.get(key)
+    error = rule and rule.error(f'config.{key}', typed[key])
+    if error:
+      raise ValueError(error)
   return typed
 
 
@@ -311,7 +321,12 @@ def make_trials(config: ml_collections.ConfigDict, overrides_list: Sequence[Over
       raise ValueError(f'{source}: trials {first_index[name]} and {index} are the same run '
                        f'({name}); give each trial different overrides.')
     first_index[name] = index
-    trials.append(Trial(name=name, overrides=typed, config=apply_overrides(config, typed)))
+    resolved = apply_overrides(config, typed)
+    errors = config_validation.config_errors(resolved)
+    if errors:  # Every value in its domain before any trial runs.
+      raise ValueError(f'{source}: trial {index} {typed} gives an invalid config:\n  '
+                       + '\n  '.join(errors))
+    trials.append(Trial(name=name, overrides=typed, config=resolved))
   return trials
 
 
@@ -404,9 +419,7 @@ def create(config_file: str, config: ml_collections.ConfigDict, sweep_file: str,
   and the summary tests every configuration against `compare_to` (a
   configuration's name, e.g. 'base'; None: the best one).
   """
-  if config.target_metric not in TARGET_METRICS:
-    raise ValueError(f'config.target_metric={config.target_metric!r} is not one of '
-                     f'{sorted(TARGET_METRICS)}.')
+  config_validation.raise_if(config_validation.config_errors(config))
   check_seeds(seeds)
   path, colon, argument = config_file.partition(':')
   shared_overrides = dict(shared_overrides or {})
@@ -546,6 +559,11 @@ class _Runner:
     state = read_state(workdir)
     if state and state['status'] == 'running' and _process_alive(state, workdir):
       logging.warning('%s: already running in process %s; left alone.', trial.name, state['pid'])
+      return 'running'
+    holder = workdir_lock.read_holder(workdir)
+    if holder is not None and workdir_lock.holder_alive(holder) is not False:
+      logging.warning('%s: its workdir is in use by another training run, %s; left alone.',
+                      trial.name, workdir_lock.describe(holder))
       return 'running'
     commands = self.sweep.commands(trial)
     # After a stage runs, the later ones run again: they read what it wrote.

@@ -170,7 +170,16 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
   """
   path = vocab_path(config)
   if os.path.exists(path):
-    tokenizer = Tokenizer.load(path)
+    try:
+      tokenizer = Tokenizer.load(path)
+    except (RuntimeError, OSError, ValueError) as e:  # SentencePiece raises RuntimeError.
+      key = ('config.data.vocab_path' if config.data.vocab_path
+             else 'the vocabulary beside the prepared data, under config.data.data_dir')
+      raise ValueError(
+          f'{path} ({key}) is not a usable SentencePiece model: {e}. Point '
+          'config.data.vocab_path at a model trained by this project, or remove the file to '
+          'train one.'
+      ) from e
     if tokenizer.vocab_size != config.vocab_size:
       raise ValueError(
           f'SentencePiece model {path} has vocab size {tokenizer.vocab_size} but '

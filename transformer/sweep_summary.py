@@ -24,7 +24,7 @@ import math
 import os
 import socket
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from matplotlib import colormaps
@@ -179,60 +179,76 @@ def _numeric(values: Sequence[Any]) -> bool:
   return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
 
 
-def plot(results: Sequence[TrialResult], swept_keys: Sequence[str], target_metric: str,
-         path: str) -> None:
-  """The target metric against each swept key, then every trial's learning curves."""
-  column, _ = sweeps.TARGET_METRICS[target_metric]
-  num_panels = len(swept_keys) + 1
+def _figure(num_panels: int) -> tuple[Figure, list]:
+  """A figure of `num_panels` panels, three to a row."""
   num_cols = min(num_panels, 3)
   num_rows = math.ceil(num_panels / num_cols)
   fig = Figure(figsize=(4.6 * num_cols, 3.6 * num_rows), layout='constrained')
   FigureCanvasAgg(fig)
-  axes = fig.subplots(num_rows, num_cols, squeeze=False).ravel()
+  axes = list(fig.subplots(num_rows, num_cols, squeeze=False).ravel())
+  for ax in axes[num_panels:]:
+    ax.set_visible(False)
+  return fig, axes
+
+
+def _key_axis(ax, key: str, values: Sequence[Any]) -> Callable[[Any], Any]:
+  """Sets up the x axis of a swept key's `values`; returns value -> x position."""
+  numeric = _numeric(values)
+  to_x = (lambda v: v) if numeric else (lambda v: values.index(v))
+  if numeric and values and min(values) > 0 and max(values) >= 8 * min(values):
+    ax.set_xscale('log')
+    ax.minorticks_off()
+  if not numeric or len(values) <= 8:  # Ticks at the values tried.
+    ax.set_xticks([to_x(v) for v in values], [sweeps.flag_value(v) for v in values],
+                  rotation=0 if numeric else 20)
+  ax.set_xlabel(key)
+  ax.grid(alpha=0.3)
+  return to_x
+
+
+def _learning_curves(ax, runs: Sequence[tuple[str, bool, Sequence[TrialResult]]],
+                     title: str) -> None:
+  """Train (solid) and validation (dashed) loss of each `(name, is_best, trials)`, a colour each."""
+  colors = colormaps['tab10']
+  for index, (name, is_best, trials) in enumerate(runs):
+    color = colors(index % 10)
+    width = 2.5 if is_best else 1.0
+    for number, trial in enumerate(trials):
+      if trial.train_curve:
+        steps, losses = zip(*trial.train_curve, strict=True)
+        ax.plot(steps, losses, color=color, linewidth=width, alpha=0.8,
+                label=name if number == 0 else None)
+      if trial.eval_curve:
+        steps, losses = zip(*trial.eval_curve, strict=True)
+        ax.plot(steps, losses, color=color, linewidth=width, linestyle='--', marker='o',
+                markersize=3)
+  ax.set_xlabel('step')
+  ax.set_ylabel('loss (solid: train, dashed: validation)')
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  if 0 < len(runs) <= 12:
+    ax.legend(fontsize='x-small')
+
+
+def plot(results: Sequence[TrialResult], swept_keys: Sequence[str], target_metric: str,
+         path: str) -> None:
+  """The target metric against each swept key, then every trial's learning curves."""
+  column, _ = sweeps.TARGET_METRICS[target_metric]
+  fig, axes = _figure(len(swept_keys) + 1)
   scored = [r for r in results if getattr(r, column) is not None]
   for ax, key in zip(axes, swept_keys, strict=False):
     points = [(r.overrides[key], getattr(r, column), r.rank == 1)
               for r in scored if key in r.overrides]
-    values = sorted({p[0] for p in points}, key=str)
-    if _numeric(values):
-      to_x = lambda v: v
-      if values and min(values) > 0 and max(values) >= 8 * min(values):
-        ax.set_xscale('log')
-        ax.minorticks_off()
-      if len(values) <= 8:  # Ticks at the values tried.
-        ax.set_xticks(values, [sweeps.flag_value(v) for v in values])
-    else:
-      to_x = lambda v, values=values: values.index(v)
-      ax.set_xticks(range(len(values)), [str(v) for v in values], rotation=20)
+    to_x = _key_axis(ax, key, sorted({p[0] for p in points}, key=str))
     ax.scatter([to_x(p[0]) for p in points], [p[1] for p in points], color='tab:blue')
     best = [p for p in points if p[2]]
     ax.scatter([to_x(p[0]) for p in best], [p[1] for p in best], s=160, marker='*',
                color='tab:red', label='best', zorder=3)
-    ax.set_xlabel(key)
     ax.set_ylabel(column)
-    ax.grid(alpha=0.3)
     if best:
       ax.legend(fontsize='small')
-  curves = axes[len(swept_keys)]
-  colors = colormaps['tab10']
-  for index, result in enumerate(results):
-    color = colors(index % 10)
-    width = 2.5 if result.rank == 1 else 1.0
-    if result.train_curve:
-      steps, losses = zip(*result.train_curve, strict=True)
-      curves.plot(steps, losses, color=color, linewidth=width, alpha=0.8, label=result.name)
-    if result.eval_curve:
-      steps, losses = zip(*result.eval_curve, strict=True)
-      curves.plot(steps, losses, color=color, linewidth=width, linestyle='--', marker='o',
-                  markersize=3)
-  curves.set_xlabel('step')
-  curves.set_ylabel('loss (solid: train, dashed: validation)')
-  curves.set_title('learning curves')
-  curves.grid(alpha=0.3)
-  if 0 < len(results) <= 12:
-    curves.legend(fontsize='x-small')
-  for ax in axes[num_panels:]:
-    ax.set_visible(False)
+  _learning_curves(axes[len(swept_keys)], [(r.name, r.rank == 1, [r]) for r in results],
+                   'learning curves')
   fig.savefig(path, dpi=90)
 
 
@@ -434,24 +450,11 @@ def plot_groups(groups: Sequence[GroupResult], swept_keys: Sequence[str], target
   """Per swept key: the mean of the target metric with ± std error bars and each seed's value;
   then every trial's learning curves, one colour per configuration. Returns the figure."""
   column, _ = sweeps.TARGET_METRICS[target_metric]
-  num_panels = len(swept_keys) + 1
-  num_cols = min(num_panels, 3)
-  num_rows = math.ceil(num_panels / num_cols)
-  fig = Figure(figsize=(4.6 * num_cols, 3.6 * num_rows), layout='constrained')
-  FigureCanvasAgg(fig)
-  axes = fig.subplots(num_rows, num_cols, squeeze=False).ravel()
+  fig, axes = _figure(len(swept_keys) + 1)
   scored = [g for g in groups if g.values(column)]
   for ax, key in zip(axes, swept_keys, strict=False):
     members = [g for g in scored if key in g.overrides]
-    values = sorted({g.overrides[key] for g in members}, key=str)
-    numeric = _numeric(values)
-    to_x = (lambda v: v) if numeric else (lambda v, values=values: values.index(v))
-    if numeric and values and min(values) > 0 and max(values) >= 8 * min(values):
-      ax.set_xscale('log')
-      ax.minorticks_off()
-    if not numeric or len(values) <= 8:
-      ax.set_xticks([to_x(v) for v in values], [sweeps.flag_value(v) for v in values],
-                    rotation=0 if numeric else 20)
+    to_x = _key_axis(ax, key, sorted({g.overrides[key] for g in members}, key=str))
     for g in members:
       stats = g.stats(column)
       best = g.rank == 1
@@ -461,33 +464,11 @@ def plot_groups(groups: Sequence[GroupResult], swept_keys: Sequence[str], target
                   label='best (mean ± std)' if best else None)
       ax.scatter([to_x(g.overrides[key])] * len(g.values(column)), g.values(column), s=10,
                  color='gray', alpha=0.7, zorder=2)
-    ax.set_xlabel(key)
     ax.set_ylabel(f'{column} (mean ± std; dots: seeds)')
-    ax.grid(alpha=0.3)
     if any(g.rank == 1 for g in members):
       ax.legend(fontsize='small')
-  curves = axes[len(swept_keys)]
-  colors = colormaps['tab10']
-  for index, result in enumerate(groups):
-    color = colors(index % 10)
-    width = 2.5 if result.rank == 1 else 1.0
-    for seed, trial in enumerate(result.trials):
-      label = result.name if seed == 0 else None
-      if trial.train_curve:
-        steps, losses = zip(*trial.train_curve, strict=True)
-        curves.plot(steps, losses, color=color, linewidth=width, alpha=0.8, label=label)
-      if trial.eval_curve:
-        steps, losses = zip(*trial.eval_curve, strict=True)
-        curves.plot(steps, losses, color=color, linewidth=width, linestyle='--', marker='o',
-                    markersize=3)
-  curves.set_xlabel('step')
-  curves.set_ylabel('loss (solid: train, dashed: validation)')
-  curves.set_title('learning curves (one colour per configuration)')
-  curves.grid(alpha=0.3)
-  if 0 < len(groups) <= 12:
-    curves.legend(fontsize='x-small')
-  for ax in axes[num_panels:]:
-    ax.set_visible(False)
+  _learning_curves(axes[len(swept_keys)], [(g.name, g.rank == 1, g.trials) for g in groups],
+                   'learning curves (one colour per configuration)')
   fig.savefig(path, dpi=90)
   return fig
 

@@ -127,7 +127,10 @@ def packed_batches(
   """Packed chunks -> batches of `rows` rows, in `num_workers` processes (0: this one).
 
   Each worker packs and batches every `num_workers`-th chunk; grain interleaves
-  their batches deterministically and checkpoints every worker's position.
+  their batches deterministically and checkpoints every worker's position. An
+  exception in a worker is re-raised by `next` with the worker's traceback; a
+  worker killed from outside (out of memory) makes `next` raise `RuntimeError:
+  Worker process was terminated unexpectedly with exit code -9`.
   """
   it = chunks.to_iter_dataset(READ_OPTIONS)
   it = grain.experimental.RebatchIterDataset(it, rows, drop_remainder=drop_remainder)

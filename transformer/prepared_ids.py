@@ -18,6 +18,7 @@ Encoding runs in `os.cpu_count()` processes for large splits (SentencePiece
 and the TFDS decoding are both CPU-bound), with a progress bar.
 """
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import itertools
@@ -223,9 +224,11 @@ def _encoded_blocks(data_config, split, texts, tokenizer, blocks,
       _worker.clear()
     return
   # Spawned, not forked: the training process may hold threads (JAX) that fork would copy.
-  context = multiprocessing.get_context('spawn')
-  with context.Pool(processes, _init_worker, args) as pool:
-    yield from pool.imap(_encode_block, blocks)
+  # An executor, not a Pool: a worker that dies or fails to start raises here (a Pool
+  # would start another and wait forever).
+  with concurrent.futures.ProcessPoolExecutor(
+      processes, multiprocessing.get_context('spawn'), _init_worker, args) as pool:
+    yield from pool.map(_encode_block, blocks)
 
 
 _worker: dict[str, Any] = {}  # The encoding process's data source, texts and tokenizer.

@@ -16,7 +16,7 @@ first one. Reports:
   * first-batch latency, batches/s, real (non-pad) source + target tokens/s in
     all and per worker (per core of the main process when workers=0), the real
     share of the target slots;
-  * peak resident memory of the reading process (`ru_maxrss`) and, with
+  * peak resident memory of the reading process (VmHWM) and, with
     workers, the resident memory of the workers at the end.
 
 Figures are comparable only side by side on one machine: report `uptime` with them.
@@ -27,7 +27,6 @@ import gzip
 import importlib.util
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -104,6 +103,13 @@ def prepare(args) -> dict:
   return times
 
 
+def peak_rss_kb() -> int:
+  """This process's peak resident memory (VmHWM; `ru_maxrss` would include the parent's,
+  as Linux keeps it across exec)."""
+  with open('/proc/self/status') as f:
+    return next(int(line.split()[1]) for line in f if line.startswith('VmHWM:'))
+
+
 def measure(args) -> dict:
   """Reads batches in this process (a fresh one per worker count); returns figures."""
   from absl import flags
@@ -144,7 +150,7 @@ def measure(args) -> dict:
       'real_tokens_per_s_per_worker': round(tokens_per_s / cores),
       'real_target_share': round(
           float((batch['tgt_segments'] > 0).mean()), 4),
-      'peak_rss_main_mb': round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+      'peak_rss_main_mb': round(peak_rss_kb() / 1024),
       'rss_workers_end_mb': round(worker_rss / 2**20),
       'rows_x_len': list(batch['tgt_tokens'].shape),
   }
@@ -159,7 +165,7 @@ def main():
   parser.add_argument('--spm_sentences', type=int, default=1_000_000,
                       help='Sentences sampled to train the vocabulary.')
   parser.add_argument('--workers', default='0', help='Comma-separated worker counts.')
-  parser.add_argument('--batches', type=int, default=30, help='Timed batches after the first.')
+  parser.add_argument('--batches', type=int, default=200, help='Timed batches after the first.')
   parser.add_argument('--measure_workers', type=int, default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
 

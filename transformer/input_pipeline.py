@@ -38,7 +38,7 @@ READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 PACKING_BINS_PER_ROW = 2
 # Examples packed together per open row and per 16 positions of a row: rows are full
 # but for the last open ones of each chunk, a small share of a chunk this long.
-PACK_CHUNK_PER_ROW = 32
+PACK_CHUNK_PER_ROW = 8
 _READ_CHUNK = 1024  # Examples read at once when scanning a split.
 
 Batch = dict[str, np.ndarray]

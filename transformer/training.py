@@ -279,19 +279,17 @@ class _Progress:
 
 
 def _prepare_data(config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
-  """Prepares the data, vocabulary and token ids once, then loads the vocabulary everywhere.
+  """Prepares the data and vocabulary once, then loads the vocabulary on every process.
 
   Process 0 goes first, so that processes sharing a filesystem never write the
   same files at once; the others then find them ready (or, on hosts with their
   own disks, prepare their own copy).
   """
-  if jax.process_count() == 1 or jax.process_index() == 0:
-    vocab = tokenizer.get_tokenizer(config)
-    data_pipeline(config).prepare_ids(config, vocab)  # Token ids of train and eval splits.
   if jax.process_count() == 1:
-    return vocab
+    return tokenizer.get_tokenizer(config)
+  vocab = tokenizer.get_tokenizer(config) if jax.process_index() == 0 else None
   multihost_utils.sync_global_devices('data prepared')
-  return tokenizer.get_tokenizer(config)
+  return vocab or tokenizer.get_tokenizer(config)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices=None, *,

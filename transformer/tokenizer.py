@@ -65,6 +65,10 @@ class Tokenizer:
     """Returns the piece ids of `text` (no BOS or EOS)."""
     return self._sp.encode(text)
 
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Returns the piece ids of each of `texts` (one SentencePiece call)."""
+    return self._sp.encode(list(texts))
+
   def decode(self, ids: Iterable[int]) -> str:
     """Returns the text of `ids`, up to the first EOS; PAD and BOS are ignored."""
     kept = []
@@ -218,19 +222,12 @@ def _training_sentences(
   count = 0
   for start in range(0, len(order), _READ_CHUNK):
     positions = order[start : start + _READ_CHUNK].tolist()
-    for example in _read(source, positions):
+    for example in datasets.read_examples(source, positions):
       for text in texts(example):
         if count >= max_sentences:
           return
         count += 1
         yield text
-
-
-def _read(source: Sequence, positions: list[int]) -> list:
-  getitems = getattr(source, '__getitems__', None)
-  if getitems is not None:
-    return getitems(positions)
-  return [source[i] for i in positions]
 
 
 class _InMemoryFile:

@@ -3,8 +3,10 @@
 Reads the run's resolved config from WORKDIR/config.json, decodes a split (beam
 search by default, as in the paper: beam 4, alpha 0.6, max length = source + 50)
 and writes WORKDIR/eval/<checkpoint>-<split>.txt and .json (with a suffix such as
-`-greedy` for other decoding settings) (sacreBLEU, chrF,
-length ratio, decode speed). Also translates arbitrary text (--input_file),
+`-greedy` for other decoding settings) (sacreBLEU, chrF, each with its bootstrap
+95% confidence interval (--n_bootstrap), length ratio, decode speed), and the
+references scored against (WORKDIR/eval/references-<split>.txt; compare.py tests
+two results for a significant difference). Also translates arbitrary text (--input_file),
 follows a training run (--watch) and draws attention maps (--attention_plot).
 
 For a decoder-only language model (config.model.architecture='decoder_only'):
@@ -17,11 +19,12 @@ language model) or sample (--temperature, --top_k, --top_p, --seed); at most
 """
 
 import json
+import os
 import sys
 
 from absl import app, flags, logging
 
-from transformer import evaluation, inference, lm_evaluation, training
+from transformer import config_validation, evaluation, inference, lm_evaluation, scoring, training
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
 _CHECKPOINT = flags.DEFINE_string(
@@ -35,6 +38,9 @@ _TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Sampling temperature (0: 
 _TOP_K = flags.DEFINE_integer('top_k', 0, 'Sample from the k most likely tokens (0: all).')
 _TOP_P = flags.DEFINE_float('top_p', 1.0, 'Nucleus sampling mass (1.0: all).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
+_N_BOOTSTRAP = flags.DEFINE_integer(
+  'n_bootstrap', scoring.DEFAULT_BOOTSTRAP, "Bootstrap resamples for each score's 95% "
+  'confidence interval (sacreBLEU\'s, seeded by SACREBLEU_SEED, default 12345); 1: none.')
 _BATCH_SIZE = flags.DEFINE_integer(
   'batch_size', inference.MAX_DECODE_ROWS, 'Most sentences decoded at once.')
 _MAX_TOKENS = flags.DEFINE_integer(
@@ -61,6 +67,7 @@ def main(argv):
     raise app.UsageError('--workdir is required.')
   if _ATTENTION_PLOT.value and not _INPUT_TEXT.value:
     raise app.UsageError('--attention_plot needs --input_text.')
+  _check_flags()
   config = evaluation.load_run_config(_WORKDIR.value)
   if training.is_language_model(config):
     _language_model(config)
@@ -72,6 +79,12 @@ def main(argv):
     max_extra_len=_MAX_EXTRA_LEN.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
     top_p=_TOP_P.value)
   split = _SPLIT.value or config.data.test_split
+  longest = config.data.max_eval_len + options.max_extra_len
+  if longest > config.model.max_len:
+    raise app.UsageError(
+      f'--max_extra_len={options.max_extra_len}: outputs of up to config.data.max_eval_len + '
+      f'{options.max_extra_len} = {longest} tokens exceed config.model.max_len='
+      f'{config.model.max_len}, the longest position the model supports.')
 
   if _WATCH.value:
     evaluation.watch(config, _WORKDIR.value, split=split, options=options,
@@ -97,13 +110,35 @@ def main(argv):
 
   lines, results = evaluation.evaluate_split(
     config, params, split=split, options=options, batch_size=_BATCH_SIZE.value,
-    max_tokens=_MAX_TOKENS.value, seed=_SEED.value)
+    max_tokens=_MAX_TOKENS.value, seed=_SEED.value, n_bootstrap=_N_BOOTSTRAP.value)
   results.update(checkpoint=label, split=split, decoder=options.decoder,
                  beam_size=options.beam_size, alpha=options.alpha)
   tag = options.tag() + (f'_seed{_SEED.value}' if options.decoder == 'sample' else '')
   path = evaluation.write_split_results(_WORKDIR.value, label, split, lines, results, tag)
-  print(json.dumps({k: results[k] for k in ('bleu', 'chrf', 'num_sentences')}))
+  evaluation.write_references(config, _WORKDIR.value, split)
+  interval = (f' (± 95% bootstrap interval, {_N_BOOTSTRAP.value} resamples)'
+              if _N_BOOTSTRAP.value > 1 else '')
+  print(f'{label} {split} ({results["num_sentences"]} sentences): BLEU '
+        f'{scoring.format_score(results, "bleu")}, chrF {scoring.format_score(results, "chrf")}'
+        f'{interval}')
+  print(json.dumps({k: v for k, v in results.items()
+                    if k in ('bleu', 'bleu_ci', 'chrf', 'chrf_ci', 'num_sentences')}))
   logging.info('Wrote %s', path)
+
+
+def _check_flags() -> None:
+  """Every flag in its domain and every output location writable, before anything is read."""
+  errors = config_validation.eval_flag_errors(
+    {name: flags.FLAGS[name].value for name in config_validation.EVAL_FLAG_RULES})
+  if _INPUT_FILE.value is not None:
+    errors += config_validation.writable_file_errors(_OUTPUT_FILE.value, '--output_file')
+  elif _ATTENTION_PLOT.value:
+    errors += config_validation.writable_dir_errors(_ATTENTION_PLOT.value, '--attention_plot')
+  else:  # Results go to WORKDIR/eval/.
+    errors += config_validation.writable_dir_errors(
+      os.path.join(_WORKDIR.value, 'eval'), '--workdir')
+  if errors:
+    raise app.UsageError('Invalid flags:\n  ' + '\n  '.join(errors))
 
 
 def _write_output(lines) -> None:
@@ -127,10 +162,7 @@ def _language_model(config) -> None:
     top_k=_TOP_K.value, top_p=_TOP_P.value)
   if options.decoder == 'beam':
     raise app.UsageError('A language model continues prompts with --decoder=greedy or sample.')
-  lengths = _LENGTHS.value or []
-  if not all(length.isdigit() and int(length) > 0 for length in lengths):
-    raise app.UsageError(f'--lengths={",".join(lengths)}: expected positive integers.')
-  lengths = [int(length) for length in lengths]
+  lengths = [int(length) for length in _LENGTHS.value or []]  # Checked by _check_flags.
   prompts = None
   if _INPUT_FILE.value is not None:
     prompts = evaluation.read_input_lines(_INPUT_FILE.value)

@@ -7,6 +7,12 @@ Each override dict of the sweep file's `sweep()` is a trial in WORKDIR/<name>/
 (name from its overrides); `--config.KEY=VALUE` flags apply to every trial.
 Running the same command again skips finished trials and resumes interrupted
 ones. WORKDIR/summary.{csv,md,png} rank the trials by `config.target_metric`.
+
+With --seeds=N each trial runs N times (config.seed, config.seed + 1, ...) and the
+summary ranks configurations by the mean over their seeds (mean, std, min/max,
+error bars); with --eval it adds paired significance tests of the best
+configuration's (or --compare_to's) eval.py translations against each other's
+(see sweep_summary.py).
 """
 
 import shlex
@@ -34,6 +40,12 @@ _EMIT = flags.DEFINE_enum('emit', None, ['slurm'], 'Write WORKDIR/sweep.slurm (a
 _SLURM_OPTIONS = flags.DEFINE_multi_string('slurm_option', [], "An extra '#SBATCH' option, e.g. "
                                            '--slurm_option=--gres=gpu:1 (repeatable).')
 _TRIAL = flags.DEFINE_string('trial', None, 'Run only the trial of this name (Slurm tasks).')
+_SEEDS = flags.DEFINE_integer('seeds', 1, 'Run every trial with this many seeds (config.seed, '
+                              '+1, ...); the summary then groups them: mean, std, min/max, and '
+                              'paired tests of eval.py results against the best.')
+_COMPARE_TO = flags.DEFINE_string('compare_to', None, "With --seeds: the configuration (e.g. "
+                                  "'base') the summary's paired tests compare every other one "
+                                  'to; default: the best.')
 
 
 def _raise_keyboard_interrupt(signum, frame):
@@ -47,7 +59,8 @@ def main(argv):
   sweep = sweeps.create(
     config_flags.get_config_filename(flags.FLAGS['config']), _CONFIG.value, _SWEEP.value,
     _WORKDIR.value, shared_overrides=config_flags.get_override_values(flags.FLAGS['config']),
-    eval_flags=shlex.split(_EVAL_FLAGS.value) if _EVAL.value else None)
+    eval_flags=shlex.split(_EVAL_FLAGS.value) if _EVAL.value else None, seeds=_SEEDS.value,
+    compare_to=_COMPARE_TO.value)
   if _DRY_RUN.value:
     print('\n'.join(sweeps.dry_run(sweep)))
     return

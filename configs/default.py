@@ -81,6 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.max_eval_len = 256  # Packed row length for evaluation (never drops a line).
   config.data.tokens_per_batch = 4096  # Global token budget per side per batch.
   config.data.spm_train_sentences = 1_000_000  # Sentences sampled to train SentencePiece.
+  config.data.num_workers = 0  # Grain worker processes reading/packing training batches (0: none).
   config.data.lines_per_document = 1  # Language models: consecutive lines joined per document.
 
   # Device mesh; one axis may be -1 (all remaining devices).

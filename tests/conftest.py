@@ -1,19 +1,25 @@
 """Shared pytest fixtures."""
 
 import gzip
+import io
 import pathlib
 import random
+import tarfile
 from collections.abc import Callable, Sequence
 
 import jax
 import ml_collections
 import pytest
+from absl import flags
 
 from configs import default
 
 # Eight CPU devices for the sharding tests (meshes of data, fsdp and tensor parallelism);
 # before anything touches a device. Subprocesses started by tests keep their own default.
 jax.config.update('jax_num_cpu_devices', 8)
+# Grain reads its absl flags when it starts worker processes (`config.data.num_workers`);
+# train.py parses them, pytest does not.
+flags.FLAGS.mark_as_parsed()
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The real Multi30k corpus, beside the repository (never copied into it).
@@ -60,7 +66,7 @@ def write_lines(path: pathlib.Path, lines: Sequence[str] | bytes) -> pathlib.Pat
   return path
 
 
-@pytest.fixture
+@pytest.fixture(scope='session')
 def write_parallel_corpus() -> Callable[..., pathlib.Path]:
   """Returns `write(directory, sizes={'train': 50, 'val': 10}, langs=('en', 'de'),
   compress=False, seed=0)`: writes synthetic `SPLIT.LANG[.gz]` files, returns directory."""
@@ -83,6 +89,49 @@ def write_parallel_corpus() -> Callable[..., pathlib.Path]:
     return directory
 
   return write
+
+
+def _add_to_tar(tar: tarfile.TarFile, name: str, lines: Sequence[str]) -> None:
+  data = ''.join(f'{x}\n' for x in lines).encode()
+  info = tarfile.TarInfo(name)
+  info.size = len(data)
+  tar.addfile(info, io.BytesIO(data))
+
+
+def _sgm(lines: Sequence[str], lang: str, kind: str) -> list[str]:
+  """A newstest SGML file of `lines` (one document), as statmt.org ships them."""
+  return [f'<{kind}set setid="newstest2014" srclang="any" trglang="{lang}">',
+          '<doc sysid="ref" docid="1012-bbc" genre="news" origlang="en">',
+          *(f'<seg id="{i}">{line}</seg>' for i, line in enumerate(lines, 1)),
+          '</doc>', f'</{kind}set>']
+
+
+def write_wmt14_release(directory: pathlib.Path, pairs_per_file: int = 40) -> pathlib.Path:
+  """Writes small WMT14 En-De release archives in statmt.org's names and layout.
+
+  Training: europarl-v7, commoncrawl, news-commentary-v9 (plain parallel files,
+  `pairs_per_file` pairs each); dev.tgz: newstest2013 (plain, validation) and
+  newstest2014 (SGML, test), `pairs_per_file // 2` pairs each.
+  """
+  n = pairs_per_file
+  pairs = synthetic_pairs(4 * n, seed=14)
+  directory.mkdir(parents=True, exist_ok=True)
+  training = {
+      'training-parallel-europarl-v7.tgz': 'training/europarl-v7.de-en.{}',
+      'training-parallel-commoncrawl.tgz': 'commoncrawl.de-en.{}',
+      'training-parallel-nc-v9.tgz': 'training/news-commentary-v9.de-en.{}',
+  }
+  for k, (archive, pattern) in enumerate(training.items()):
+    with tarfile.open(directory / archive, 'w:gz') as tar:
+      _add_to_tar(tar, pattern.format('en'), [en for en, _ in pairs[k * n:(k + 1) * n]])
+      _add_to_tar(tar, pattern.format('de'), [de for _, de in pairs[k * n:(k + 1) * n]])
+  dev, test = pairs[3 * n:3 * n + n // 2], pairs[3 * n + n // 2:]
+  with tarfile.open(directory / 'dev.tgz', 'w:gz') as tar:
+    _add_to_tar(tar, 'dev/newstest2013.en', [en for en, _ in dev])
+    _add_to_tar(tar, 'dev/newstest2013.de', [de for _, de in dev])
+    _add_to_tar(tar, 'dev/newstest2014-deen-src.de.sgm', _sgm([de for _, de in test], 'de', 'src'))
+    _add_to_tar(tar, 'dev/newstest2014-deen-ref.en.sgm', _sgm([en for en, _ in test], 'en', 'ref'))
+  return directory
 
 
 def make_config(

@@ -48,11 +48,23 @@ def test_beam_eval_writes_translations_and_bleu_equal_to_sacrebleu_by_hand(run):
   assert len(hypotheses) == len(references) == scores['num_sentences'] == 1014
   by_hand = sacrebleu.corpus_bleu(hypotheses, [references])
   assert scores['bleu'] == pytest.approx(by_hand.score, abs=1e-9)
-  assert scores['bleu_signature'].startswith('nrefs:1|case:mixed|eff:no|tok:13a')
+  assert scores['bleu_signature'].startswith('nrefs:1|bs:1000|seed:12345|case:mixed|eff:no|tok:13a')
   for key in ('chrf', 'length_ratio', 'sentences_per_sec', 'tokens_per_sec',
               'bleu_tokenized_compound_split'):
     assert np.isfinite(scores[key]), key
   assert scores['checkpoint'] == 'step_60' and scores['decoder'] == 'beam'
+  # Bootstrap 95% intervals (sacreBLEU's, seeded) on every score, and on the console.
+  by_hand = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references], n_bootstrap=1000)
+  assert scores['bleu_ci'] == pytest.approx(by_hand._ci, abs=1e-9)
+  for key in ('bleu', 'chrf', 'bleu_tokenized_compound_split'):
+    assert 0 < scores[f'{key}_ci'] < 5, key
+  assert (f"step_60 validation (1014 sentences): BLEU {scores['bleu']:.2f} ± "
+          f"{scores['bleu_ci']:.2f}, chrF {scores['chrf']:.2f} ± {scores['chrf_ci']:.2f}") in (
+    result.stdout)
+  # The references scored against lie beside the results, for compare.py and sacreBLEU's CLI.
+  assert (out / 'references-validation.txt').read_text(encoding='utf-8').split('\n')[:-1] == (
+    references)
+  assert scores['unscored_lines'] == []
 
 
 def test_checkpoint_averaging_averages_parameters(run):
@@ -121,3 +133,40 @@ def test_attention_plot_writes_one_png_per_kind_and_layer(run, tmp_path):
   assert names == ['cross_attention_layer0.png', 'decoder_self_attention_layer0.png',
                    'encoder_self_attention_layer0.png']
   assert all((out / n).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' for n in names)
+
+
+def _ensure_eval(workdir, result, *flags):
+  """eval.py's result file `result` in WORKDIR/eval, written now unless an earlier test did."""
+  path = Path(workdir) / 'eval' / result
+  if not path.exists():
+    output = _eval_py(f'--workdir={workdir}', '--split=validation', '--batch_size=256', *flags)
+    assert output.returncode == 0, output.stderr[-3000:]
+  return path
+
+
+def test_two_checkpoints_compare_as_sacrebleus_command_line_does(run, tmp_path):
+  workdir, _ = run
+  beam_60 = _ensure_eval(workdir, 'step_60-validation.json')
+  greedy_30 = _ensure_eval(workdir, 'step_30-validation-greedy.json', '--decoder=greedy',
+                           '--checkpoint=30')
+  out = tmp_path / 'comparison.json'
+  env = {**os.environ, 'SACREBLEU_SEED': '12345'}
+  result = subprocess.run([sys.executable, 'compare.py', str(greedy_30), str(beam_60),
+                           f'--output={out}'], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  comparison = json.loads(out.read_text())
+  references = Path(workdir) / 'eval' / 'references-validation.txt'
+  cli = subprocess.run(
+    ['sacrebleu', str(references), '-i', str(greedy_30).replace('.json', '.txt'),
+     str(beam_60).replace('.json', '.txt'), '--paired-bs', '-m', 'bleu', '-f', 'json'],
+    env=env, capture_output=True, text=True, timeout=300)
+  assert cli.returncode == 0, cli.stderr[-3000:]
+  [cli_base, cli_other] = json.loads(cli.stdout)
+  [base, other] = comparison['systems']
+  assert other['scores']['BLEU']['p_value'] == pytest.approx(cli_other['BLEU']['p_value'],
+                                                             abs=1e-12)
+  assert base['scores']['BLEU']['ci'] == pytest.approx(cli_base['BLEU']['ci'], abs=1e-9)
+  assert base['scores']['BLEU']['ci'] == pytest.approx(
+    json.loads(greedy_30.read_text())['bleu_ci'], abs=1e-9)
+  assert 'against the baseline, p = ' in result.stdout

@@ -4,6 +4,7 @@ import collections
 import pathlib
 
 import numpy as np
+import psutil
 import pytest
 from conftest import make_config, synthetic_pairs, write_lines
 
@@ -106,8 +107,11 @@ def test_train_epoch_drops_only_long_pairs(small):
   assert max(seen.values()) - min(seen.values()) <= 2  # Each epoch sees each pair once.
 
 
-def test_state_restore_reproduces_next_batches(small):
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_state_restore_reproduces_next_batches(small, num_workers):
   config, tok = small
+  config = config.copy_and_resolve_references()
+  config.data.num_workers = num_workers
   it = input_pipeline.train_iterator(config, tok)
   for _ in range(7):
     next(it)
@@ -119,6 +123,38 @@ def test_state_restore_reproduces_next_batches(small):
     got = next(restored)
     for key in input_pipeline.BATCH_KEYS:
       np.testing.assert_array_equal(got[key], want[key])
+  for iterator in (it, restored):
+    getattr(iterator, 'close', lambda: None)()
+
+
+def test_workers_read_each_pair_once_an_epoch(small):
+  config, tok = small
+  config = config.copy_and_resolve_references()
+  config.data.num_workers = 2
+  short = {p for p in _encoded(config, tok, 'train')
+           if max(map(len, p)) <= config.data.max_len}
+  it = input_pipeline.train_iterator(config, tok)
+  seen = collections.Counter(p for _ in range(60) for p in _pairs(next(it)))
+  it.close()
+  # Every kept pair, nothing else (worker i packs chunks i, i + 2, ..., so the workers'
+  # batches interleave chunks: epochs overlap by up to a chunk per worker).
+  assert set(seen) == short
+
+
+def test_a_dying_worker_stops_the_iterator(small):
+  config, tok = small
+  config = config.copy_and_resolve_references()
+  config.data.num_workers = 1
+  before = set(psutil.Process().children())
+  it = input_pipeline.train_iterator(config, tok)
+  next(it)
+  (worker,) = [p for p in set(psutil.Process().children()) - before
+               if 'resource_tracker' not in ' '.join(p.cmdline())]
+  worker.kill()  # Not reaped here: the iterator must notice by itself.
+  with pytest.raises(RuntimeError, match='terminated unexpectedly'):
+    for _ in range(1000):  # The batches it had prefetched, then the error (never a hang).
+      next(it)
+  it.close()
 
 
 def test_train_order_follows_the_seed(small):

@@ -22,6 +22,7 @@ from conftest import synthetic_pairs, write_lines
 
 from configs import lm_default, lm_tiny
 from transformer import (
+  config_validation,
   datasets,
   dry_run,
   evaluation,
@@ -184,7 +185,7 @@ def test_lm1b_prepares_a_local_release_without_tensorflow(tmp_path):
   train = datasets.get_data_source(config.data, 'train')
   assert sorted(datasets.document_text(ex) for ex in train) == [
     'A second one .', 'And a third .', 'The first sentence .']
-  assert lm_pipeline.config_errors(config) == []
+  assert config_validation.config_errors(config) == []
 
 
 # --- Config checks -------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ JAX compilation cache, so only the first compiles (about 25 s); most others take
 about 9 s each on 2 otherwise idle CPU cores.
 """
 
+import functools
 import hashlib
 import json
 import math
@@ -30,11 +31,15 @@ from conftest import synthetic_pairs, write_lines
 from configs import tiny
 from transformer import (
   checkpoints,
+  evaluation,
   faults,
+  inference,
   optim,
   preemption,
   sharding,
+  sweeps,
   training,
+  workdir_lock,
 )
 from transformer import tokenizer as tokenizer_lib
 
@@ -386,3 +391,216 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(train, reference,
   assert re.search(message, result.stderr), result.stderr[-3000:]
   assert [e for e in _entries(copy) if e.isdigit()] == ['2']
   _assert_same_state(reference, copy, 2)  # Restores, bit for bit as written.
+
+
+# --- Misuse: every case an error naming the problem, the workdir unchanged ------------------------
+# These run on a synthetic corpus (no ../shared needed) and fail before anything compiles, except
+# the one small training run they share.
+
+# Two steps, a checkpoint at step 2, no BLEU: the run that the misuse tests try to disturb.
+SMALL = {'num_train_steps': 2, 'checkpoint_every_steps': 2, 'eval_every_steps': 2,
+         'log_every_steps': 1, 'eval_bleu_sentences': 0, 'vocab_size': 300,
+         'data.dataset': 'parallel_text'}
+
+
+def _small_config(corpus, data_dir, **overrides):
+  config = tiny.get_config()
+  settings = {**SMALL, 'data.manual_dir': str(corpus), 'data.data_dir': str(data_dir),
+              **overrides}
+  return sweeps.apply_overrides(config, settings)
+
+
+@pytest.fixture(scope='module')
+def small_run(write_parallel_corpus, tmp_path_factory):
+  """(workdir, corpus, data_dir) of a finished 2-step run of configs/tiny.py on synthetic data."""
+  root = tmp_path_factory.mktemp('small')
+  corpus = write_parallel_corpus(root / 'raw', {'train': 200, 'val': 10, 'test': 10})
+  workdir = root / 'run'
+  training.train_and_evaluate(_small_config(corpus, root / 'tfds'), str(workdir))
+  assert _entries(workdir) == ['2']
+  return workdir, corpus, root / 'tfds'
+
+
+@pytest.fixture
+def copied_run(small_run, tmp_path):
+  """A copy of `small_run`'s workdir to misuse, and its snapshot before."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(small_run[0], workdir)
+  return workdir, _snapshot(workdir)
+
+
+def test_a_second_run_on_a_locked_workdir_is_refused(small_run, copied_run):
+  workdir, before = copied_run
+  _, corpus, data_dir = small_run
+  # The first run: a live process holding the lock, as train.py does for its whole run.
+  holder = subprocess.Popen(
+    [sys.executable, '-c', 'import sys, time; from transformer import workdir_lock; '
+     f'workdir_lock.WorkdirLock({str(workdir)!r}).acquire(); print(1, flush=True); time.sleep(60)'],
+    cwd=REPO, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline() == '1\n'
+    locked = _snapshot(workdir)
+    expected = (f'The workdir {workdir} is in use by another training run: pid {holder.pid} on '
+                f'host {socket.gethostname()} (started ')
+    with pytest.raises(workdir_lock.WorkdirLockedError, match=re.escape(expected)):
+      training.train_and_evaluate(_small_config(corpus, data_dir, num_train_steps=4), str(workdir))
+    assert _snapshot(workdir) == locked  # The first run's files, lock included, untouched.
+    # sweep.py leaves such a trial alone rather than start a train.py that would be refused.
+    assert workdir_lock.holder_alive(workdir_lock.read_holder(str(workdir))) is True
+  finally:
+    holder.kill()
+    holder.wait()
+  # Its holder is now dead (kill -9 left the lock behind): the next run takes the lock over.
+  assert workdir_lock.holder_alive(workdir_lock.read_holder(str(workdir))) is False
+  with workdir_lock.WorkdirLock(str(workdir)):
+    pass
+  assert _snapshot(workdir) == before
+
+
+def test_lock_of_another_host_is_never_broken(tmp_path):
+  lock = tmp_path / workdir_lock.LOCK_FILE
+  lock.write_text(json.dumps({'host': 'node-7', 'pid': 4242, 'started': '2026-01-01T00:00:00'}))
+  with pytest.raises(workdir_lock.WorkdirLockedError,
+                     match=r'pid 4242 on host node-7 .*check `ps -p 4242` there\), remove '):
+    workdir_lock.WorkdirLock(str(tmp_path)).acquire()
+  assert json.loads(lock.read_text())['host'] == 'node-7'
+
+
+def test_resume_with_any_model_field_changed_is_refused(small_run, copied_run):
+  workdir, before = copied_run
+  _, corpus, data_dir = small_run
+  # Same shapes, other functions: the checkpoint would restore and be read as another model.
+  config = _small_config(corpus, data_dir, num_train_steps=4, **{
+    'model.ffn_activation': 'gelu', 'model.position': 'rope', 'model.use_bias': False})
+  with pytest.raises(ValueError) as error:
+    training.train_and_evaluate(config, str(workdir))
+  message = str(error.value)
+  assert f'The checkpoints in {workdir}/checkpoints belong to another model' in message
+  for line in ("config.model.ffn_activation: 'relu' -> 'gelu'",
+               "config.model.position: 'sinusoidal' -> 'rope'",
+               'config.model.use_bias: True -> False', 'a new --workdir'):
+    assert line in message
+  assert _snapshot(workdir) == before
+
+
+def test_config_value_outside_its_domain_is_refused(small_run, copied_run):
+  workdir, before = copied_run
+  _, corpus, data_dir = small_run
+  config = _small_config(corpus, data_dir, **{'model.dropout_rate': 1.5, 'adam_b2': 1.0})
+  with pytest.raises(ValueError, match=r'(?s)adam_b2=1.0 must be .*dropout_rate=1.5 must be'):
+    training.train_and_evaluate(config, str(workdir))
+  assert _snapshot(workdir) == before
+
+
+@pytest.mark.parametrize('case', ['missing', 'empty', 'only_train', 'corrupt_gzip', 'bad_vocab'])
+def test_bad_data_is_named_and_leaves_no_trace(small_run, write_parallel_corpus, tmp_path, case):
+  _, corpus, data_dir = small_run
+  raw = tmp_path / 'raw'
+  overrides = {'data.manual_dir': str(raw)}
+  if case == 'empty':
+    raw.mkdir()
+  elif case == 'only_train':
+    write_parallel_corpus(raw, {'train': 20})
+  elif case == 'corrupt_gzip':
+    write_parallel_corpus(raw, {'train': 400, 'val': 5}, compress=True)
+    data = (raw / 'train.de.gz').read_bytes()
+    (raw / 'train.de.gz').write_bytes(data[:len(data) // 2])  # Cut short.
+    overrides['data.data_dir'] = str(tmp_path / 'tfds')
+  elif case == 'bad_vocab':
+    (tmp_path / 'vocab.model').write_text('not a model')
+    overrides = {'data.vocab_path': str(tmp_path / 'vocab.model')}
+  expected = {
+    'missing': f"Parallel text directory '{raw}' (config.data.manual_dir) does not exist.",
+    'empty': f'{raw} (config.data.manual_dir) lacks required files: train.en, train.de, val.en',
+    'only_train': f'{raw} (config.data.manual_dir) lacks required files: val.en, val.de',
+    'corrupt_gzip': f'{raw}/train.de.gz: corrupt or truncated gzip data at line ',
+    'bad_vocab': f'{tmp_path}/vocab.model (config.data.vocab_path) is not a usable SentencePiece',
+  }[case]
+  fresh = tmp_path / 'new_workdir'
+  with pytest.raises(ValueError, match=re.escape(expected)):
+    training.train_and_evaluate(_small_config(corpus, data_dir, **overrides), str(fresh))
+  assert not fresh.exists()  # Not even an empty checkpoints/ folder.
+
+
+def test_the_first_error_is_the_last_thing_printed(small_run, copied_run, tmp_path):
+  workdir, before = copied_run
+  _, corpus, data_dir = small_run
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  settings = {**SMALL, 'num_train_steps': 4, 'data.manual_dir': empty, 'data.data_dir': data_dir}
+  result = subprocess.run(
+    [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={workdir}',
+     *(f'--config.{key}={value}' for key, value in settings.items())],
+    cwd=REPO, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True,
+    timeout=300)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+    f'ValueError: {empty} (config.data.manual_dir) lacks required files: train.en, train.de, '
+    'val.en, val.de (each may also be gzipped, with a .gz suffix).'), result.stderr[-3000:]
+  assert 'Traceback' not in result.stderr.split('ValueError')[-1]
+  assert _snapshot(workdir) == before
+
+
+def test_eval_flags_outside_their_domains_are_named_before_any_work(small_run, copied_run,
+                                                                   tmp_path):
+  workdir, before = copied_run
+  (tmp_path / 'in.txt').write_text('A sentence.\n')
+  result = subprocess.run(
+    [sys.executable, 'eval.py', f'--workdir={workdir}', '--alpha=nan', '--top_p=1.5',
+     '--beam_size=0', '--temperature=-1', f'--input_file={tmp_path / "in.txt"}',
+     f'--output_file={tmp_path / "missing" / "out.txt"}'],
+    cwd=REPO, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True,
+    timeout=300)
+  assert result.returncode == 1
+  lines = result.stderr.strip().splitlines()[-6:]
+  assert lines == [  # Every one at once, after eval.py's usage text.
+    'Invalid flags:', '  --beam_size=0 must be a positive integer.',
+    '  --alpha=nan must be a finite number in [0, inf).',
+    '  --temperature=-1.0 must be a finite number in [0, inf).',
+    '  --top_p=1.5 must be a finite number in (0, 1].',
+    f'  --output_file={tmp_path}/missing/out.txt: the folder {tmp_path}/missing does not exist.',
+  ], result.stderr[-3000:]
+  assert _snapshot(workdir) == before
+
+
+def _watch_config(workdir, num_train_steps):
+  config = evaluation.load_run_config(str(workdir))
+  config.num_train_steps = num_train_steps  # As if the run had been started for more steps.
+  return config
+
+
+def test_watch_says_what_it_waits_for_and_stops_when_the_run_is_gone(small_run, copied_run,
+                                                                     tmp_path, caplog):
+  workdir, _ = copied_run
+  options = inference.DecodeOptions(decoder='greedy')
+  watch = functools.partial(evaluation.watch, split='validation', options=options, batch_size=16,
+                            poll_seconds=0.01)
+  caplog.set_level('INFO')
+  # A run still training (its lock held by this live process) before its first checkpoint.
+  fresh = tmp_path / 'fresh'
+  fresh.mkdir()
+  shutil.copy(workdir / 'config.json', fresh)
+  with workdir_lock.WorkdirLock(str(fresh)):
+    assert watch(_watch_config(fresh, 4), str(fresh), timeout_seconds=0) == []
+  assert (f'Waiting for a checkpoint after none yet (the run ends at step 4; it is trained by '
+          f'pid {os.getpid()} on host {socket.gethostname()}') in caplog.text
+  # The run stopped at step 2 of 4 (no lock: it is gone): step 2 is evaluated, then it stops.
+  assert watch(_watch_config(workdir, 4), str(workdir)) == [2]
+  assert (f'Stopped watching: the training run of {workdir} is no longer running (no train.lock '
+          'in it), so no new checkpoint can come; its last checkpoint (step 2) is evaluated, '
+          'short of the final step 4.') in caplog.text
+  assert (workdir / 'eval' / 'step_2-validation-greedy.json').exists()
+
+
+def test_over_long_input_lines_are_reported_by_number(small_run, caplog):
+  workdir = small_run[0]
+  config = evaluation.load_run_config(str(workdir))
+  params, _ = evaluation.restore_params(config, str(workdir), 'latest')
+  lines = ['Bada kelo.', 'bada ' * 200, '', 'Sopi ' * 30 + 'ra ' * 40]
+  caplog.set_level('WARNING')
+  outputs = evaluation.translate_lines(config, params, lines, batch_size=4,
+                                       options=inference.DecodeOptions(decoder='greedy'))
+  assert len(outputs) == 4 and outputs[2] == ''
+  assert ('2 input lines are longer than the model reads (config.data.max_eval_len=64 tokens, EOS '
+          'included): each was truncated to fit, so its translation covers only its start. '
+          'Lines: 2, 4.') in caplog.text

@@ -1,8 +1,10 @@
 """Sweeps: the sweep-building helpers and trial names; sweep.py end to end on configs/tiny.py."""
 
 import csv
+import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -11,10 +13,12 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
+from conftest import synthetic_pairs, write_lines
 
 from configs import tiny
-from transformer import provenance, sweeps
+from transformer import provenance, scoring, significance, sweep_summary, sweeps, workdir_lock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,6 +139,17 @@ def _write_sweep(path: Path, body: str) -> Path:
   return path
 
 
+def test_a_trial_whose_workdir_another_run_holds_is_left_alone(tmp_path):
+  sweep_file = _write_sweep(tmp_path / 's.py', "[{'seed': 1}]")
+  sweep = sweeps.create('configs/tiny.py', tiny.get_config(), str(sweep_file),
+                        str(tmp_path / 'root'))
+  workdir = Path(sweep.workdir(sweep.trials[0]))
+  workdir.mkdir(parents=True)
+  with workdir_lock.WorkdirLock(str(workdir)):  # A train.py started by hand, say.
+    assert sweeps.run(sweep) == {'seed=1': 'running'}
+    assert os.listdir(workdir) == [workdir_lock.LOCK_FILE]  # No train.py was started.
+
+
 def test_dry_run_prints_train_commands_and_writes_nothing(tmp_path):
   sweep_file = _write_sweep(tmp_path / 's.py', "sweeps.grid({'lr_scale': [1.0, 2.0]})")
   config = tiny.get_config()
@@ -152,6 +167,133 @@ def test_dry_run_prints_train_commands_and_writes_nothing(tmp_path):
     f'eval.py --workdir={tmp_path}/root/lr_scale=1.0 --split=validation')
   assert len(lines) == 5
   assert not (tmp_path / 'root').exists()
+
+
+def test_seeds_repeat_every_trial_seed_slowest_and_group_them(tmp_path):
+  sweep_file = _write_sweep(tmp_path / 's.py', "[{}, {'lr_scale': 2.0}]")
+  config = tiny.get_config()
+  config.seed = 5
+  sweep = sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'),
+                        seeds=2)
+  assert [(t.name, t.group) for t in sweep.trials] == [
+    ('seed=5', 'base'), ('lr_scale=2.0,seed=5', 'lr_scale=2.0'), ('seed=6', 'base'),
+    ('lr_scale=2.0,seed=6', 'lr_scale=2.0')]
+  assert sweep.trials[3].config.seed == 6 and sweep.trials[3].config.lr_scale == 2.0
+  assert sweeps.sweep_command(sweep)[-1] == '--seeds=2'
+  with pytest.raises(ValueError, match='seeds=0 must be an integer >= 1'):
+    sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'), seeds=0)
+  seeded = _write_sweep(tmp_path / 'seeded.py', "[{'seed': 1}]")
+  with pytest.raises(ValueError, match=r"trial 0 \{'seed': 1\} sets seed, which --seeds=3"):
+    sweeps.create('configs/tiny.py', config, str(seeded), str(tmp_path / 'root'), seeds=3)
+  with pytest.raises(ValueError, match='the command line may not set it too'):
+    sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'),
+                  shared_overrides={'seed': 1}, seeds=3)
+  with pytest.raises(ValueError, match=r"--compare_to=lr_scale=3.0 is not a configuration of "
+                                       r".*\['base', 'lr_scale=2.0'\]\. Did you mean 'lr_sca"):
+    sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'), seeds=2,
+                  compare_to='lr_scale=3.0')
+  with pytest.raises(ValueError, match='add --seeds'):
+    sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'),
+                  compare_to='base')
+  sweep = sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'),
+                        seeds=2, compare_to='base')
+  assert sweeps.sweep_command(sweep)[-2:] == ['--seeds=2', '--compare_to=base']
+
+
+def _fake_trial(workdir, eval_loss, references, hypotheses):
+  """What a finished trial with an eval.py stage leaves in its workdir."""
+  write_lines(workdir / 'metrics.jsonl', [
+    json.dumps({'step': 6, 'train_loss': eval_loss + 1, 'tokens_per_sec': 100.0}),
+    json.dumps({'step': 6, 'eval_loss': eval_loss})])
+  write_lines(workdir / 'eval' / 'references-validation.txt', references)
+  write_lines(workdir / 'eval' / 'step_6-validation.txt', hypotheses)
+  results = scoring.corpus_scores(hypotheses, references) | {
+    'split': 'validation', 'unscored_lines': [],
+    'references_sha256': scoring.references_digest(references)}
+  (workdir / 'eval' / 'step_6-validation.json').write_text(json.dumps(results))
+  stage = {'status': 'finished', 'command': []}
+  (workdir / sweeps.STATE_FILE).write_text(json.dumps({'status': 'finished', 'stages': {
+    'train': stage, 'eval': stage | {'result': 'eval/step_6-validation.json'}}}))
+
+
+def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_path, monkeypatch):
+  monkeypatch.setenv('SACREBLEU_SEED', '12345')
+  sweep_file = _write_sweep(tmp_path / 's.py', "sweeps.grid({'lr_scale': [1.0, 2.0, 4.0]})")
+  sweep = sweeps.create('configs/tiny.py', tiny.get_config(), str(sweep_file),
+                        str(tmp_path / 'root'), eval_flags=['--split=validation'], seeds=3)
+  references = [de for _, de in synthetic_pairs(60, seed=3)]
+  # Validation losses per configuration and seed; lr_scale=2.0 has the best mean, not the best
+  # single run. Word-drop rates: 4.0 translates far worse than 2.0, 1.0 about as well.
+  losses = {'1.0': [4.0, 4.2, 4.4], '2.0': [4.1, 4.15, 4.2], '4.0': [3.9, 5.0, 5.1]}
+  drops = {'1.0': 0.3, '2.0': 0.3, '4.0': 0.7}
+  for trial in sweep.trials:
+    scale, seed = str(trial.overrides['lr_scale']), trial.overrides['seed']
+    rng = np.random.default_rng(seed * 10 + list(losses).index(scale))
+    hypotheses = [' '.join(w for w in r.split() if rng.random() > drops[scale])
+                  for r in references]
+    _fake_trial(Path(sweep.workdir(trial)), losses[scale][seed], references, hypotheses)
+
+  groups = sweep_summary.write(sweep)
+  assert [(g.name, g.rank) for g in groups] == [
+    ('lr_scale=2.0', 1), ('lr_scale=1.0', 2), ('lr_scale=4.0', 3)]
+  rows = _summary_rows(tmp_path / 'root')
+  assert [r['configuration'] for r in rows] == ['lr_scale=2.0', 'lr_scale=1.0', 'lr_scale=4.0']
+  assert [r['best'] for r in rows] == ['yes', '', ''] and rows[0]['seeds'] == '3'
+  for row in rows:
+    values = losses[row['lr_scale']]
+    assert float(row['eval_loss_mean']) == pytest.approx(np.mean(values))
+    assert float(row['eval_loss_std']) == pytest.approx(np.std(values, ddof=1))
+    assert (float(row['eval_loss_min']), float(row['eval_loss_max'])) == (min(values),
+                                                                          max(values))
+  trials = (tmp_path / 'root' / 'trials.csv').read_text().splitlines()
+  assert len(trials) == 10 and trials[0].startswith('rank,best,trial,lr_scale,seed,status,')
+
+  # The paired tests: the best configuration's 3 seeds pooled against each other's.
+  markdown = (tmp_path / 'root' / 'summary.md').read_text()
+  pooled = [significance.pool(g.name, [significance.load_system(
+    str(Path(t.workdir) / t.decode_result)) for t in g.trials]) for g in groups]
+  expected = significance.compare(pooled)
+  assert expected['num_sentences'] == 180
+  assert '## Paired tests against the best configuration' in markdown
+  assert 'all seeds pooled (180 sentence pairs' in markdown
+  [far, close] = expected['systems'][2], expected['systems'][1]
+  assert far['scores']['BLEU']['significant'] and not close['scores']['BLEU']['significant']
+  assert f"| `lr_scale=4.0` | {far['scores']['BLEU']['score']:.2f} ± " in markdown
+  assert f"{far['scores']['BLEU']['p_value']:.4f} (significant) |" in markdown
+  for sentence in significance.verdicts(expected):
+    assert f'* {sentence}' in markdown
+  assert '**4.1500 ± 0.0500 [4.1000, 4.2000]**' in markdown  # The best's validation loss.
+  trials_table = markdown.split('## Trials')[1]
+  assert trials_table.count('| finished |') == 6 and trials_table.count('**finished**') == 3
+  assert trials_table.index('`lr_scale=2.0,seed=2`') < trials_table.index('`lr_scale=1.0,seed=0`')
+
+  # Error bars: mean ± std of each configuration, at its lr_scale.
+  fig = sweep_summary.plot_groups(groups, ['lr_scale'], 'eval_loss', str(tmp_path / 'p.png'))
+  bars = fig.axes[0].containers
+  assert len(bars) == 3
+  for bar, result in zip(bars, groups, strict=True):
+    (x,), (y,) = bar.lines[0].get_data()
+    assert x == result.overrides['lr_scale'] and y == pytest.approx(result.stats('eval_loss')[
+      'mean'])
+    segment = bar.lines[2][0].get_segments()[0]
+    assert segment[1, 1] - segment[0, 1] == pytest.approx(2 * result.stats('eval_loss')['std'])
+
+  # Against a named configuration instead of the best: it comes first, the others by rank.
+  named = dataclasses.replace(sweep, compare_to='lr_scale=4.0')
+  sweep_summary.write(named)
+  markdown = (tmp_path / 'root' / 'summary.md').read_text()
+  assert '## Paired tests against `lr_scale=4.0`' in markdown
+  tests = markdown.split('## Paired tests')[1].split('## Trials')[0]
+  assert tests.index('| `lr_scale=4.0` (reference) |') < tests.index('| `lr_scale=2.0` |') < (
+    tests.index('| `lr_scale=1.0` |'))
+
+  # A configuration without eval.py results of every seed is left out, saying so.
+  (Path(groups[2].trials[1].workdir) / sweeps.STATE_FILE).write_text(json.dumps(
+    {'status': 'finished', 'stages': {}}))
+  sweep_summary.write(sweep)
+  markdown = (tmp_path / 'root' / 'summary.md').read_text()
+  assert 'without eval.py translations of every seed: `lr_scale=4.0` (2 of 3 seeds).' in markdown
+  assert '`lr_scale=4.0` |' in markdown.split('## Trials')[0]  # Still ranked in the table.
 
 
 # --- sweep.py end to end on Multi30k ----------------------------------------------------------
@@ -180,6 +322,11 @@ def _summary_rows(root):
     return list(csv.DictReader(f))
 
 
+def _trial_rows(root):
+  with open(root / 'trials.csv') as f:
+    return list(csv.DictReader(f))
+
+
 def _snapshot(root, names):
   """Everything a trial's training writes or appends to, per trial."""
   files = ('trial.json', 'metrics.jsonl', 'train.log', 'provenance.jsonl')
@@ -191,39 +338,71 @@ TWO_BY_TWO = ['lr_scale=1.0,seed=0', 'lr_scale=2.0,seed=0', 'lr_scale=1.0,seed=1
 
 
 @pytest.fixture(scope='module')
-def two_by_two(tmp_path_factory, multi30k_dir, multi30k_data_dir, sweep_env):
-  """A 2x2 grid (seed slowest, so the second pair reuses the first pair's compiles), run once."""
+def synthetic_corpus(tmp_path_factory):
+  """(raw files, data_dir) of a made-up parallel corpus: 400 training and 40 validation pairs."""
+  directory = tmp_path_factory.mktemp('corpus')
+  for split, size, seed in (('train', 400, 0), ('val', 40, 1000)):
+    pairs = synthetic_pairs(size, seed=seed)
+    write_lines(directory / 'raw' / f'{split}.en', [en for en, _ in pairs])
+    write_lines(directory / 'raw' / f'{split}.de', [de for _, de in pairs])
+  return directory / 'raw', directory / 'tfds'
+
+
+@pytest.fixture(scope='module')
+def two_by_two(tmp_path_factory, synthetic_corpus, sweep_env):
+  """Two learning-rate scales x `--seeds=2` (seed slowest, so the second pair reuses the first
+  pair's compiles), each trial evaluated by eval.py (greedy), run once on a made-up corpus."""
   directory = tmp_path_factory.mktemp('two_by_two')
-  sweep_file = _write_sweep(directory / 'two_by_two.py',
-                            "sweeps.grid({'seed': [0, 1], 'lr_scale': [1.0, 2.0]})")
+  sweep_file = _write_sweep(directory / 'two_by_two.py', "sweeps.grid({'lr_scale': [1.0, 2.0]})")
   root = directory / 'root'
-  run = lambda *flags: _sweep_py(sweep_file, root, (multi30k_dir, multi30k_data_dir), sweep_env,
-                                 *flags)
+  run = lambda *flags: _sweep_py(
+    sweep_file, root, synthetic_corpus, sweep_env, '--config.data.dataset=parallel_text',
+    '--seeds=2', '--eval', '--eval_flags=--split=validation --decoder=greedy --n_bootstrap=100',
+    *flags)
   result = run('--parallel=2')
   return root, run, result
 
 
 @pytest.mark.slow
-def test_two_by_two_sweep_runs_and_writes_the_summary(two_by_two):
+def test_two_by_two_sweep_with_seeds_writes_grouped_summaries(two_by_two):
   root, _, result = two_by_two
   assert result.returncode == 0, result.stderr[-3000:]
-  lines = (root / 'summary.csv').read_text().splitlines()
+  lines = (root / 'trials.csv').read_text().splitlines()
   assert len(lines) == 5, lines
-  assert lines[0] == ('rank,best,trial,seed,lr_scale,status,steps,train_loss,eval_loss,'
+  assert lines[0] == ('rank,best,trial,lr_scale,seed,status,steps,train_loss,eval_loss,'
                       'best_eval_bleu,tokens_per_sec,decode_bleu,decode_result,error,workdir')
+  trials = {r['trial']: r for r in csv.DictReader(lines)}
+  assert sorted(trials) == sorted(TWO_BY_TWO)
+  assert all(r['status'] == 'finished' and r['steps'] == '6' for r in trials.values()), trials
+  assert all(float(r['tokens_per_sec']) > 0 and float(r['train_loss']) > 0
+             for r in trials.values())
+  assert all(r['decode_result'] == 'eval/step_6-validation-greedy.json' for r in trials.values())
+  # One row per configuration: mean, std, min and max over its 2 seeds, ranked by the mean.
   rows = _summary_rows(root)
-  assert sorted(r['trial'] for r in rows) == sorted(TWO_BY_TWO)
-  assert all(r['status'] == 'finished' and r['steps'] == '6' for r in rows), rows
-  eval_losses = [float(r['eval_loss']) for r in rows]
-  assert eval_losses == sorted(eval_losses)  # configs/tiny.py ranks by final eval_loss.
-  assert [r['rank'] for r in rows] == ['1', '2', '3', '4']
-  assert [r['best'] for r in rows] == ['yes', '', '', '']
-  assert all(float(r['tokens_per_sec']) > 0 and float(r['train_loss']) > 0 for r in rows)
+  assert [r['configuration'] for r in rows] in (
+    [['lr_scale=1.0', 'lr_scale=2.0'], ['lr_scale=2.0', 'lr_scale=1.0']])
+  means = [float(r['eval_loss_mean']) for r in rows]
+  assert means == sorted(means)  # configs/tiny.py ranks by final eval_loss.
+  assert [r['rank'] for r in rows] == ['1', '2'] and [r['best'] for r in rows] == ['yes', '']
+  for row in rows:
+    losses = [float(trials[f"{row['configuration']},seed={seed}"]['eval_loss'])
+              for seed in (0, 1)]
+    assert row['seeds'] == '2' and row['status'] == 'finished'
+    assert float(row['eval_loss_mean']) == pytest.approx(np.mean(losses), abs=2e-5)
+    assert float(row['eval_loss_std']) == pytest.approx(np.std(losses, ddof=1), abs=2e-5)
+    assert float(row['eval_loss_std']) > 0  # Another seed, another run.
+    assert (float(row['eval_loss_min']), float(row['eval_loss_max'])) == pytest.approx(
+      (min(losses), max(losses)), abs=2e-5)
   markdown = (root / 'summary.md').read_text()
-  assert markdown.count('| finished |') == 3 and markdown.count('**finished**') == 1
-  assert f"**`{rows[0]['trial']}`**" in markdown
+  assert '2 configurations x 2 seeds' in markdown
+  assert f"| **best** | **`{rows[0]['configuration']}`** |" in markdown
+  assert 'all seeds pooled (80 sentence pairs' in markdown
+  assert f"* {rows[1]['configuration']}: BLEU " in markdown
   png = (root / 'summary.png').read_bytes()
   assert png.startswith(b'\x89PNG') and len(png) > 10_000
+  results = json.loads((root / TWO_BY_TWO[0] / 'eval' / 'step_6-validation-greedy.json')
+                       .read_text())
+  assert results['bleu_ci'] >= 0 and 'bs:100|' in results['bleu_signature']
 
   for name in TWO_BY_TWO:
     trial_dir = root / name
@@ -252,7 +431,7 @@ def test_rerunning_the_sweep_starts_no_training(two_by_two):
   assert result.returncode == 0, result.stderr[-3000:]
   assert _snapshot(root, TWO_BY_TWO) == before
   assert result.stderr.count('finished earlier with the same commands, skipped') == 4
-  assert len(_summary_rows(root)) == 4
+  assert len(_summary_rows(root)) == 2
 
 
 @pytest.mark.slow
@@ -267,7 +446,9 @@ def test_interrupted_trial_resumes_from_its_checkpoint(two_by_two):
   (root / name / 'trial.json').write_text(json.dumps(state))
   summarized = run('--summarize')
   assert summarized.returncode == 0, summarized.stderr[-3000:]
-  assert {r['trial']: r['status'] for r in _summary_rows(root)}[name] == 'interrupted'
+  assert {r['trial']: r['status'] for r in _trial_rows(root)}[name] == 'interrupted'
+  assert {r['configuration']: r['status'] for r in _summary_rows(root)}['lr_scale=2.0'] == (
+    'finished 1, interrupted 1')
 
   before = _snapshot(root, others)
   result = run()
@@ -277,7 +458,7 @@ def test_interrupted_trial_resumes_from_its_checkpoint(two_by_two):
   assert len(attempts) == 3 and 'attempt 2:' in attempts[2]  # '' before the first header.
   assert 'Training from step 3 to 6' in attempts[2]
   assert len(provenance.read(str(root / name))) == 2
-  rows = {r['trial']: r for r in _summary_rows(root)}
+  rows = {r['trial']: r for r in _trial_rows(root)}
   assert rows[name]['status'] == 'finished' and rows[name]['steps'] == '6'
 
 
@@ -304,8 +485,9 @@ def test_slurm_script_runs_trials_as_array_tasks(two_by_two):
 @pytest.mark.slow
 def test_failing_trial_is_recorded_and_the_others_finish(tmp_path, multi30k_dir,
                                                          multi30k_data_dir, sweep_env):
-  # 3 heads do not divide d_model=32: train.py fails; it runs first, the other one after it.
-  sweep_file = _write_sweep(tmp_path / 'failing.py', "[{'model.num_heads': 3}, {'seed': 2}]")
+  # A mesh of 3 data shards needs 3 devices, the trial has 1: train.py fails (a config error that
+  # only the machine shows); it runs first, the other one after it.
+  sweep_file = _write_sweep(tmp_path / 'failing.py', "[{'mesh.data': 3}, {'seed': 2}]")
   root = tmp_path / 'root'
   result = _sweep_py(sweep_file, root, (multi30k_dir, multi30k_data_dir), sweep_env)
   assert result.returncode == 1
@@ -314,14 +496,26 @@ def test_failing_trial_is_recorded_and_the_others_finish(tmp_path, multi30k_dir,
   assert len((root / 'summary.csv').read_text().splitlines()) == 3
   assert rows['seed=2']['status'] == 'finished' and rows['seed=2']['steps'] == '6'
   assert rows['seed=2']['rank'] == '1'
-  failed = rows['num_heads=3']
+  failed = rows['data=3']
   assert failed['status'] == 'failed' and failed['rank'] == '' and failed['steps'] == ''
-  message = 'config.model.d_model=32 is not divisible by config.model.num_heads=3'
+  message = "config.mesh {'data': 3, 'fsdp': 1, 'tensor': 1} needs 3 devices, but 1 are available"
   assert message in failed['error']
-  assert message in (root / 'num_heads=3' / 'train.log').read_text()
+  assert message in (root / 'data=3' / 'train.log').read_text()
   markdown = (root / 'summary.md').read_text()
-  [line] = [line for line in markdown.splitlines() if line.startswith('* `num_heads=3`: ')]
-  assert 'ValueError: ' in line and message in line and line.endswith('(num_heads=3/train.log)')
+  [line] = [line for line in markdown.splitlines() if line.startswith('* `data=3`: ')]
+  assert 'Error: ' in line and message in line and line.endswith('(data=3/train.log)')
+
+
+@pytest.mark.parametrize(('trial', 'message'), [
+  ({'model.num_heads': 3}, 'config.model.d_model=32 is not divisible by config.model.num_heads=3'),
+  ({'model.dropout_rate': 1.5}, 'config.model.dropout_rate=1.5 must be a finite number in [0, 1)'),
+  ({'lr_scale': -1}, 'config.lr_scale=-1.0 must be a finite positive number'),
+  ({'model.norm': 'batch'}, "config.model.norm='batch' is not one of"),
+])
+def test_trial_outside_the_domains_is_rejected_before_any_trial_starts(trial, message):
+  with pytest.raises(ValueError, match=re.escape(f'sweep(): trial 1 {trial}')) as error:
+    sweeps.make_trials(tiny.get_config(), [{'seed': 1}, trial])
+  assert message in str(error.value)
 
 
 def test_unknown_override_key_is_rejected_before_any_trial_starts(tmp_path):

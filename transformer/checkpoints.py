@@ -323,6 +323,18 @@ def load_params(workdir: str, abstract_state, checkpoint: str = 'latest'):
   return params, label
 
 
+def check_latest_compatible(workdir: str, abstract_state) -> None:
+  """`Checkpointer.check_latest_compatible` of `workdir`, read-only: nothing is created."""
+  try:
+    checkpointer = Checkpointer(workdir, read_only=True)
+  except FileNotFoundError:
+    return  # No checkpoints yet.
+  try:
+    checkpointer.check_latest_compatible(abstract_state)
+  finally:
+    checkpointer.close()
+
+
 def available_steps(workdir: str) -> list[int]:
   """Steps of the committed checkpoints in `workdir` ([] if there are none yet)."""
   try:

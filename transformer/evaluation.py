@@ -25,6 +25,7 @@ from transformer import (
   scoring,
   sharding,
   training,
+  workdir_lock,
 )
 from transformer import tokenizer as tokenizer_lib
 from transformer.model import ModelConfig
@@ -85,13 +86,17 @@ def evaluate_split(
   config: ml_collections.ConfigDict, params, *, split: str, options: inference.DecodeOptions,
   batch_size: int, seed: int = 0, tokenizer: tokenizer_lib.Tokenizer | None = None,
   max_tokens: int = inference.MAX_DECODE_TOKENS,
+  n_bootstrap: int = scoring.DEFAULT_BOOTSTRAP,
 ) -> tuple[list[str], dict]:
   """Translates every line of `split` in input order and scores it against the references.
 
   Sentences are decoded sorted by length, in batches of at most `batch_size`
   sentences and `max_tokens` source token slots (`inference.length_sorted_batches`).
   Returns one output line per line of the split's source file (lines that were
-  empty there stay empty) and the scores.
+  empty there stay empty) and the scores, each BLEU and chrF with its bootstrap
+  95% interval from `n_bootstrap` resamples (1: none); `unscored_lines` lists the
+  (1-based) lines left out of the scores (empty source lines), and
+  `references_sha256` identifies the references scored against.
   """
   tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
   translate_fn = inference.make_translate_fn(
@@ -103,14 +108,32 @@ def evaluate_split(
                                        jax.random.key(seed))
   references = input_pipeline.translation_references(config, split)
   ordered = [translations[i] for i in sorted(translations)]
-  results = scoring.corpus_scores(ordered, references)
+  results = scoring.corpus_scores(ordered, references, n_bootstrap)
   if config.data.target_lang == 'de':
-    results['bleu_tokenized_compound_split'] = scoring.tokenized_compound_split_bleu(
-      ordered, references, 'de')
+    results.update(scoring.tokenized_compound_split_scores(ordered, references, 'de', n_bootstrap))
   results.update(speed)
   num_lines = datasets.split_num_lines(config.data, split) or len(references)
   lines = [translations.get(i, '') for i in range(num_lines)]
+  results['unscored_lines'] = [i + 1 for i in range(num_lines) if i not in translations]
+  results['references_sha256'] = scoring.references_digest(references)
   return lines, results
+
+
+def references_path(workdir: str, split: str) -> str:
+  """WORKDIR/eval/references-<split>.txt: the references eval.py scored `split` against."""
+  return os.path.join(workdir, 'eval', f'references-{split}.txt')
+
+
+def write_references(config: ml_collections.ConfigDict, workdir: str, split: str) -> str:
+  """Writes the split's references (as scored, in input order) next to the results; its path.
+
+  With them a result file is self-contained: `compare.py` and sacreBLEU's own
+  command line (`sacrebleu REFERENCES -i A.txt B.txt --paired-bs`) read them.
+  """
+  path = references_path(workdir, split)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  _write_text(path, input_pipeline.translation_references(config, split))
+  return path
 
 
 def write_split_results(workdir: str, label: str, split: str, lines: Sequence[str],
@@ -160,11 +183,21 @@ def translate_lines(
   Decoded sorted by length, as `evaluate_split` does.
   """
   tokenizer = tokenizer_lib.get_tokenizer(config)
+  max_len = config.data.max_eval_len
+  too_long = [number for number, line in enumerate(lines, start=1)
+              if line.strip() and len(tokenizer.encode(line)) > max_len - 1]
+  if too_long:
+    shown = ', '.join(map(str, too_long[:20])) + (
+      f' and {len(too_long) - 20} more' if len(too_long) > 20 else '')
+    logging.warning(
+      '%d input lines are longer than the model reads (config.data.max_eval_len=%d tokens, EOS '
+      'included): each was truncated to fit, so its translation covers only its start. '
+      'Lines: %s.', len(too_long), max_len, shown)
   translate_fn = inference.make_translate_fn(
     ModelConfig.from_config(config), options, *mesh_and_rules(config))
   batches = inference.length_sorted_batches(
-    input_pipeline.text_batches(lines, tokenizer, batch_size, config.data.max_eval_len),
-    max_tokens=max_tokens, max_rows=batch_size, max_len=config.data.max_eval_len)
+    input_pipeline.text_batches(lines, tokenizer, batch_size, max_len),
+    max_tokens=max_tokens, max_rows=batch_size, max_len=max_len)
   translations, _ = inference.decode_batches(translate_fn, params, batches, tokenizer,
                                    jax.random.key(seed))
   return [translations.get(i, '') for i in range(len(lines))]
@@ -178,15 +211,22 @@ def watch(
   """Evaluates each new checkpoint as it appears, until the run's final step is done.
 
   A side-car next to a training job: BLEU per step goes to WORKDIR/eval/*.json,
-  metrics.jsonl (`{split}_bleu` rows) and TensorBoard. Returns the steps evaluated.
+  metrics.jsonl (`{split}_bleu` rows) and TensorBoard. It never takes the
+  workdir's lock; it reads it (`workdir_lock`) to know whether the run is still
+  training, logs what it waits for, and stops with a warning once the run is no
+  longer running and every checkpoint it left has been evaluated (no new one
+  can come). Returns the steps evaluated.
   """
   target = abstract_state(config)
   tokenizer = tokenizer_lib.get_tokenizer(config)
   writer = metrics.MetricsWriter(os.path.join(workdir, 'eval'))
   evaluated: list[int] = []
   started = time.monotonic()
+  waiting_for = None
   try:
     while True:
+      # The lock first: a run that ends after this look left its last checkpoint in the listing.
+      holder = workdir_lock.read_holder(workdir)
       steps = checkpoints.available_steps(workdir)
       for step in sorted(set(steps) - set(evaluated)):
         params, label = checkpoints.load_params(workdir, target, str(step))
@@ -194,12 +234,31 @@ def watch(
                                         batch_size=batch_size, tokenizer=tokenizer,
                                         max_tokens=max_tokens)
         write_split_results(workdir, label, split, lines, results, options.tag())
+        write_references(config, workdir, split)
         writer.write(step, {f'{split}_bleu': results['bleu'], f'{split}_chrf': results['chrf']})
         writer.flush()
-        logging.info('step %d: %s BLEU %.2f', step, split, results['bleu'])
+        logging.info('step %d: %s BLEU %s', step, split, scoring.format_score(results, 'bleu'))
         evaluated.append(step)
       if evaluated and max(evaluated) >= config.num_train_steps:
         return evaluated
+      last = f'step {max(steps)}' if steps else 'none yet'
+      alive = None if holder is None else workdir_lock.holder_alive(holder)
+      if holder is None or alive is False:
+        why = (f'no {workdir_lock.LOCK_FILE} in it' if holder is None
+               else f'{workdir_lock.describe(holder)} is dead')
+        logging.warning(
+          'Stopped watching: the training run of %s is no longer running (%s), so no new '
+          'checkpoint can come; its last checkpoint (%s) is evaluated, short of the final step '
+          '%d. Run the same train.py command to resume it, then eval.py --watch again.',
+          workdir, why, last, config.num_train_steps)
+        return evaluated
+      message = (f'Waiting for a checkpoint after {last} (the run ends at step '
+                 f'{config.num_train_steps}; it is trained by {workdir_lock.describe(holder)}'
+                 + ('' if alive else ', on another host: not checked') +
+                 f'); looking every {poll_seconds:g} s.')
+      if message != waiting_for:
+        logging.info('%s', message)
+        waiting_for = message
       if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:
         logging.warning('Stopped watching after %.0f s.', timeout_seconds)
         return evaluated

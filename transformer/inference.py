@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer import decoding, input_pipeline, sharding
+from transformer import config_validation, decoding, input_pipeline, sharding
 from transformer import tokenizer as tokenizer_lib
 from transformer.model import ModelConfig, Transformer
 
@@ -69,8 +69,7 @@ class DecodeOptions:
   def __post_init__(self):
     if self.decoder not in DECODERS:
       raise ValueError(f'decoder={self.decoder!r} is not one of {DECODERS}.')
-    if self.beam_size < 1 or self.max_extra_len < 1:
-      raise ValueError('beam_size and max_extra_len must be positive.')
+    config_validation.raise_if(config_validation.decode_errors(vars(self)), 'decode options')
 
 
 def _init_state(params, src_tokens_BS: jax.Array, model_config: ModelConfig, max_decode_len: int):

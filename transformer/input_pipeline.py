@@ -27,18 +27,19 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from transformer import datasets
+from transformer import datasets, packing, prepared_ids
 from transformer import tokenizer as tokenizer_lib
 
-# Read and tokenize in the consuming thread: the work is Python-bound, and
-# reader threads only contend for the GIL (measured ~3x slower on 2 cores).
+# Read and pack in the consuming thread (a worker process, or the training process with
+# `config.data.num_workers=0`): the packing loop is Python-bound, and reader threads
+# would only contend for the GIL.
 READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
-# Packing bins per batch of rows: more bins pack tighter.
+# Rows open for packing per row of a batch (grain's packing bins): more pack tighter.
 PACKING_BINS_PER_ROW = 2
+# Examples packed together per open row and per 16 positions of a row: rows are full
+# but for the last open ones of each chunk, a small share of a chunk this long.
+PACK_CHUNK_PER_ROW = 8
 _READ_CHUNK = 1024  # Examples read at once when scanning a split.
-# Training splits up to this many examples keep their tokenized examples in
-# memory after first use, so later epochs skip reading and tokenizing.
-MEMOIZE_MAX_EXAMPLES = 1_000_000
 
 Batch = dict[str, np.ndarray]
 # Keys of every `train_iterator` / `eval_batches` batch.
@@ -72,106 +73,70 @@ class _Counter:
   def count(self) -> int:
     return self._count
 
+  def __reduce__(self):
+    # A worker process counts on its own, from 0.
+    return (_Counter, (self._message,))
+
 
 @dataclasses.dataclass(frozen=True)
-class _EncodePair:
-  """Tokenizes a data source element into source, decoder input and target.
+class PackChunk:
+  """Reads a chunk of examples' prepared ids and packs them into rows of `length`.
 
-  With `truncate_to`, each side is cut to at most `truncate_to` tokens (EOS
-  kept last) and truncated pairs are counted.
+  `__call__(indices)` returns a batch of the rows (the number of rows varies).
+  Each example contributes one item per side: the source (`src_*`: pieces + EOS) and the target
+  (`tgt_input_tokens`: BOS + pieces; `tgt_*`: pieces + EOS). Examples with a
+  side longer than `length` (EOS included) are dropped (counted), or with
+  `truncate` cut to fit (counted). Rows follow the chunk's order of examples
+  (first fit: a row opens for the first example that fits nowhere yet).
   """
 
-  tokenizer: tokenizer_lib.Tokenizer
-  source_lang: str
-  target_lang: str
-  truncate_to: int | None = None
-  truncated: _Counter | None = None
+  split: prepared_ids.EncodedSplit
+  length: int
+  open_rows: int
+  truncate: bool
+  counter: _Counter
 
-  def __call__(self, example: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    src_text, tgt_text = datasets.translation_pair(
-        example, self.source_lang, self.target_lang
+  def __call__(self, indices: np.ndarray) -> Batch:
+    ids, starts, num_ids = self.split.read(indices)
+    limit = self.length - 1  # Room for EOS (and BOS on the input).
+    too_long = (num_ids > limit).any(axis=1)
+    for _ in range(int(too_long.sum())):
+      self.counter.increment()
+    if self.truncate:
+      num_ids = np.minimum(num_ids, limit)
+    else:
+      starts, num_ids = starts[~too_long], num_ids[~too_long]
+    return packing.pack(
+        {
+            'src': packing.Windows.whole(ids, starts[:, 0], num_ids[:, 0], with_inputs=False),
+            'tgt': packing.Windows.whole(ids, starts[:, 1], num_ids[:, 1], with_inputs=True),
+        },
+        self.length,
+        self.open_rows,
     )
-    src = self.tokenizer.encode(src_text)
-    tgt = self.tokenizer.encode(tgt_text)
-    if self.truncate_to is not None:
-      limit = self.truncate_to - 1  # Room for EOS (and BOS on the input).
-      if len(src) > limit or len(tgt) > limit:
-        src, tgt = src[:limit], tgt[:limit]
-        if self.truncated is not None:
-          self.truncated.increment()
-    return {
-        'src': np.asarray(src + [tokenizer_lib.EOS_ID], np.int32),
-        'tgt_in': np.asarray([tokenizer_lib.BOS_ID] + tgt, np.int32),
-        'tgt': np.asarray(tgt + [tokenizer_lib.EOS_ID], np.int32),
-    }
 
 
-@dataclasses.dataclass(frozen=True)
-class _FitsMaxLen:
-  """Keeps pairs whose sides (with EOS) have at most `max_len` tokens."""
-
-  max_len: int
-  dropped: _Counter
-
-  def __call__(self, element: Mapping[str, np.ndarray]) -> bool:
-    if len(element['src']) <= self.max_len and len(element['tgt']) <= self.max_len:
-      return True
-    self.dropped.increment()
-    return False
+def chunk_examples(rows: int, length: int) -> int:
+  """Examples (or documents) packed at once into batches of `rows` rows of `length`."""
+  return PACK_CHUNK_PER_ROW * PACKING_BINS_PER_ROW * rows * max(1, length // 16)
 
 
-class Memoized:
-  """Random-access source of `transform(source[i])`, computed once per index.
-
-  Only the first epoch reads and tokenizes; the result must not depend on
-  anything but the element (no randomness). Safe for grain's reader threads: at
-  worst an element is computed twice.
-  """
-
-  def __init__(self, source: Sequence[Any], transform: Any):
-    self._source = source
-    self._transform = transform
-    self._cache: dict[int, Any] = {}
-
-  def __len__(self) -> int:
-    return len(self._source)
-
-  def __getitem__(self, index: int) -> Any:
-    element = self._cache.get(index)
-    if element is None:
-      element = self._cache[index] = self._transform(self._source[index])
-    return element
-
-
-# Batch key -> the packer's key (`tgt_in` shares `tgt`'s segments and positions).
-_PACKED_KEYS = {
-    'src_tokens': 'src',
-    'src_segments': 'src_segment_ids',
-    'src_positions': 'src_positions',
-    'tgt_input_tokens': 'tgt_in',
-    'tgt_tokens': 'tgt',
-    'tgt_segments': 'tgt_segment_ids',
-    'tgt_positions': 'tgt_positions',
-}
-
-
-def rename_packed(packed: Mapping[str, np.ndarray]) -> Batch:
-  """Maps the packer's keys to the batch keys, for the sides present (an LM has no source)."""
-  return {key: packed[name] for key, name in _PACKED_KEYS.items() if name in packed}
-
-
-def _pack(
-    ds: grain.IterDataset, length: int, rows: int, *, seed: int, shuffle: bool
+def packed_batches(
+    chunks: grain.MapDataset, rows: int, num_workers: int, *, drop_remainder: bool
 ) -> grain.IterDataset:
-  """Packs source and target jointly into rows of `length` tokens."""
-  ds = grain.experimental.FirstFitPackIterDataset(
-      ds,
-      length_struct={'src': length, 'tgt_in': length, 'tgt': length},
-      num_packing_bins=rows * PACKING_BINS_PER_ROW,
-      seed=seed,
-      shuffle_bins=shuffle,
-  )
-  return ds.map(rename_packed)
+  """Packed chunks -> batches of `rows` rows, in `num_workers` processes (0: this one).
+
+  Each worker packs and batches every `num_workers`-th chunk; grain interleaves
+  their batches deterministically and checkpoints every worker's position. An
+  exception in a worker is re-raised by `next` with the worker's traceback; a
+  worker killed from outside (out of memory) makes `next` raise `RuntimeError:
+  Worker process was terminated unexpectedly with exit code -9`.
+  """
+  it = chunks.to_iter_dataset(READ_OPTIONS)
+  it = grain.experimental.RebatchIterDataset(it, rows, drop_remainder=drop_remainder)
+  if num_workers:
+    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
+  return it
 
 
 def train_rows(config: ml_collections.ConfigDict, shard_count: int = 1) -> int:
@@ -195,6 +160,20 @@ def train_rows(config: ml_collections.ConfigDict, shard_count: int = 1) -> int:
         f'rows must be a positive multiple of the process count {shard_count}.'
     )
   return global_rows // shard_count
+
+
+def encoded_pairs(
+    config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, split: str
+) -> prepared_ids.EncodedSplit:
+  """The prepared ids of `split` (source and target), encoded first if needed."""
+  texts = prepared_ids.PairTexts(config.data.source_lang, config.data.target_lang)
+  return prepared_ids.encoded_split(config, tokenizer, split, texts)
+
+
+def prepare_ids(config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer) -> None:
+  """Encodes the training and validation splits into ids now (else on first use)."""
+  for split in (config.data.train_split, config.data.eval_split):
+    encoded_pairs(config, tokenizer, split)
 
 
 def train_iterator(
@@ -225,21 +204,15 @@ def train_iterator(
   if not 0 <= shard_index < shard_count:
     raise ValueError(f'shard_index={shard_index} not in [0, {shard_count}).')
   data = config.data
-  source = datasets.get_data_source(data, data.train_split)
+  split = encoded_pairs(config, tokenizer, data.train_split)
   dropped = _Counter(
       f'Dropped %d training pairs longer than config.data.max_len={data.max_len} '
       '(running count).'
   )
-  encode = _EncodePair(tokenizer, data.source_lang, data.target_lang)
-  if len(source) <= MEMOIZE_MAX_EXAMPLES:
-    ds = grain.MapDataset.source(Memoized(source, encode))
-  else:
-    ds = grain.MapDataset.source(source).map(encode)
-  ds = ds[shard_index::shard_count].shuffle(seed=config.seed).repeat(None)
-  ds = ds.filter(_FitsMaxLen(data.max_len, dropped))
-  it = ds.to_iter_dataset(READ_OPTIONS)
-  it = _pack(it, data.max_len, rows, seed=config.seed, shuffle=True)
-  return iter(it.batch(rows, drop_remainder=True))
+  ds = grain.MapDataset.range(len(split))[shard_index::shard_count]
+  ds = ds.shuffle(seed=config.seed).repeat(None).batch(chunk_examples(rows, data.max_len))
+  ds = ds.map(PackChunk(split, data.max_len, rows * PACKING_BINS_PER_ROW, False, dropped))
+  return iter(packed_batches(ds, rows, data.num_workers, drop_remainder=True))
 
 
 def eval_rows(config: ml_collections.ConfigDict, multiple_of: int = 1) -> int:
@@ -309,17 +282,15 @@ def eval_batches(
   rows = eval_rows(config, math.lcm(rows_multiple_of, shard_count))
   if not 0 <= shard_index < shard_count:
     raise ValueError(f'shard_index={shard_index} not in [0, {shard_count}).')
-  source = datasets.get_data_source(data, split)
+  encoded = encoded_pairs(config, tokenizer, split)
   truncated = _Counter(
       f'Truncated %d {split} pairs to config.data.max_eval_len='
       f'{data.max_eval_len} tokens (running count).'
   )
-  encode = _EncodePair(
-      tokenizer, data.source_lang, data.target_lang, data.max_eval_len, truncated
-  )
-  it = grain.MapDataset.source(source).map(encode).to_iter_dataset(READ_OPTIONS)
-  it = _pack(it, data.max_eval_len, rows, seed=config.seed, shuffle=False)
-  it = it.batch(rows, drop_remainder=False).map(PadRows(rows))
+  ds = grain.MapDataset.range(len(encoded)).batch(chunk_examples(rows, data.max_eval_len))
+  ds = ds.map(
+      PackChunk(encoded, data.max_eval_len, rows * PACKING_BINS_PER_ROW, True, truncated))
+  it = packed_batches(ds, rows, 0, drop_remainder=False).map(PadRows(rows))
   return it.map(ProcessRows(shard_index, shard_count)) if shard_count > 1 else it
 
 

@@ -28,35 +28,12 @@ import grain
 import ml_collections
 import numpy as np
 
-from transformer import datasets, input_pipeline
+from transformer import datasets, input_pipeline, packing, prepared_ids
 from transformer import tokenizer as tokenizer_lib
-from transformer.model import ModelConfig
 
 Batch = dict[str, np.ndarray]
 # Keys of every `train_iterator` / `eval_batches` batch.
 BATCH_KEYS = ('tgt_input_tokens', 'tgt_tokens', 'tgt_segments', 'tgt_positions')
-
-
-def config_errors(config: ml_collections.ConfigDict) -> list[str]:
-  """Errors, naming the keys, of a config that mixes the language model and translation."""
-  decoder_only = not ModelConfig.from_config(config).has_encoder
-  lm_data = datasets.is_language_model_data(config.data)
-  errors = []
-  if decoder_only != lm_data:
-    errors.append(
-        f'config.model.architecture={config.model.architecture!r} does not fit '
-        f'config.data.dataset={config.data.dataset!r}: a decoder_only model trains on '
-        f'monolingual text {datasets.LM_DATASETS}, an encoder_decoder one on parallel text.')
-  if decoder_only and config.eval_bleu_sentences:
-    errors.append(f'config.eval_bleu_sentences={config.eval_bleu_sentences} must be 0 for a '
-                  'decoder_only model: BLEU scores translations.')
-  if decoder_only and config.target_metric == 'eval_bleu':
-    errors.append("config.target_metric='eval_bleu' ranks translations; use 'eval_loss' for a "
-                  'decoder_only model.')
-  if lm_data and config.data.lines_per_document < 1:
-    errors.append(
-        f'config.data.lines_per_document={config.data.lines_per_document} must be positive.')
-  return errors
 
 
 class Documents(Sequence[str]):
@@ -91,49 +68,58 @@ def documents(config: ml_collections.ConfigDict, split: str) -> Documents:
   return Documents(source, config.data.lines_per_document)
 
 
+def encoded_lines(
+    config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, split: str
+) -> prepared_ids.EncodedSplit:
+  """The prepared ids of the examples (lines) of `split`, encoded first if needed."""
+  return prepared_ids.encoded_split(config, tokenizer, split, prepared_ids.DocumentText())
+
+
+def prepare_ids(config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer) -> None:
+  """Encodes the training and validation splits into ids now (else on first use)."""
+  for split in (config.data.train_split, config.data.eval_split):
+    encoded_lines(config, tokenizer, split)
+
+
 @dataclasses.dataclass(frozen=True)
-class _EncodeDocument:
-  """Tokenizes a document into the decoder input (BOS + pieces) and target (pieces + EOS)."""
+class PackDocuments:
+  """Reads a chunk of documents' prepared ids and packs their windows into rows of `length`.
 
-  tokenizer: tokenizer_lib.Tokenizer
+  `__call__(documents)` returns a batch of the rows (in the order of the documents,
+  first fit). Document d is lines `d * lines ... d * lines + lines - 1`;
+  its ids are its lines' ids one after the other (SentencePiece splits at
+  whitespace, so this is the encoding of the space-joined lines).
+  """
 
-  def __call__(self, text: str) -> dict[str, np.ndarray]:
-    ids = self.tokenizer.encode(text)
-    return {
-        'tgt_in': np.asarray([tokenizer_lib.BOS_ID] + ids, np.int32),
-        'tgt': np.asarray(ids + [tokenizer_lib.EOS_ID], np.int32),
-    }
+  split: prepared_ids.EncodedSplit
+  lines: int
+  length: int
+  open_rows: int
+
+  def __call__(self, documents: np.ndarray) -> Batch:
+    documents = np.asarray(documents, np.int64)
+    counts = np.minimum(self.lines, len(self.split) - documents * self.lines)
+    first = np.cumsum(counts) - counts
+    lines = np.repeat(documents * self.lines - first, counts) + np.arange(counts.sum())
+    ids, starts, num_ids = self.split.read(lines)
+    doc_starts = starts[first, 0]
+    doc_ids = np.add.reduceat(num_ids[:, 0], first) if len(first) else num_ids[:0, 0]
+    # Windows of `length` positions of each stream (ids + EOS, or BOS + ids).
+    windows = -(-(doc_ids + 1) // self.length)
+    item = np.repeat(np.arange(len(documents)), windows)
+    offsets = (np.arange(windows.sum()) - np.repeat(np.cumsum(windows) - windows, windows))
+    offsets *= self.length
+    lengths = np.minimum(self.length, doc_ids[item] + 1 - offsets)
+    return packing.pack(
+        {'tgt': packing.Windows(ids, doc_starts[item], doc_ids[item], offsets, lengths,
+                                with_inputs=True)},
+        self.length,
+        self.open_rows,
+    )
 
 
-class _Windows(grain.experimental.FlatMapTransform):
-  """Cuts an encoded document into consecutive windows of at most `length` predictions."""
-
-  # Bounds the windows per document only for random-access (MapDataset) flat maps;
-  # the iterator pipelines below take any number.
-  max_fan_out = 1 << 16
-
-  def __init__(self, length: int):
-    self.length = length
-
-  def flat_map(self, element: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-    total = len(element['tgt'])
-    return [{key: value[start:start + self.length] for key, value in element.items()}
-            for start in range(0, total, self.length)]
-
-
-def _windows_packed(
-    ds: grain.IterDataset, length: int, rows: int, *, seed: int, shuffle: bool
-) -> grain.IterDataset:
-  """Encoded documents -> windows of `length` -> rows of `length` tokens."""
-  ds = grain.experimental.FlatMapIterDataset(ds, _Windows(length))
-  ds = grain.experimental.FirstFitPackIterDataset(
-      ds,
-      length_struct={'tgt_in': length, 'tgt': length},
-      num_packing_bins=rows * input_pipeline.PACKING_BINS_PER_ROW,
-      seed=seed,
-      shuffle_bins=shuffle,
-  )
-  return ds.map(input_pipeline.rename_packed)
+def _num_documents(split: prepared_ids.EncodedSplit, lines: int) -> int:
+  return -(-len(split) // lines)
 
 
 def train_iterator(
@@ -149,21 +135,19 @@ def train_iterator(
   documents `shard_index::shard_count` of `config.data.train_split`, shuffled
   with `config.seed` (differently each epoch), cut into windows of
   `config.data.max_len` (nothing is dropped), packed, `train_rows` rows a
-  batch. `get_state()` / `set_state()` checkpoint its position.
+  batch, in `config.data.num_workers` worker processes. `get_state()` /
+  `set_state()` checkpoint its position.
   """
   rows = input_pipeline.train_rows(config, shard_count)
   if not 0 <= shard_index < shard_count:
     raise ValueError(f'shard_index={shard_index} not in [0, {shard_count}).')
-  docs = documents(config, config.data.train_split)
-  encode = _EncodeDocument(tokenizer)
-  if len(docs) <= input_pipeline.MEMOIZE_MAX_EXAMPLES:
-    ds = grain.MapDataset.source(input_pipeline.Memoized(docs, encode))
-  else:
-    ds = grain.MapDataset.source(docs).map(encode)
+  data = config.data
+  split = encoded_lines(config, tokenizer, data.train_split)
+  ds = grain.MapDataset.range(_num_documents(split, data.lines_per_document))
   ds = ds[shard_index::shard_count].shuffle(seed=config.seed).repeat(None)
-  it = ds.to_iter_dataset(input_pipeline.READ_OPTIONS)
-  it = _windows_packed(it, config.data.max_len, rows, seed=config.seed, shuffle=True)
-  return iter(it.batch(rows, drop_remainder=True))
+  ds = ds.batch(input_pipeline.chunk_examples(rows, data.max_len)).map(PackDocuments(
+      split, data.lines_per_document, data.max_len, rows * input_pipeline.PACKING_BINS_PER_ROW))
+  return iter(input_pipeline.packed_batches(ds, rows, data.num_workers, drop_remainder=True))
 
 
 def eval_batches(
@@ -192,11 +176,12 @@ def eval_batches(
   rows = -(-max(1, config.data.tokens_per_batch // length) // multiple_of) * multiple_of
   if not 0 <= shard_index < shard_count:
     raise ValueError(f'shard_index={shard_index} not in [0, {shard_count}).')
-  docs = documents(config, split)
-  it = grain.MapDataset.source(docs).map(_EncodeDocument(tokenizer))
-  it = it.to_iter_dataset(input_pipeline.READ_OPTIONS)
-  it = _windows_packed(it, length, rows, seed=config.seed, shuffle=False)
-  it = it.batch(rows, drop_remainder=False).map(input_pipeline.PadRows(rows))
+  encoded = encoded_lines(config, tokenizer, split)
+  ds = grain.MapDataset.range(_num_documents(encoded, config.data.lines_per_document))
+  ds = ds.batch(input_pipeline.chunk_examples(rows, length)).map(PackDocuments(
+      encoded, config.data.lines_per_document, length, rows * input_pipeline.PACKING_BINS_PER_ROW))
+  it = input_pipeline.packed_batches(ds, rows, 0, drop_remainder=False)
+  it = it.map(input_pipeline.PadRows(rows))
   if shard_count > 1:
     return it.map(input_pipeline.ProcessRows(shard_index, shard_count))
   return it

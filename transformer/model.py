@@ -60,9 +60,11 @@ class ModelConfig:
   max_decode_len: int = 0
 
   def __post_init__(self):
-    errors = _variant_errors(vars(self))
-    if errors:
-      raise ValueError('Invalid model config:\n  ' + '\n  '.join(errors))
+    """Checks every field against its domain in `transformer.config_validation`."""
+    validation = _validation()
+    fields = {k: v for k, v in vars(self).items() if f'model.{k}' in validation.CONFIG_RULES}
+    validation.raise_if(validation.model_errors(ml_collections.ConfigDict(
+      {'vocab_size': self.vocab_size, 'model': fields})), 'model config')
 
   @property
   def has_encoder(self) -> bool:
@@ -76,7 +78,7 @@ class ModelConfig:
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
-    """Validates `config.model` (errors name the offending key) and builds the dataclass."""
+    """Builds the dataclass from `config.model`; invalid values are errors naming the key."""
     m = config.model
     # WORKDIR/config.json of runs older than these switches (read by eval.py) lacks them:
     # those runs are the paper's model, the dataclass defaults.
@@ -85,24 +87,9 @@ class ModelConfig:
               if key not in m}
     if absent:
       m = ml_collections.ConfigDict({**m.to_dict(), **absent})
-    errors = []
-    if m.d_model % m.num_heads:
-      errors.append(
-        f'config.model.d_model={m.d_model} is not divisible by '
-        f'config.model.num_heads={m.num_heads}.')
-    errors += _variant_errors(m)
-    if config.dtype not in DTYPES:
-      errors.append(f'config.dtype={config.dtype!r} is not one of {tuple(DTYPES)}.')
-    for key in ('num_layers', 'd_model', 'num_heads', 'd_ff', 'max_len'):
-      if m[key] < 1:
-        errors.append(f'config.model.{key}={m[key]} must be positive.')
-    if config.vocab_size < 8:
-      errors.append(f'config.vocab_size={config.vocab_size} is too small.')
-    for key in ('dropout_rate', 'attention_dropout_rate'):
-      if not 0.0 <= m[key] < 1.0:
-        errors.append(f'config.model.{key}={m[key]} must be in [0, 1).')
-    if errors:
-      raise ValueError('Invalid model config:\n  ' + '\n  '.join(errors))
+    validation = _validation()  # The other fields are checked by __post_init__.
+    dtype_error = validation.CONFIG_RULES['dtype'].error('config.dtype', config.dtype)
+    validation.raise_if([dtype_error] if dtype_error else [], 'model config')
     return cls(
       vocab_size=config.vocab_size,
       architecture=m.architecture,
@@ -125,19 +112,10 @@ class ModelConfig:
     return dataclasses.replace(self, **changes)
 
 
-def _variant_errors(model) -> list[str]:
-  """Errors of the variant switches in `model` (a ConfigDict or the dataclass's fields)."""
-  errors = [
-    f'config.model.{key}={model[key]!r} is not one of {choices}.'
-    for key, choices in (('architecture', ARCHITECTURES), ('norm', NORMS),
-                         ('position', POSITIONS), ('ffn_activation', FFN_ACTIVATIONS))
-    if model[key] not in choices]
-  heads = model['num_heads']
-  if model['position'] == 'rope' and heads > 0 and model['d_model'] % (2 * heads):
-    errors.append(
-      f"config.model.position='rope' rotates pairs of dimensions: the head dim "
-      f"config.model.d_model / num_heads = {model['d_model'] / heads:g} must be even.")
-  return errors
+def _validation():
+  """transformer.config_validation, imported late: its table imports this module's choices."""
+  from transformer import config_validation
+  return config_validation
 
 
 def _positions_or_default(tokens_BL: jax.Array, positions_BL: jax.Array | None) -> jax.Array:

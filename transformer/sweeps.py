@@ -44,6 +44,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from transformer import config_validation, workdir_lock
+
 Overrides = dict[str, Any]
 # The repository root, where train.py and eval.py live.
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -225,7 +227,11 @@ def _typed_value(config: ml_collections.ConfigDict, key: str, value: Any) -> Any
 
 
 def check_overrides(config: ml_collections.ConfigDict, overrides: Overrides) -> Overrides:
-  """`overrides` with values typed as their config fields; an unknown key is an error naming it."""
+  """`overrides` with values typed as their config fields; an unknown key is an error naming it.
+
+  Each value must lie in its domain (`config_validation.CONFIG_RULES`); rules
+  across keys are checked on the whole trial config (`make_trials`).
+  """
   keys = flatten_keys(config)
   groups = {key.rsplit('.', 1)[0] for key in keys if '.' in key}
   typed = {}
@@ -235,6 +241,10 @@ def check_overrides(config: ml_collections.ConfigDict, overrides: Overrides) -> 
       hint = f' Did you mean {" or ".join(map(repr, close))}?' if close else ''
       raise ValueError(f'{key!r} is not a key of the config.{hint}')
     typed[key] = _typed_value(config, key, value)
+    rule = config_validation.CONFIG_RULES.get(key)
+    error = rule and rule.error(f'config.{key}', typed[key])
+    if error:
+      raise ValueError(error)
   return typed
 
 
@@ -267,6 +277,7 @@ class Trial:
   name: str  # Its directory under the sweep root.
   overrides: Overrides  # Dotted key -> value, typed as the config's fields.
   config: ml_collections.ConfigDict  # The base config with every override applied.
+  group: str | None = None  # With --seeds: its configuration (the name without the seed).
 
 
 def apply_overrides(config: ml_collections.ConfigDict,
@@ -310,8 +321,47 @@ def make_trials(config: ml_collections.ConfigDict, overrides_list: Sequence[Over
       raise ValueError(f'{source}: trials {first_index[name]} and {index} are the same run '
                        f'({name}); give each trial different overrides.')
     first_index[name] = index
-    trials.append(Trial(name=name, overrides=typed, config=apply_overrides(config, typed)))
+    resolved = apply_overrides(config, typed)
+    errors = config_validation.config_errors(resolved)
+    if errors:  # Every value in its domain before any trial runs.
+      raise ValueError(f'{source}: trial {index} {typed} gives an invalid config:\n  '
+                       + '\n  '.join(errors))
+    trials.append(Trial(name=name, overrides=typed, config=resolved))
   return trials
+
+
+def check_seeds(seeds: int) -> None:
+  """Raises a ValueError unless `seeds` is an integer >= 1."""
+  if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+    raise ValueError(f'seeds={seeds!r} must be an integer >= 1 (the runs of each trial, with '
+                     'config.seed, config.seed + 1, ...).')
+
+
+def with_seeds(config: ml_collections.ConfigDict, overrides_list: Sequence[Overrides],
+               seeds: int, source: str = 'sweep()',
+               fixed: Mapping[str, Any] | None = None) -> list[Trial]:
+  """`make_trials` of every override dict run with `seeds` seeds, grouped by configuration.
+
+  Trial k of a configuration sets `seed` to config.seed + k; the seed varies
+  slowest, so that the first seed of every configuration runs (and compiles) first.
+  Each trial's `group` names its configuration: its name without the seed ('base'
+  for no other override). A sweep that sets `seed` itself cannot be run with seeds.
+  """
+  check_seeds(seeds)
+  if 'seed' in (fixed or {}):
+    raise ValueError(f'--seeds={seeds} sets config.seed of every trial; the command line may '
+                     'not set it too.')
+  for index, overrides in enumerate(overrides_list):
+    if 'seed' in overrides:
+      raise ValueError(f'{source}: trial {index} {overrides} sets seed, which --seeds={seeds} '
+                       'sets for every trial.')
+  seeded = [{**overrides, 'seed': config.seed + k}
+            for k in range(seeds) for overrides in overrides_list]
+  trials = make_trials(config, seeded, source=source, fixed=fixed)
+  short_keys = _short_keys(sorted({key for overrides in seeded for key in overrides}))
+  return [dataclasses.replace(trial, group=trial_name(
+    {key: value for key, value in trial.overrides.items() if key != 'seed'}, short_keys))
+    for trial in trials]
 
 
 # --- A sweep: what runs where ---------------------------------------------------------------------
@@ -329,6 +379,8 @@ class Sweep:
   trials: tuple[Trial, ...]
   eval_flags: tuple[str, ...] | None = None  # eval.py's flags after train.py; None: no eval.
   cwd: str = '.'  # Where the commands run: relative paths in overrides mean what they meant here.
+  seeds: int = 1  # Runs of each configuration (config.seed, +1, ...); > 1: grouped summaries.
+  compare_to: str | None = None  # With seeds: the paired tests' reference configuration (best).
 
   def workdir(self, trial: Trial) -> str:
     return os.path.join(self.root, trial.name)
@@ -359,21 +411,39 @@ class Sweep:
 
 def create(config_file: str, config: ml_collections.ConfigDict, sweep_file: str, root: str,
            shared_overrides: Overrides | None = None,
-           eval_flags: Sequence[str] | None = None) -> Sweep:
-  """Loads and checks the sweep file against `config` (before anything runs)."""
-  if config.target_metric not in TARGET_METRICS:
-    raise ValueError(f'config.target_metric={config.target_metric!r} is not one of '
-                     f'{sorted(TARGET_METRICS)}.')
+           eval_flags: Sequence[str] | None = None, seeds: int = 1,
+           compare_to: str | None = None) -> Sweep:
+  """Loads and checks the sweep file against `config` (before anything runs).
+
+  With `seeds` > 1 every trial of the file runs that many times (`with_seeds`),
+  and the summary tests every configuration against `compare_to` (a
+  configuration's name, e.g. 'base'; None: the best one).
+  """
+  config_validation.raise_if(config_validation.config_errors(config))
+  check_seeds(seeds)
   path, colon, argument = config_file.partition(':')
   shared_overrides = dict(shared_overrides or {})
-  trials = make_trials(config, load_overrides(sweep_file), source=sweep_file,
-                       fixed=shared_overrides)
+  overrides_list = load_overrides(sweep_file)
+  if seeds > 1:
+    trials = with_seeds(config, overrides_list, seeds, source=sweep_file, fixed=shared_overrides)
+  else:
+    trials = make_trials(config, overrides_list, source=sweep_file, fixed=shared_overrides)
+  if compare_to is not None:
+    if seeds < 2:
+      raise ValueError(f'--compare_to={compare_to} names the configuration that the summary of a '
+                       'sweep with --seeds=N (N >= 2) tests the others against; add --seeds.')
+    names = list(dict.fromkeys(trial.group for trial in trials))
+    if compare_to not in names:
+      close = difflib.get_close_matches(compare_to, names, n=1)
+      raise ValueError(f'--compare_to={compare_to} is not a configuration of {sweep_file}: '
+                       f'{names}.' + (f' Did you mean {close[0]!r}?' if close else ''))
   return Sweep(
     config_file=os.path.abspath(os.path.expanduser(path)) + colon + argument,
     config=config, shared_overrides=shared_overrides,
     sweep_file=os.path.abspath(os.path.expanduser(sweep_file)),
     root=os.path.abspath(os.path.expanduser(root)), trials=tuple(trials),
-    eval_flags=None if eval_flags is None else tuple(eval_flags), cwd=os.getcwd())
+    eval_flags=None if eval_flags is None else tuple(eval_flags), cwd=os.getcwd(), seeds=seeds,
+    compare_to=compare_to)
 
 
 # --- Trial state: ROOT/<name>/trial.json ----------------------------------------------------------
@@ -489,6 +559,11 @@ class _Runner:
     state = read_state(workdir)
     if state and state['status'] == 'running' and _process_alive(state, workdir):
       logging.warning('%s: already running in process %s; left alone.', trial.name, state['pid'])
+      return 'running'
+    holder = workdir_lock.read_holder(workdir)
+    if holder is not None and workdir_lock.holder_alive(holder) is not False:
+      logging.warning('%s: its workdir is in use by another training run, %s; left alone.',
+                      trial.name, workdir_lock.describe(holder))
       return 'running'
     commands = self.sweep.commands(trial)
     # After a stage runs, the later ones run again: they read what it wrote.
@@ -634,6 +709,10 @@ def sweep_command(sweep: Sweep, *extra: str) -> list[str]:
              f'--sweep={sweep.sweep_file}', f'--workdir={sweep.root}']
   if sweep.eval_flags is not None:
     command += ['--eval', f'--eval_flags={shlex.join(sweep.eval_flags)}']
+  if sweep.seeds > 1:
+    command.append(f'--seeds={sweep.seeds}')
+  if sweep.compare_to is not None:
+    command.append(f'--compare_to={sweep.compare_to}')
   command += [f'--config.{key}={flag_value(value)}'
               for key, value in sweep.shared_overrides.items()]
   return command + list(extra)

@@ -65,6 +65,10 @@ class Tokenizer:
     """Returns the piece ids of `text` (no BOS or EOS)."""
     return self._sp.encode(text)
 
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Returns the piece ids of each of `texts` (one SentencePiece call)."""
+    return self._sp.encode(list(texts))
+
   def decode(self, ids: Iterable[int]) -> str:
     """Returns the text of `ids`, up to the first EOS; PAD and BOS are ignored."""
     kept = []
@@ -170,7 +174,16 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
   """
   path = vocab_path(config)
   if os.path.exists(path):
-    tokenizer = Tokenizer.load(path)
+    try:
+      tokenizer = Tokenizer.load(path)
+    except (RuntimeError, OSError, ValueError) as e:  # SentencePiece raises RuntimeError.
+      key = ('config.data.vocab_path' if config.data.vocab_path
+             else 'the vocabulary beside the prepared data, under config.data.data_dir')
+      raise ValueError(
+          f'{path} ({key}) is not a usable SentencePiece model: {e}. Point '
+          'config.data.vocab_path at a model trained by this project, or remove the file to '
+          'train one.'
+      ) from e
     if tokenizer.vocab_size != config.vocab_size:
       raise ValueError(
           f'SentencePiece model {path} has vocab size {tokenizer.vocab_size} but '
@@ -209,19 +222,12 @@ def _training_sentences(
   count = 0
   for start in range(0, len(order), _READ_CHUNK):
     positions = order[start : start + _READ_CHUNK].tolist()
-    for example in _read(source, positions):
+    for example in datasets.read_examples(source, positions):
       for text in texts(example):
         if count >= max_sentences:
           return
         count += 1
         yield text
-
-
-def _read(source: Sequence, positions: list[int]) -> list:
-  getitems = getattr(source, '__getitems__', None)
-  if getitems is not None:
-    return getitems(positions)
-  return [source[i] for i in positions]
 
 
 class _InMemoryFile:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -22,6 +23,7 @@ from jax.sharding import Mesh
 
 from transformer import (
   checkpoints,
+  config_validation,
   divergence,
   faults,
   inference,
@@ -35,6 +37,7 @@ from transformer import (
   scoring,
   sharding,
   tokenizer,
+  workdir_lock,
 )
 from transformer.model import ModelConfig, Transformer
 
@@ -47,6 +50,16 @@ RESUMABLE_KEYS = (
   'keep_checkpoints', 'data.manual_dir', 'data.data_dir', 'data.vocab_path',
   'skip_nonfinite_steps', 'target_metric',
 )
+# Model keys that change training but not what the saved weights mean: a change on resume warns.
+_REGULARIZATION_KEYS = ('model.dropout_rate', 'model.attention_dropout_rate')
+# Other keys whose change on resume would read the saved weights as another model's: refused.
+_WEIGHT_MEANING_KEYS = ('vocab_size', 'data.source_lang', 'data.target_lang')
+
+
+def _changes_weight_meaning(key: str) -> bool:
+  """Every model field (sizes, norm, position, activation, bias, ...) and the vocabulary."""
+  return ((key.startswith('model.') and key not in _REGULARIZATION_KEYS)
+          or key in _WEIGHT_MEANING_KEYS)
 
 
 @flax.struct.dataclass
@@ -60,39 +73,8 @@ class TrainState:
 
 
 def validate_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
-  """Checks everything that can be checked before data or compiles; errors name the key."""
-  ModelConfig.from_config(config)
-  num_devices = jax.device_count() if num_devices is None else num_devices
-  sizes = dict(zip(sharding.MESH_AXES, sharding.mesh_shape(config.mesh, num_devices), strict=True))
-  shards = sharding.batch_shards(sizes, sharding.axis_rules(config.mesh))
-  rows = input_pipeline.train_rows(config)  # Global rows per batch.
-  errors = []
-  if rows % shards:
-    errors.append(
-      f'config.data.tokens_per_batch // config.data.max_len = {rows} rows per batch do not '
-      f'divide over the {shards} batch shards of the mesh {sizes} (config.mesh).')
-  if config.grad_accum_steps < 1 or rows % (config.grad_accum_steps * shards):
-    errors.append(
-      f'config.grad_accum_steps={config.grad_accum_steps} must divide the {rows} rows per '
-      f'batch into equal micro-batches over {shards} batch shards.')
-  if config.data.max_len > config.model.max_len or config.data.max_eval_len > config.model.max_len:
-    errors.append(
-      f'config.data.max_len={config.data.max_len} and config.data.max_eval_len='
-      f'{config.data.max_eval_len} must not exceed config.model.max_len={config.model.max_len}.')
-  for key in ('num_train_steps', 'warmup_steps', 'log_every_steps', 'eval_every_steps',
-              'checkpoint_every_steps', 'keep_checkpoints'):
-    if config[key] < 1:
-      errors.append(f'config.{key}={config[key]} must be positive.')
-  if config.grad_clip_norm < 0:
-    errors.append(f'config.grad_clip_norm={config.grad_clip_norm} must be >= 0 (0: no clipping).')
-  if config.eval_bleu_decoder not in ('greedy', 'beam'):
-    errors.append(f"config.eval_bleu_decoder={config.eval_bleu_decoder!r} is not 'greedy' or "
-                  "'beam'.")
-  errors += lm_pipeline.config_errors(config)
-  if not is_language_model(config) and config.data.source_lang == config.data.target_lang:
-    errors.append(f'config.data.source_lang and target_lang are both {config.data.source_lang!r}.')
-  if errors:
-    raise ValueError('Invalid config:\n  ' + '\n  '.join(errors))
+  """Checks every config value before data or compiles (`config_validation`); errors name keys."""
+  config_validation.validate(config, jax.device_count() if num_devices is None else num_devices)
 
 
 def is_language_model(config: ml_collections.ConfigDict) -> bool:
@@ -237,12 +219,50 @@ def _flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return {'.'.join(k): v for k, v in flax.traverse_util.flatten_dict(as_json).items()}
 
 
+def _saved_config(workdir: str) -> dict[str, Any] | None:
+  """WORKDIR/config.json flattened, with absent model switches as the paper's (older runs)."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    saved = _flatten(ml_collections.ConfigDict(json.load(f)))
+  defaults = {f'model.{key}': field.default
+              for key, field in ModelConfig.__dataclass_fields__.items()}
+  return {**{key: defaults[key] for key in ('model.architecture', 'model.position',
+                                            'model.ffn_activation', 'model.use_bias')},
+          **saved}
+
+
+def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Refuses, listing each key, a config that would read the workdir's weights as another model.
+
+  Every model field and the vocabulary (`_changes_weight_meaning`) must equal
+  WORKDIR/config.json's once the workdir holds a checkpoint; other keys may
+  change (`write_config` reports them). Runs before anything is written.
+  """
+  saved = _saved_config(workdir)
+  checkpoint_dir = os.path.join(workdir, 'checkpoints')
+  has_checkpoint = os.path.isdir(checkpoint_dir) and any(
+    name.isdigit() for name in os.listdir(checkpoint_dir))
+  if saved is None or not has_checkpoint:
+    return
+  current = _flatten(config)
+  changed = [f'config.{key}: {saved.get(key)!r} -> {current.get(key)!r}'
+             for key in sorted(set(saved) | set(current))
+             if _changes_weight_meaning(key) and saved.get(key) != current.get(key)]
+  if changed:
+    raise ValueError(
+      f'The checkpoints in {checkpoint_dir} belong to another model: resuming would read their '
+      f'weights with a changed meaning. Changed since {workdir}/config.json (saved -> now):\n  '
+      + '\n  '.join(changed) + '\nNothing was changed. Train this model in a new --workdir, '
+      'or resume with the saved values (drop these overrides).')
+
+
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Writes the resolved config to WORKDIR/config.json, warning about changes on resume."""
   path = os.path.join(workdir, 'config.json')
-  if os.path.exists(path):
-    with open(path) as f:
-      previous = _flatten(ml_collections.ConfigDict(json.load(f)))
+  previous = _saved_config(workdir)
+  if previous is not None:
     current = _flatten(config)
     for key in sorted(set(previous) | set(current)):
       if previous.get(key) != current.get(key):
@@ -298,16 +318,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices=
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns final metrics.
 
   `devices` (default: every device of every process) are laid out as `config.mesh`.
-  A latest checkpoint that fails to restore is an error that changes nothing,
-  unless `restore_fallback` (then the newest one that restores is used). On
-  SIGTERM/SIGINT the current step is finished, checkpointed and committed, and
-  this returns normally. `profile_steps` > 0 traces that many train steps, from the
-  second one this process runs, into WORKDIR/profile/ (TensorBoard's Profile tab).
+  Every config value is checked first, then the workdir is locked for this run
+  (`workdir_lock`; another run holding it is an error naming its host and pid).
+  A resume that would change any model field is an error (`check_resume`). A
+  latest checkpoint that fails to restore is an error that changes nothing,
+  unless `restore_fallback` (then the newest one that restores is used). Any
+  error before training starts leaves the workdir as it was. On SIGTERM/SIGINT
+  the current step is finished, checkpointed and committed, and this returns
+  normally. `profile_steps` > 0 traces that many train steps, from the second one
+  this process runs, into WORKDIR/profile/ (TensorBoard's Profile tab).
   """
   if profile_steps < 0:
     raise ValueError(f'profile_steps={profile_steps} must be >= 0.')
-  with preemption.PreemptionWatcher() as watcher:
-    return _train_and_evaluate(config, workdir, devices, watcher, restore_fallback,
+  devices = jax.devices() if devices is None else devices
+  validate_config(config, len(devices))
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  with (_owned_workdir(workdir), preemption.PreemptionWatcher() as watcher,
+        contextlib.ExitStack() as cleanup):
+    return _train_and_evaluate(config, workdir, devices, watcher, cleanup, restore_fallback,
                                profile_steps)
 
 
@@ -336,28 +364,71 @@ class _StepProfiler:
       self.active = False
 
 
-def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.PreemptionWatcher,
-                        restore_fallback: bool, profile_steps: int = 0) -> dict[str, float]:
-  devices = jax.devices() if devices is None else devices
-  validate_config(config, len(devices))
-  workdir = os.path.abspath(os.path.expanduser(workdir))
-  os.makedirs(workdir, exist_ok=True)
+@contextlib.contextmanager
+def _owned_workdir(workdir: str):
+  """Holds WORKDIR/train.lock (process 0, for the whole run); on an error, removes empty folders
+  that this run created (the workdir itself included), so a failed start leaves no trace."""
+  existed = set(os.listdir(workdir)) if os.path.isdir(workdir) else None
+  lock = workdir_lock.WorkdirLock(workdir)
+  error = None
+  if jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    try:
+      lock.acquire()
+    except workdir_lock.WorkdirLockedError as e:
+      error = e
+  if jax.process_count() > 1:  # Every process stops if process 0 could not take the lock.
+    locked = multihost_utils.broadcast_one_to_all(np.int32(error is None))
+    if not locked and error is None:
+      error = workdir_lock.WorkdirLockedError(
+        f'Process 0 could not take {lock.path} (another run holds the workdir; see its log).')
+  try:
+    if error is not None:
+      raise error
+    yield
+  except BaseException:
+    if jax.process_index() == 0:
+      lock.release()
+      _remove_new_empty_folders(workdir, existed)
+    raise
+  finally:
+    lock.release()
 
+
+def _remove_new_empty_folders(workdir: str, existed: set[str] | None) -> None:
+  """Removes the empty folders under `workdir` that were not there before (then it, if new)."""
+  if not os.path.isdir(workdir):
+    return
+  for name in sorted(set(os.listdir(workdir)) - (existed or set())):
+    path = os.path.join(workdir, name)
+    if os.path.isdir(path) and not os.listdir(path):
+      os.rmdir(path)
+  if existed is None and not os.listdir(workdir):
+    os.rmdir(workdir)
+
+
+def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.PreemptionWatcher,
+                        cleanup: contextlib.ExitStack, restore_fallback: bool,
+                        profile_steps: int = 0) -> dict[str, float]:
+  check_resume(config, workdir)  # Before anything else: a changed model is refused.
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.axis_rules(config.mesh)
   model, eval_model = create_models(config)
   optimizer = optim.create_optimizer(config)
   abstract_state, state_shardings = abstract_state_and_shardings(config, model, optimizer, mesh)
-
-  checkpointer = checkpoints.Checkpointer(workdir, keep=config.keep_checkpoints)
   # Before any data preparation or compile: a foreign checkpoint is an error.
-  checkpointer.check_latest_compatible(abstract_state)
+  checkpoints.check_latest_compatible(workdir, abstract_state)
 
   vocab = _prepare_data(config)
   pipeline = data_pipeline(config)
   train_iter = pipeline.train_iterator(
     config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count())
 
+  # Created only now, after every check on the config and the data: it starts Orbax's background
+  # threads and the checkpoints/ folder. Closed however the run ends, so that an error is the
+  # last thing printed (not a traceback of threads shut down with the interpreter).
+  checkpointer = checkpoints.Checkpointer(workdir, keep=config.keep_checkpoints)
+  cleanup.callback(checkpointer.close)
   params_key, _ = jax.random.split(jax.random.key(config.seed))  # Named: params, (data).
   latest, state = checkpointer.restore_latest(abstract_state, train_iter, fallback=restore_fallback)
   if latest is None:
@@ -461,6 +532,5 @@ def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.Preem
     logging.info('Nothing to train: the checkpoint is at step %d.', start_step)
     summary = run_eval(start_step)
   checkpointer.wait_until_finished()
-  checkpointer.close()
   writer.close()
   return summary

@@ -7,6 +7,15 @@
 9 trials of about 5 minutes each on 2 CPU cores, in order of the comparisons the
 issue asks for first (post-LN vs pre-norm; sinusoidal vs RoPE vs ALiBi; ReLU vs
 SwiGLU at a matched parameter count), so a stopped sweep has the main ones.
+
+With 3 seeds per variant and the paired test of each against the paper's model
+(27 runs, about 2.5 hours on 2 CPU cores; summary.md says which switches differ
+significantly from `base`):
+
+  python sweep.py --config=configs/variants_study.py \
+      --sweep=configs/sweeps/variants_study.py --workdir=workdirs/variants_study_3seeds \
+      --seeds=3 --compare_to=base --eval --eval_flags='--split=validation --decoder=greedy' \
+      --config.data.manual_dir=../shared/data/multi30k
 """
 
 

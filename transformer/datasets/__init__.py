@@ -14,6 +14,7 @@ from transformer.datasets.sources import (
     get_data_source,
     is_language_model_data,
     prepare,
+    read_examples,
     split_num_lines,
     translation_pair,
 )
@@ -28,6 +29,7 @@ __all__ = [
     'get_data_source',
     'is_language_model_data',
     'prepare',
+    'read_examples',
     'split_num_lines',
     'translation_pair',
 ]

@@ -113,8 +113,8 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
     missing = text_files.missing_files(files, cls.REQUIRED_SPLITS, required)
     if missing:
       raise ValueError(
-          f'{manual_dir} lacks required files: {", ".join(missing)} (each may '
-          'also be gzipped, with a .gz suffix).'
+          f'{manual_dir} (config.data.manual_dir) lacks required files: '
+          f'{", ".join(missing)} (each may also be gzipped, with a .gz suffix).'
       )
     if len(feature_languages) < 2:
       raise ValueError(

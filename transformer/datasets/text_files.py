@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import os
 import re
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import BinaryIO
 
@@ -72,7 +73,8 @@ def discover_files(directory: str) -> SplitFiles:
       `validation.en`).
   """
   if not os.path.isdir(directory):
-    raise ValueError(f'Parallel text directory {directory!r} does not exist.')
+    raise ValueError(f'Parallel text directory {directory!r} (config.data.manual_dir) does not '
+                     'exist.')
   files: SplitFiles = {}
   for name in sorted(os.listdir(directory)):
     path = os.path.join(directory, name)
@@ -111,6 +113,23 @@ def _open(path: str) -> BinaryIO:
   return open(path, 'rb')
 
 
+def _lines_of_gzip_or_plain(path: str, f: BinaryIO) -> Iterator[bytes]:
+  """The raw lines of `f`; corrupt or truncated gzip data is an error naming the file and line."""
+  line_number = 0
+  while True:
+    try:
+      raw = f.readline()
+    except (EOFError, OSError, zlib.error) as e:  # BadGzipFile is an OSError.
+      raise ValueError(
+          f'{path}: corrupt or truncated gzip data at line {line_number + 1} '
+          f'({type(e).__name__}: {e}); lines 1-{line_number} read. Replace the file.'
+      ) from e
+    if not raw:
+      return
+    line_number += 1
+    yield raw
+
+
 def read_lines(path: str) -> Iterator[str]:
   """Yields the lines of a UTF-8 text file, without line terminators.
 
@@ -122,10 +141,11 @@ def read_lines(path: str) -> Iterator[str]:
     counts too). A UTF-8 byte order mark at the start is removed.
 
   Raises:
-    ValueError: On invalid UTF-8, naming the file and the 1-based line number.
+    ValueError: On invalid UTF-8 or corrupt gzip data, naming the file and the
+      1-based line number.
   """
   with _open(path) as f:
-    for line_number, raw in enumerate(f, start=1):
+    for line_number, raw in enumerate(_lines_of_gzip_or_plain(path, f), start=1):
       raw = raw.rstrip(b'\n').rstrip(b'\r')
       try:
         text = raw.decode('utf-8')

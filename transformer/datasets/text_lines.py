@@ -62,8 +62,8 @@ class TextLines(parallel_text.ParallelText):
     missing = text_files.missing_files(found, cls.REQUIRED_SPLITS, languages)
     if missing:
       raise ValueError(
-          f'{manual_dir} lacks required files: {", ".join(missing)} (each may '
-          'also be gzipped, with a .gz suffix).'
+          f'{manual_dir} (config.data.manual_dir) lacks required files: '
+          f'{", ".join(missing)} (each may also be gzipped, with a .gz suffix).'
       )
     files = {
         split: {language: paths[language]}

@@ -1,0 +1,368 @@
+"""Every config value and command-line flag against its domain: one table, one place.
+
+`train.py` (through `training.validate_config`), `train.py --dry_run`,
+`sweep.py` (every trial's config, before any trial runs) and `eval.py` (its
+decoding flags) all call this module before anything is read, written or
+compiled. Errors name the key, its value and what it may be, all at once.
+
+A new config field is one line in `CONFIG_RULES` (a test asserts that every
+leaf key of every config in configs/ has a rule there); a rule that involves
+several keys is a function in `_CROSS_CHECKS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ml_collections
+
+from transformer import datasets, model, sharding
+
+# What `config.target_metric` may rank sweep trials by.
+TARGET_METRICS = ('eval_bleu', 'eval_loss')
+EVAL_BLEU_DECODERS = ('greedy', 'beam')
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """A domain: `check(value)` is True inside it; `text` says what it is, for error messages."""
+
+  text: str
+  check: Callable[[Any], bool]
+
+  def error(self, name: str, value: Any) -> str | None:
+    """None if `value` is in the domain, else '`name`=value must be <text>.'."""
+    try:
+      ok = self.check(value)
+    except TypeError:
+      ok = False
+    if ok:
+      return None
+    verb = 'is not' if self.text.startswith('one of') else 'must be'
+    return f'{name}={value!r} {verb} {self.text}.'
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+  return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and math.isfinite(value))
+
+
+def integer(low: int | None = None, high: int | None = None) -> Rule:
+  """An int in [low, high] (either end may be open-ended)."""
+  if low is not None and high is not None:
+    text = f'an integer in [{low}, {high}]'
+  elif low == 1:
+    text = 'a positive integer'
+  elif low is not None:
+    text = f'an integer >= {low}'
+  else:
+    text = 'an integer'
+  return Rule(text, lambda v: _is_int(v) and (low is None or v >= low)
+              and (high is None or v <= high))
+
+
+def real(low: float, high: float = math.inf, *, low_open: bool = False,
+         high_open: bool = False) -> Rule:
+  """A finite number in the interval, its ends open or closed as given."""
+  left, right = '(' if low_open else '[', ')' if high_open or high == math.inf else ']'
+  text = f'a finite number in {left}{low:g}, {high:g}{right}'
+  if low == 0 and low_open and high == math.inf:
+    text = 'a finite positive number'
+  return Rule(text, lambda v: _is_real(v) and (v > low if low_open else v >= low)
+              and (v < high if high_open else v <= high))
+
+
+def one_of(choices: Sequence[Any]) -> Rule:
+  return Rule(f'one of {tuple(choices)}', lambda v: v in tuple(choices))
+
+
+BOOLEAN = Rule('True or False', lambda v: isinstance(v, bool))
+PROBABILITY = real(0.0, 1.0, high_open=True)  # Dropout, label smoothing, Adam betas.
+POSITIVE_INT = integer(1)
+POSITIVE_REAL = real(0.0, low_open=True)
+NAME = Rule('a non-empty string', lambda v: isinstance(v, str) and bool(v.strip()))
+LANGUAGE = Rule('a string (a language code; empty only for a language model)',
+                lambda v: isinstance(v, str))
+OPTIONAL_PATH = Rule('None or a non-empty path', lambda v: v is None or (
+  isinstance(v, str) and bool(v.strip())))
+MESH_SIZE = Rule('a positive integer or -1 (all remaining devices)',
+                 lambda v: _is_int(v) and (v >= 1 or v == -1))
+AXIS_RULES = Rule('a sequence of (logical axis, mesh axes) pairs',
+                  lambda v: isinstance(v, list | tuple) and all(
+                    isinstance(e, list | tuple) and len(e) == 2 for e in v))
+
+
+# Every leaf key of a training config (dotted) -> its domain. One line per field.
+CONFIG_RULES: dict[str, Rule] = {
+  'seed': integer(0),
+  'dtype': one_of(tuple(model.DTYPES)),
+  'vocab_size': integer(8),
+  'num_train_steps': POSITIVE_INT,
+  'warmup_steps': POSITIVE_INT,
+  'lr_scale': POSITIVE_REAL,
+  'adam_b1': PROBABILITY,
+  'adam_b2': PROBABILITY,
+  'adam_eps': POSITIVE_REAL,
+  'label_smoothing': PROBABILITY,
+  'grad_accum_steps': POSITIVE_INT,
+  'grad_clip_norm': real(0.0),  # 0: no clipping.
+  'skip_nonfinite_steps': BOOLEAN,
+  'log_every_steps': POSITIVE_INT,
+  'eval_every_steps': POSITIVE_INT,
+  'eval_bleu_sentences': integer(0),  # 0: off.
+  'eval_bleu_decoder': one_of(EVAL_BLEU_DECODERS),
+  'checkpoint_every_steps': POSITIVE_INT,
+  'keep_checkpoints': POSITIVE_INT,
+  'target_metric': one_of(TARGET_METRICS),
+  'model.architecture': one_of(model.ARCHITECTURES),
+  'model.num_layers': POSITIVE_INT,
+  'model.d_model': POSITIVE_INT,
+  'model.num_heads': POSITIVE_INT,
+  'model.d_ff': POSITIVE_INT,
+  'model.dropout_rate': PROBABILITY,
+  'model.attention_dropout_rate': PROBABILITY,
+  'model.norm': one_of(model.NORMS),
+  'model.position': one_of(model.POSITIONS),
+  'model.ffn_activation': one_of(model.FFN_ACTIVATIONS),
+  'model.use_bias': BOOLEAN,
+  'model.share_embeddings': BOOLEAN,
+  'model.max_len': POSITIVE_INT,
+  'data.dataset': one_of(datasets.DATASETS),
+  'data.source_lang': LANGUAGE,
+  'data.target_lang': NAME,
+  'data.manual_dir': OPTIONAL_PATH,
+  'data.data_dir': NAME,
+  'data.vocab_path': OPTIONAL_PATH,
+  'data.train_split': NAME,
+  'data.eval_split': NAME,
+  'data.test_split': NAME,
+  'data.max_len': integer(2),  # At least one token and EOS.
+  'data.max_eval_len': integer(2),
+  'data.tokens_per_batch': POSITIVE_INT,
+  'data.spm_train_sentences': POSITIVE_INT,
+  'data.lines_per_document': POSITIVE_INT,
+  'mesh.data': MESH_SIZE,
+  'mesh.fsdp': MESH_SIZE,
+  'mesh.tensor': MESH_SIZE,
+  'mesh.rules': AXIS_RULES,
+}
+
+
+def flatten(config: ml_collections.ConfigDict | Mapping[str, Any],
+            prefix: str = '') -> dict[str, Any]:
+  """{'model.d_model': 256, ...}: every leaf of `config` under its dotted key."""
+  leaves = {}
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict | Mapping):
+      leaves.update(flatten(value, f'{prefix}{key}.'))
+    else:
+      leaves[prefix + key] = value
+  return leaves
+
+
+# --- Rules across keys ---------------------------------------------------------------------------
+
+
+def _model_errors(c) -> list[str]:
+  m = c.model
+  errors = []
+  if m.num_heads >= 1 and m.d_model % m.num_heads:
+    errors.append(f'config.model.d_model={m.d_model} is not divisible by '
+                  f'config.model.num_heads={m.num_heads}.')
+  elif m.position == 'rope' and m.num_heads >= 1 and m.d_model % (2 * m.num_heads):
+    errors.append(
+      f"config.model.position='rope' rotates pairs of dimensions: the head dim "
+      f'config.model.d_model / num_heads = {m.d_model / m.num_heads:g} must be even.')
+  return errors
+
+
+def _length_errors(c) -> list[str]:
+  d = c.data
+  errors = []
+  if d.max_len > c.model.max_len or d.max_eval_len > c.model.max_len:
+    errors.append(
+      f'config.data.max_len={d.max_len} and config.data.max_eval_len={d.max_eval_len} must '
+      f'not exceed config.model.max_len={c.model.max_len}.')
+  if d.tokens_per_batch % d.max_len:
+    errors.append(f'config.data.tokens_per_batch={d.tokens_per_batch} must be a positive '
+                  f'multiple of config.data.max_len={d.max_len}.')
+  return errors
+
+
+def _task_errors(c) -> list[str]:
+  """A language model and its data, or a translation model and its languages, fit together."""
+  decoder_only = c.model.architecture == 'decoder_only'
+  lm_data = datasets.is_language_model_data(c.data)
+  errors = []
+  if decoder_only != lm_data:
+    errors.append(
+      f'config.model.architecture={c.model.architecture!r} does not fit '
+      f'config.data.dataset={c.data.dataset!r}: a decoder_only model trains on '
+      f'monolingual text {datasets.LM_DATASETS}, an encoder_decoder one on parallel text.')
+  if decoder_only and c.eval_bleu_sentences:
+    errors.append(f'config.eval_bleu_sentences={c.eval_bleu_sentences} must be 0 for a '
+                  'decoder_only model: BLEU scores translations.')
+  if decoder_only and c.target_metric == 'eval_bleu':
+    errors.append("config.target_metric='eval_bleu' ranks translations; use 'eval_loss' for a "
+                  'decoder_only model.')
+  if not decoder_only and not c.data.source_lang.strip():
+    errors.append('config.data.source_lang is empty: a translation model needs a source '
+                  'language.')
+  elif not decoder_only and c.data.source_lang == c.data.target_lang:
+    errors.append(f'config.data.source_lang and target_lang are both {c.data.source_lang!r}.')
+  return errors
+
+
+def _mesh_rule_errors(c) -> list[str]:
+  try:
+    sharding.axis_rules(c.mesh)
+  except ValueError as e:
+    return [str(e)]
+  return []
+
+
+# Each takes a config whose single values are in their domains; returns errors naming the keys.
+_CROSS_CHECKS: tuple[Callable[[ml_collections.ConfigDict], list[str]], ...] = (
+  _model_errors, _length_errors, _task_errors, _mesh_rule_errors)
+
+
+def config_errors(config: ml_collections.ConfigDict, keys: Sequence[str] | None = None
+                  ) -> list[str]:
+  """Every value of `config` outside its domain, then every broken rule across keys.
+
+  `keys` limits the domain checks to those keys (and their groups, e.g.
+  'model'); the rules across keys then run only if those keys are all valid.
+  Keys of the table absent from `config` (a run's config.json written before
+  they existed) are skipped.
+  """
+  values = flatten(config)
+  selected = [k for k in CONFIG_RULES if keys is None
+              or any(k == p or k.startswith(p + '.') for p in keys)]
+  errors = [e for k in selected if k in values
+            if (e := CONFIG_RULES[k].error(f'config.{k}', values[k]))]
+  if errors or any(k not in values for k in CONFIG_RULES):
+    return errors  # Rules across keys assume every value of theirs is valid and present.
+  for check in _CROSS_CHECKS:
+    errors += check(config)
+  return errors
+
+
+def model_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """The errors of `config.model`, `config.vocab_size` and `config.dtype` alone."""
+  values = flatten(config)
+  errors = [e for k, rule in CONFIG_RULES.items()
+            if (k.startswith('model.') or k in ('vocab_size', 'dtype')) and k in values
+            if (e := rule.error(f'config.{k}', values[k]))]
+  return errors or _model_errors(config)
+
+
+class ConfigError(ValueError):
+  """A config value or flag outside its domain; the message lists every one."""
+
+
+def raise_if(errors: Sequence[str], what: str = 'config') -> None:
+  if errors:
+    raise ConfigError(f'Invalid {what}:\n  ' + '\n  '.join(errors))
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
+  """Raises `ConfigError` listing every invalid value of a training config on `num_devices`."""
+  errors = config_errors(config)
+  if not errors:
+    errors = _device_errors(config, num_devices)
+  raise_if(errors)
+
+
+def _device_errors(config: ml_collections.ConfigDict, num_devices: int) -> list[str]:
+  """The mesh over `num_devices`, and batches that divide over it."""
+  try:
+    sizes = dict(zip(sharding.MESH_AXES, sharding.mesh_shape(config.mesh, num_devices),
+                     strict=True))
+  except ValueError as e:
+    return [str(e)]
+  shards = sharding.batch_shards(sizes, sharding.axis_rules(config.mesh))
+  rows = config.data.tokens_per_batch // config.data.max_len  # Global rows per batch.
+  errors = []
+  if rows % shards:
+    errors.append(
+      f'config.data.tokens_per_batch // config.data.max_len = {rows} rows per batch do not '
+      f'divide over the {shards} batch shards of the mesh {sizes} (config.mesh).')
+  if rows % (config.grad_accum_steps * shards):
+    errors.append(
+      f'config.grad_accum_steps={config.grad_accum_steps} must divide the {rows} rows per '
+      f'batch into equal micro-batches over {shards} batch shards.')
+  return errors
+
+
+# --- eval.py's flags ------------------------------------------------------------------------------
+
+# eval.py's flags -> their domains (the decoder and split are checked where they are used).
+DECODE_RULES: dict[str, Rule] = {
+  'beam_size': POSITIVE_INT,
+  'alpha': real(0.0),  # GNMT length penalty exponent; 0: none.
+  'max_extra_len': POSITIVE_INT,
+  'temperature': real(0.0),  # 0: greedy.
+  'top_k': integer(0),  # 0: every token.
+  'top_p': real(0.0, 1.0, low_open=True),  # 1: every token.
+}
+EVAL_FLAG_RULES: dict[str, Rule] = {
+  **DECODE_RULES,
+  'seed': integer(0),
+  'batch_size': POSITIVE_INT,
+  'max_tokens': POSITIVE_INT,  # Source token slots per decoding batch.
+  'n_bootstrap': POSITIVE_INT,  # 1: no confidence interval.
+  'poll_seconds': POSITIVE_REAL,
+  'lengths': Rule('None or positive integers', lambda v: v is None or all(
+    str(x).isdigit() and int(x) > 0 for x in v)),  # A list flag: strings.
+}
+
+
+def decode_errors(options: Mapping[str, Any], prefix: str = '') -> list[str]:
+  """Errors of decoding options (`DecodeOptions` fields); names get `prefix` ('--' for flags)."""
+  return [e for k, rule in DECODE_RULES.items() if k in options
+          if (e := rule.error(prefix + k, options[k]))]
+
+
+def eval_flag_errors(values: Mapping[str, Any]) -> list[str]:
+  """Errors of eval.py's flags `{name: value}`, each named `--name=value`."""
+  return [e for k, rule in EVAL_FLAG_RULES.items() if k in values
+          if (e := rule.error(f'--{k}', values[k]))]
+
+
+def writable_file_errors(path: str, flag: str) -> list[str]:
+  """Whether `path` can be written (its folder exists and is writable), checked before any work."""
+  if path == '-':
+    return []
+  path = os.path.abspath(os.path.expanduser(path))
+  folder = os.path.dirname(path)
+  if os.path.isdir(path):
+    return [f'{flag}={path} is a directory, not a file.']
+  if not os.path.isdir(folder):
+    return [f'{flag}={path}: the folder {folder} does not exist.']
+  if os.path.exists(path) and not os.access(path, os.W_OK):
+    return [f'{flag}={path} is not writable.']
+  if not os.path.exists(path) and not os.access(folder, os.W_OK | os.X_OK):
+    return [f'{flag}={path}: the folder {folder} is not writable.']
+  return []
+
+
+def writable_dir_errors(path: str, flag: str) -> list[str]:
+  """Whether folder `path` is, or can be created, writable (its nearest existing ancestor)."""
+  path = os.path.abspath(os.path.expanduser(path))
+  existing = path
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    return [f'{flag}: {existing} is a file, so {path} cannot be a folder.']
+  if not os.access(existing, os.W_OK | os.X_OK):
+    return [f'{flag}: {existing} is not writable, so nothing can be written to {path}.']
+  return []

@@ -1,0 +1,258 @@
+"""Is system B really better than A? sacreBLEU's paired tests on eval.py's result files.
+
+A system is one eval.py translation result: WORKDIR/eval/<label>-<split>[-tag].json,
+its translations (the .txt beside it) and the references it was scored against
+(WORKDIR/eval/references-<split>.txt). `compare` runs sacreBLEU's paired test
+(`sacrebleu.significance.PairedTest`): paired bootstrap resampling (Koehn 2004,
+as `sacrebleu REF -i A B --paired-bs`) or approximate randomization (Riezler and
+Maxwell 2005, `--paired-ar`) of every system against the first, the baseline,
+each score with its bootstrap 95% confidence interval. The random number
+generator is sacreBLEU's, seeded by the environment variable SACREBLEU_SEED
+(12345 unless set), so sacreBLEU's command line reproduces every p-value.
+
+Importing this module imports no JAX: comparing result files takes seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import sacrebleu
+from sacrebleu.significance import PairedTest
+
+from transformer import scoring
+
+ALPHA = 0.05  # Significance level of the verdicts.
+METRICS = ('bleu', 'chrf')  # What `compare` can test; sacreBLEU's defaults of each.
+TESTS = {'bs': 'paired bootstrap resampling', 'ar': 'approximate randomization'}
+_RESULT_SUFFIXES = ('-perplexity.json', '-extrapolation.json')  # Language-model results.
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+  """One eval.py translation result, ready to be tested."""
+
+  name: str  # As the user named it (a file or a workdir).
+  result_path: str  # The eval.py .json.
+  hypotheses_path: str  # Its .txt: one line per line of the split.
+  references_path: str  # WORKDIR/eval/references-<split>.txt.
+  split: str
+  hypotheses: list[str]  # The scored lines (eval.py's `unscored_lines` left out).
+  references: list[str]
+  results: dict[str, Any]  # The .json's contents.
+
+
+def _read_lines(path: str) -> list[str]:
+  with open(path, encoding='utf-8') as f:
+    text = f.read()
+  return text.split('\n')[:-1] if text.endswith('\n') else text.split('\n') if text else []
+
+
+def _result_in_workdir(workdir: str, split: str | None) -> str:
+  """The one translation result of `split` (any split if None) in WORKDIR/eval/."""
+  paths = sorted(p for p in glob.glob(os.path.join(workdir, 'eval', '*.json'))
+                 if not p.endswith(_RESULT_SUFFIXES))
+  candidates = []
+  for path in paths:
+    with open(path) as f:
+      results = json.load(f)
+    if 'bleu' in results and (split is None or results.get('split') == split):
+      candidates.append(path)
+  if len(candidates) != 1:
+    what = f' of split {split!r}' if split else ''
+    found = ': ' + ', '.join(os.path.basename(p) for p in candidates) if candidates else ''
+    raise ValueError(f'{workdir} holds {len(candidates)} eval.py translation results{what} '
+                     f'(in {os.path.join(workdir, "eval")}{found}); name the .json file to '
+                     'compare' + (' or pass --split.' if not split else '.'))
+  return candidates[0]
+
+
+def load_system(path: str, split: str | None = None) -> System:
+  """The eval.py result at `path`: a result .json, or a workdir holding exactly one of `split`."""
+  name = path
+  path = os.path.expanduser(path)
+  if os.path.isdir(path):
+    path = _result_in_workdir(path, split)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'No eval.py result at {path}.')
+  with open(path) as f:
+    try:
+      results = json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f'{path} is not JSON ({e}).') from None
+  if not isinstance(results, dict) or 'bleu' not in results or 'split' not in results:
+    raise ValueError(f'{path} is not an eval.py translation result (no bleu and split).')
+  if split is not None and results['split'] != split:
+    raise ValueError(f"{path} scores split {results['split']!r}, not {split!r}.")
+  hypotheses_path = path[:-len('.json')] + '.txt'
+  references_path = os.path.join(os.path.dirname(path), f"references-{results['split']}.txt")
+  for needed in (hypotheses_path, references_path):
+    if not os.path.isfile(needed):
+      raise FileNotFoundError(f'{needed} is missing: {path} cannot be compared (eval.py writes '
+                              'both next to its results; run it again).')
+  lines = _read_lines(hypotheses_path)
+  unscored = set(results.get('unscored_lines', []))
+  hypotheses = [line for number, line in enumerate(lines, start=1) if number not in unscored]
+  references = _read_lines(references_path)
+  if len(hypotheses) != len(references):
+    raise ValueError(f'{hypotheses_path} has {len(hypotheses)} scored lines, but '
+                     f'{references_path} has {len(references)} references.')
+  digest = scoring.references_digest(references)
+  if results.get('references_sha256', digest) != digest:
+    raise ValueError(f'{references_path} is not what {path} was scored against (it changed '
+                     'since; run eval.py again).')
+  return System(name=name, result_path=path, hypotheses_path=hypotheses_path,
+                references_path=references_path, split=results['split'],
+                hypotheses=hypotheses, references=references, results=results)
+
+
+def check_comparable(systems: Sequence[System]) -> None:
+  """Raises a ValueError naming both files unless every system scored the same references."""
+  if len(systems) < 2:
+    raise ValueError(f'A comparison needs at least 2 systems, got {len(systems)}.')
+  baseline = systems[0]
+  for system in systems[1:]:
+    pair = f'{baseline.result_path} and {system.result_path}'
+    if system.split != baseline.split:
+      raise ValueError(f'{pair} score different splits ({baseline.split!r} and '
+                       f'{system.split!r}).')
+    if len(system.hypotheses) != len(baseline.hypotheses):
+      raise ValueError(f'{baseline.hypotheses_path} and {system.hypotheses_path} differ in line '
+                       f'count ({len(baseline.hypotheses)} and {len(system.hypotheses)} scored '
+                       'lines).')
+    if system.references != baseline.references:
+      line = next(i for i, (a, b) in enumerate(
+        zip(baseline.references, system.references, strict=True), start=1) if a != b)
+      raise ValueError(f'{baseline.references_path} and {system.references_path} differ '
+                       f'(first at line {line}): {pair} were not scored against the same '
+                       'references.')
+
+
+def pool(name: str, systems: Sequence[System]) -> System:
+  """One system of several results' translations one after another (e.g. a run's seeds).
+
+  Two pooled systems are paired line by line: result k of one with result k of
+  the other. The results must be comparable (`check_comparable`).
+  """
+  if len(systems) > 1:
+    check_comparable(systems)
+  first = systems[0]
+  return System(
+    name=name, result_path=', '.join(s.result_path for s in systems),
+    hypotheses_path=', '.join(s.hypotheses_path for s in systems),
+    references_path=first.references_path, split=first.split,
+    hypotheses=[line for s in systems for line in s.hypotheses],
+    references=[line for s in systems for line in s.references],
+    results={'pooled': [s.result_path for s in systems]})
+
+
+def _sacrebleu_metrics(metrics: Sequence[str]) -> dict:
+  unknown = sorted(set(metrics) - set(METRICS))
+  if unknown or not metrics:
+    raise ValueError(f'metrics={list(metrics)}: expected a non-empty subset of {list(METRICS)}.')
+  make = {'bleu': sacrebleu.metrics.BLEU, 'chrf': sacrebleu.metrics.CHRF}
+  return {name: make[name]() for name in metrics}
+
+
+def compare(systems: Sequence[System], metrics: Sequence[str] = METRICS, test: str = 'bs',
+            n_samples: int = 0) -> dict[str, Any]:
+  """Each system's scores with 95% intervals, and its p-value against the first (the baseline).
+
+  Args:
+    systems: What to compare; the first is the baseline. They must be comparable
+      (`check_comparable`).
+    metrics: A subset of ('bleu', 'chrf').
+    test: 'bs' (paired bootstrap resampling) or 'ar' (approximate randomization).
+    n_samples: Bootstrap resamples or randomization trials; 0: sacreBLEU's
+      defaults (1000 and 10000). An interval always comes from 1000 resamples at
+      least.
+
+  Returns:
+    A JSON-able dict: the test, samples, seed, split, sentence count, sacreBLEU's
+    signatures and, per system, {metric: {score, mean, ci, p_value}} (p_value
+    None for the baseline) and whether it differs significantly at `ALPHA`.
+  """
+  if test not in TESTS:
+    raise ValueError(f'test={test!r}: expected one of {sorted(TESTS)}.')
+  if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 0:
+    raise ValueError(f'n_samples={n_samples!r} must be an integer >= 0 (0: sacreBLEU\'s '
+                     'default).')
+  check_comparable(systems)
+  named = [(system.name, system.hypotheses) for system in systems]
+  paired = PairedTest(named, _sacrebleu_metrics(metrics), [systems[0].references],
+                      test_type=test, n_samples=n_samples, n_ar_confidence=0)
+  if paired._seed == 0:  # sacreBLEU passes `seed or None` to its tests.
+    raise ValueError('SACREBLEU_SEED=0 leaves sacreBLEU\'s paired tests unseeded (it reads 0 '
+                     'as no seed): choose another seed.')
+  signatures, table = paired()
+  metric_names = [key for key in table if key != 'System']  # sacreBLEU's: 'BLEU', 'chrF2'.
+  rows = []
+  for index, system in enumerate(systems):
+    # sacreBLEU's bootstrap test gives translations identical to the baseline's its smallest
+    # p-value, 1 / (n_samples + 1): no resample differs, and it counts only larger differences.
+    identical = index > 0 and system.hypotheses == systems[0].hypotheses
+    scores = {}
+    for metric in metric_names:
+      result = table[metric][index]
+      p_value = 1.0 if identical else _float(result.p_value)
+      scores[metric] = {'score': result.score, 'mean': _float(result.mean),
+                        'ci': _float(result.ci), 'p_value': p_value}
+      if index > 0:
+        scores[metric]['significant'] = p_value < ALPHA
+    rows.append({'name': system.name, 'result': system.result_path, 'scores': scores,
+                 'identical_to_baseline': identical})
+  return {
+    # The seed as sacreBLEU's signatures give it ('none' for SACREBLEU_SEED=none: unseeded).
+    'test': test, 'n_samples': paired.n_samples, 'seed': str(paired._seed).lower(),
+    'alpha': ALPHA, 'split': systems[0].split, 'num_sentences': len(systems[0].references),
+    'references': systems[0].references_path,
+    'signatures': {name: str(sig) for name, sig in signatures.items()}, 'systems': rows}
+
+
+def _float(value: Any) -> float | None:
+  return None if value is None else float(value)
+
+
+def _with_ci(values: dict[str, Any]) -> str:
+  text = f"{values['score']:.2f}"
+  return text + (f" ± {values['ci']:.2f}" if values['ci'] is not None else '')
+
+
+def verdicts(comparison: dict[str, Any]) -> list[str]:
+  """One sentence per system and metric: its difference to the baseline and whether significant."""
+  baseline = comparison['systems'][0]
+  sentences = []
+  for row in comparison['systems'][1:]:
+    if row['identical_to_baseline']:
+      sentences.append(f"{row['name']}: the same translations as the baseline (p = 1).")
+      continue
+    for metric, values in row['scores'].items():
+      difference = values['score'] - baseline['scores'][metric]['score']
+      verdict = ('significant' if values['significant'] else 'not significant')
+      sentences.append(f"{row['name']}: {metric} {difference:+.2f} against the baseline, "
+                       f"p = {values['p_value']:.4f}: {verdict} at {comparison['alpha']}.")
+  return sentences
+
+
+def to_text(comparison: dict[str, Any]) -> str:
+  """A table (score ± 95% interval, p-value per metric) and the verdicts in words."""
+  metrics = list(comparison['systems'][0]['scores'])
+  header = ['system'] + [f'{m} (± 95% CI)' for m in metrics] + [f'p ({m})' for m in metrics]
+  rows = []
+  for index, row in enumerate(comparison['systems']):
+    name = row['name'] + (' (baseline)' if index == 0 else '')
+    p_values = [('-' if index == 0 else f"{row['scores'][m]['p_value']:.4f}"
+                 + ('*' if row['scores'][m]['significant'] else '')) for m in metrics]
+    rows.append([name] + [_with_ci(row['scores'][m]) for m in metrics] + p_values)
+  widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+  table = ['  '.join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()
+           for r in [header, *rows]]
+  title = (f"{TESTS[comparison['test']].capitalize()} ({comparison['n_samples']} samples, "
+           f"seed {comparison['seed']}) on {comparison['split']} "
+           f"({comparison['num_sentences']} sentences); * significant at {comparison['alpha']}:")
+  return '\n'.join([title, *table, '', *verdicts(comparison)]) + '\n'

@@ -150,6 +150,7 @@ CONFIG_RULES: dict[str, Rule] = {
   'data.tokens_per_batch': POSITIVE_INT,
   'data.spm_train_sentences': POSITIVE_INT,
   'data.lines_per_document': POSITIVE_INT,
+  'data.num_workers': integer(0),  # 0: batches are made in the training process.
   'mesh.data': MESH_SIZE,
   'mesh.fsdp': MESH_SIZE,
   'mesh.tensor': MESH_SIZE,

@@ -19,6 +19,8 @@ and the TFDS decoding are both CPU-bound), with a progress bar.
 """
 
 import concurrent.futures
+import ctypes
+import ctypes.util
 import dataclasses
 import hashlib
 import itertools
@@ -48,6 +50,26 @@ _PARALLEL_MIN_EXAMPLES = 50_000
 _WRITER_OPTIONS = 'group_size:1'
 
 Texts = Callable[[Any], Sequence[str]]
+
+
+def _malloc_trim() -> Callable[[], None]:
+  """glibc's `malloc_trim(0)`, or a no-op where the C library has none (macOS, musl).
+
+  array_record reads a batch of records in a thread pool, and glibc gives each
+  thread its own malloc arena: the record buffers freed after a read stay
+  resident there, so without trimming the reading process grew with the number
+  of distinct records read (measured: +390 MB after 330k records of a 1M-pair
+  split, flat at 29k pairs). Trimming after each read keeps it flat.
+  """
+  try:
+    trim = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6').malloc_trim
+  except (OSError, AttributeError):
+    return lambda: None
+  trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+  return lambda: trim(0) and None
+
+
+_release_freed_memory = _malloc_trim()
 
 
 class PreparedIdsError(RuntimeError):
@@ -130,6 +152,8 @@ class EncodedSplit:
     ids = flat[mask]
     ends = np.cumsum(lengths.ravel())
     starts = (ends - lengths.ravel()).reshape(lengths.shape)
+    del records, flat  # `ids` and `lengths` are copies: the read buffers can go back to the OS.
+    _release_freed_memory()
     return ids, starts, lengths
 
 

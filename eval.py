@@ -24,7 +24,8 @@ import sys
 
 from absl import app, flags, logging
 
-from transformer import config_validation, evaluation, inference, lm_evaluation, scoring, training
+from transformer import config as config_lib
+from transformer import evaluation, inference, lm_evaluation, scoring, training
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
 _CHECKPOINT = flags.DEFINE_string(
@@ -128,14 +129,14 @@ def main(argv):
 
 def _check_flags() -> None:
   """Every flag in its domain and every output location writable, before anything is read."""
-  errors = config_validation.eval_flag_errors(
-    {name: flags.FLAGS[name].value for name in config_validation.EVAL_FLAG_RULES})
+  errors = config_lib.eval_flag_errors(
+    {name: flags.FLAGS[name].value for name in config_lib.EVAL_FLAG_RULES})
   if _INPUT_FILE.value is not None:
-    errors += config_validation.writable_file_errors(_OUTPUT_FILE.value, '--output_file')
+    errors += config_lib.writable_file_errors(_OUTPUT_FILE.value, '--output_file')
   elif _ATTENTION_PLOT.value:
-    errors += config_validation.writable_dir_errors(_ATTENTION_PLOT.value, '--attention_plot')
+    errors += config_lib.writable_dir_errors(_ATTENTION_PLOT.value, '--attention_plot')
   else:  # Results go to WORKDIR/eval/.
-    errors += config_validation.writable_dir_errors(
+    errors += config_lib.writable_dir_errors(
       os.path.join(_WORKDIR.value, 'eval'), '--workdir')
   if errors:
     raise app.UsageError('Invalid flags:\n  ' + '\n  '.join(errors))

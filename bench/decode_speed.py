@@ -46,7 +46,7 @@ from transformer import (  # noqa: E402
   tokenizer,
   training,
 )
-from transformer.model import ModelConfig  # noqa: E402
+from transformer.config import ModelConfig  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', 'configs/default.py', 'Config of the random model (ignored, but for its '

@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from transformer import config as config_lib  # noqa: E402
 from transformer import (  # noqa: E402
   optim,
   sharding,
@@ -43,7 +44,7 @@ from transformer import (  # noqa: E402
   tokenizer,
   training,
 )
-from transformer.model import ModelConfig  # noqa: E402
+from transformer.config import ModelConfig  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config to measure.')
 _STEPS = flags.DEFINE_integer('steps', 20, 'Timed train steps (after one compile step).')
@@ -111,7 +112,7 @@ def matmul_peak_flops(size: int = 2048, repeats: int = 10, dtype=jnp.float32) ->
 def main(argv):
   del argv
   config = _CONFIG.value
-  training.validate_config(config)
+  config_lib.validate(config, jax.device_count())
   fixed = _BATCH_ROWS.value > 0 or _BATCH_LEN.value > 0
   if fixed:
     if _BATCH_ROWS.value < 1 or _BATCH_LEN.value < 2:

@@ -10,7 +10,8 @@ import pytest
 
 from transformer import inference
 from transformer import tokenizer as tokenizer_lib
-from transformer.model import ModelConfig, Transformer
+from transformer.config import ModelConfig
+from transformer.model import Transformer
 
 VOCAB = 24
 

@@ -21,8 +21,8 @@ import pytest
 from conftest import synthetic_pairs, write_lines
 
 from configs import lm_default, lm_tiny
+from transformer import config as config_lib
 from transformer import (
-  config_validation,
   datasets,
   dry_run,
   evaluation,
@@ -33,8 +33,9 @@ from transformer import (
   training,
 )
 from transformer import tokenizer as tokenizer_lib
+from transformer.config import ModelConfig
 from transformer.datasets import lm1b
-from transformer.model import ModelConfig, Transformer
+from transformer.model import Transformer
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,7 +186,7 @@ def test_lm1b_prepares_a_local_release_without_tensorflow(tmp_path):
   train = datasets.get_data_source(config.data, 'train')
   assert sorted(datasets.document_text(ex) for ex in train) == [
     'A second one .', 'And a third .', 'The first sentence .']
-  assert config_validation.config_errors(config) == []
+  assert config_lib.config_errors(config) == []
 
 
 # --- Config checks -------------------------------------------------------------------------------
@@ -196,7 +197,7 @@ def test_config_errors_name_the_keys():
   config.data.dataset = 'multi30k'
   config.eval_bleu_sentences = 8
   with pytest.raises(ValueError) as error:
-    training.validate_config(config, num_devices=1)
+    config_lib.validate(config, num_devices=1)
   message = str(error.value)
   assert "config.model.architecture='decoder_only' does not fit config.data.dataset='multi30k'" in (
     message)
@@ -204,7 +205,7 @@ def test_config_errors_name_the_keys():
   config = lm_default.get_config()
   config.model.architecture = 'encoder_decoder'
   with pytest.raises(ValueError, match="architecture='encoder_decoder' does not fit"):
-    training.validate_config(config, num_devices=1)
+    config_lib.validate(config, num_devices=1)
   config.model.architecture = 'decoder'
   with pytest.raises(ValueError, match="config.model.architecture='decoder' is not one of"):
     ModelConfig.from_config(config)

@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 
 from configs import tiny
+from transformer import config as config_lib
 from transformer import distributed, inference, optim, sharding, training
-from transformer.model import ModelConfig
+from transformer.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_DEVICES = 8
@@ -207,7 +208,7 @@ def test_batch_that_does_not_divide_over_the_mesh_is_an_error_naming_the_keys():
   config = _config((8, 1, 1))
   config.data.tokens_per_batch = 12 * LENGTH
   with pytest.raises(ValueError, match=r'12 rows per batch do not divide over the 8 batch shards'):
-    training.validate_config(config, NUM_DEVICES)
+    config_lib.validate(config, NUM_DEVICES)
 
 
 @needs_8_devices

@@ -29,7 +29,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from transformer import tokenizer as tokenizer_lib
-from transformer.model import ModelConfig, Transformer
+from transformer.config import ModelConfig
+from transformer.model import Transformer
 
 ENCODER_SELF_ATTENTION = 'encoder_self_attention'
 DECODER_SELF_ATTENTION = 'decoder_self_attention'

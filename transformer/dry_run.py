@@ -1,14 +1,16 @@
 """`train.py --dry_run`: validate a config and describe its model without training anything."""
 
+import jax
 import ml_collections
 
+from transformer import config as config_lib
 from transformer import summary, training
-from transformer.model import ModelConfig
+from transformer.config import ModelConfig
 
 
 def run(config: ml_collections.ConfigDict, num_devices: int | None = None) -> int:
   """Prints the parameter table, FLOPs per token and a last line `params: N`; returns N."""
-  training.validate_config(config, num_devices)
+  config_lib.validate(config, jax.device_count() if num_devices is None else num_devices)
   model, _ = training.create_models(config)
   params = summary.abstract_params(model)
   rows, total = summary.parameter_table(params)

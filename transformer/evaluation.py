@@ -13,7 +13,6 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from configs import default
 from transformer import (
   attention_maps,
   checkpoints,
@@ -27,14 +26,16 @@ from transformer import (
   training,
   workdir_lock,
 )
+from transformer import config as config_lib
 from transformer import tokenizer as tokenizer_lib
-from transformer.model import ModelConfig
+from transformer.config import ModelConfig
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   """The resolved config that train.py wrote to WORKDIR/config.json, fitted to this machine.
 
-  Keys added to the project after the run was written get their defaults. A
+  Keys added to the project after the run was written get the values that run
+  had (`config.upgrade`); then every value is checked (`config.validate`). A
   mesh that needs other devices than this machine has (say, a run trained on 8
   GPUs, evaluated on 1) becomes data-parallel over the devices here: restore
   reshards the checkpoint onto it.
@@ -44,9 +45,8 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
     raise FileNotFoundError(
       f'No resolved config at {path}: --workdir must be a directory written by train.py.')
   with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  if 'rules' not in config.mesh:
-    config.mesh.rules = default.get_config().mesh.rules
+    config = config_lib.upgrade(ml_collections.ConfigDict(json.load(f)))
+  config_lib.validate(config)
   try:
     sharding.mesh_shape(config.mesh, jax.device_count())
   except ValueError as e:

@@ -26,9 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer import config_validation, decoding, input_pipeline, sharding
+from transformer import config as config_lib
+from transformer import decoding, input_pipeline, sharding
 from transformer import tokenizer as tokenizer_lib
-from transformer.model import ModelConfig, Transformer
+from transformer.config import ModelConfig
+from transformer.model import Transformer
 
 DECODERS = ('beam', 'greedy', 'sample')
 # Default decoding batches (`length_sorted_batches`): source token slots, and most sentences.
@@ -69,7 +71,7 @@ class DecodeOptions:
   def __post_init__(self):
     if self.decoder not in DECODERS:
       raise ValueError(f'decoder={self.decoder!r} is not one of {DECODERS}.')
-    config_validation.raise_if(config_validation.decode_errors(vars(self)), 'decode options')
+    config_lib.raise_if(config_lib.decode_errors(vars(self)), 'decode options')
 
 
 def _init_state(params, src_tokens_BS: jax.Array, model_config: ModelConfig, max_decode_len: int):

@@ -25,7 +25,8 @@ import ml_collections
 
 from transformer import evaluation, inference, lm_pipeline, losses, sharding
 from transformer import tokenizer as tokenizer_lib
-from transformer.model import ModelConfig, Transformer
+from transformer.config import ModelConfig
+from transformer.model import Transformer
 
 
 def _score_sums(params, batch, *, model: Transformer, band_width: int, num_bands: int):

@@ -23,7 +23,6 @@ from jax.sharding import Mesh
 
 from transformer import (
   checkpoints,
-  config_validation,
   divergence,
   faults,
   inference,
@@ -39,7 +38,9 @@ from transformer import (
   tokenizer,
   workdir_lock,
 )
-from transformer.model import ModelConfig, Transformer
+from transformer import config as config_lib
+from transformer.config import ModelConfig
+from transformer.model import Transformer
 
 Batch = dict[str, jax.Array]
 
@@ -70,11 +71,6 @@ class TrainState:
   params: Any
   opt_state: Any
   dropout_key: jax.Array  # Raw key data (uint32), so that checkpoints hold plain arrays.
-
-
-def validate_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
-  """Checks every config value before data or compiles (`config_validation`); errors name keys."""
-  config_validation.validate(config, jax.device_count() if num_devices is None else num_devices)
 
 
 def is_language_model(config: ml_collections.ConfigDict) -> bool:
@@ -220,17 +216,12 @@ def _flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def _saved_config(workdir: str) -> dict[str, Any] | None:
-  """WORKDIR/config.json flattened, with absent model switches as the paper's (older runs)."""
+  """WORKDIR/config.json flattened, with the keys older runs lack as they had them (`upgrade`)."""
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     return None
   with open(path) as f:
-    saved = _flatten(ml_collections.ConfigDict(json.load(f)))
-  defaults = {f'model.{key}': field.default
-              for key, field in ModelConfig.__dataclass_fields__.items()}
-  return {**{key: defaults[key] for key in ('model.architecture', 'model.position',
-                                            'model.ffn_activation', 'model.use_bias')},
-          **saved}
+    return _flatten(config_lib.upgrade(ml_collections.ConfigDict(json.load(f))))
 
 
 def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -331,7 +322,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices=
   if profile_steps < 0:
     raise ValueError(f'profile_steps={profile_steps} must be >= 0.')
   devices = jax.devices() if devices is None else devices
-  validate_config(config, len(devices))
+  config_lib.validate(config, len(devices))
   workdir = os.path.abspath(os.path.expanduser(workdir))
   with (_owned_workdir(workdir), preemption.PreemptionWatcher() as watcher,
         contextlib.ExitStack() as cleanup):

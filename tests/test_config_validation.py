@@ -8,7 +8,8 @@ import pytest
 
 from configs import default, lm_default, tiny
 from transformer import config as config_lib
-from transformer import inference, sweeps
+from transformer import inference
+from transformer.tools import sweeps
 
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parents[1] / 'configs').glob('*.py')
                  if p.stem != '__init__')

@@ -217,7 +217,7 @@ def _length_errors(c) -> list[str]:
 def _task_errors(c) -> list[str]:
   """A language model and its data, or a translation model and its languages, fit together."""
   decoder_only = c.model.architecture == 'decoder_only'
-  lm_data = datasets.is_language_model_data(c.data)
+  lm_data = datasets.is_monolingual(c.data)
   errors = []
   if decoder_only != lm_data:
     errors.append(

@@ -49,7 +49,7 @@ from transformer import workdir_lock
 
 Overrides = dict[str, Any]
 # The repository root, where train.py and eval.py live.
-REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # config.target_metric -> (summary column, True if higher is better).
 TARGET_METRICS = {'eval_bleu': ('best_eval_bleu', True), 'eval_loss': ('eval_loss', False)}
 STATE_FILE = 'trial.json'

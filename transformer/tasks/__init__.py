@@ -20,7 +20,6 @@ with the same members:
   make_decode_fn(model_config, options, mesh, rules)
                           `(params, tokens, rng) -> tokens`, jitted:
                           translation or continuation of a prompt.
-  decode_input_key        the key of decoding batches it reads.
 
 and, for eval.py:
 

@@ -471,7 +471,6 @@ def write_results(workdir: str, label: str, split: str, tag: str, results: dict)
   return path
 
 
-
 # --- The task -------------------------------------------------------------------------------------
 
 
@@ -480,7 +479,7 @@ class LanguageModel:
 
   name = 'language model'
   batch_keys = BATCH_KEYS
-  decode_input_key = 'prompt_tokens'  # The key of decoding batches that `make_decode_fn` reads.
+  unsupported_eval_flags = ('watch', 'attention_plot')  # eval.py's flags that do not apply.
   default_decoder = 'greedy'  # Beam search is for translation.
   train_iterator = staticmethod(train_iterator)
   eval_batches = staticmethod(eval_batches)
@@ -507,9 +506,6 @@ class LanguageModel:
     """
     del config, model_config, tokenizer, mesh, rules
     return lambda params: {}
-
-  # eval.py's flags that do not apply to this task.
-  unsupported_eval_flags = ('watch', 'attention_plot')
 
   @staticmethod
   def decode_option_errors(config: ml_collections.ConfigDict,

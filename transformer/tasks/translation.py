@@ -479,7 +479,6 @@ def validation_bleu(config: ml_collections.ConfigDict, params, vocab: tokenizer_
           'eval_decode_sentences_per_sec': speed['sentences_per_sec']}
 
 
-
 def evaluate_split(
   config: ml_collections.ConfigDict, params, *, split: str, options: inference.DecodeOptions,
   batch_size: int, seed: int = 0, tokenizer: tokenizer_lib.Tokenizer | None = None,
@@ -666,11 +665,13 @@ class Translation:
 
   name = 'translation'
   batch_keys = BATCH_KEYS
-  decode_input_key = 'src_tokens'  # The key of decoding batches that `make_decode_fn` reads.
+  unsupported_eval_flags = ('prompt', 'lengths')  # eval.py's flags that do not apply.
   default_decoder = 'beam'  # The paper's.
   train_iterator = staticmethod(train_iterator)
   eval_batches = staticmethod(eval_batches)
   make_decode_fn = staticmethod(make_translate_fn)
+  decode_lines = staticmethod(translate_lines)
+  watch = staticmethod(watch)
 
   @staticmethod
   def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -700,9 +701,6 @@ class Translation:
       model_config, inference.DecodeOptions(decoder=config.eval_bleu_decoder), mesh, rules)
     return lambda params: validation_bleu(config, params, tokenizer, translate_fn)
 
-  # eval.py's flags that do not apply to this task.
-  unsupported_eval_flags = ('prompt', 'lengths')
-
   @staticmethod
   def decode_option_errors(config: ml_collections.ConfigDict,
                            options: inference.DecodeOptions) -> list[str]:
@@ -714,9 +712,6 @@ class Translation:
               f'config.model.max_len={config.model.max_len}, the longest position the model '
               'supports.']
     return []
-
-  decode_lines = staticmethod(translate_lines)
-  watch = staticmethod(watch)
 
   @staticmethod
   def evaluate_checkpoint(

@@ -16,7 +16,7 @@ import json
 
 from absl import app, flags
 
-from transformer import significance
+from transformer.tools import significance
 
 _SPLIT = flags.DEFINE_string('split', None, 'Pick the result of this split in a workdir.')
 _TEST = flags.DEFINE_enum('test', 'bs', list(significance.TESTS),

@@ -18,19 +18,22 @@ language model) or sample (--temperature, --top_k, --top_p, --seed); at most
 --max_extra_len new tokens each.
 """
 
-import json
 import os
 import sys
 
 from absl import app, flags, logging
 
-from transformer import config_validation, evaluation, inference, lm_evaluation, scoring, training
+from transformer import config as config_lib
+from transformer import evaluation, inference, scoring, tasks
+from transformer.tools import attention_maps
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
 _CHECKPOINT = flags.DEFINE_string(
   'checkpoint', 'latest', "'latest', a step number, or 'avg:N' (average the last N).")
 _SPLIT = flags.DEFINE_string('split', None, "Split to evaluate (default: config's test_split).")
-_DECODER = flags.DEFINE_enum('decoder', 'beam', inference.DECODERS, 'Decoding algorithm.')
+_DECODER = flags.DEFINE_enum('decoder', 'beam', inference.DECODERS,
+                             'Decoding algorithm (default: beam for translation, greedy for a '
+                             'language model).')
 _BEAM_SIZE = flags.DEFINE_integer('beam_size', 4, 'Beam width (paper: 4).')
 _ALPHA = flags.DEFINE_float('alpha', 0.6, 'Length penalty exponent (paper: 0.6).')
 _MAX_EXTRA_LEN = flags.DEFINE_integer('max_extra_len', 50, 'Output limit: input length + this.')
@@ -69,73 +72,66 @@ def main(argv):
     raise app.UsageError('--attention_plot needs --input_text.')
   _check_flags()
   config = evaluation.load_run_config(_WORKDIR.value)
-  if training.is_language_model(config):
-    _language_model(config)
-    return
-  if _PROMPT.value or _LENGTHS.value:
-    raise app.UsageError('--prompt and --lengths are for decoder-only language models.')
+  task = tasks.get_task(config)
+  unsupported = [f'--{name}' for name in task.unsupported_eval_flags if flags.FLAGS[name].value]
+  if unsupported:
+    verb = 'is' if len(unsupported) == 1 else 'are'
+    raise app.UsageError(f'{" and ".join(unsupported)} {verb} not for a {task.name} model.')
+  decoder = _DECODER.value if flags.FLAGS['decoder'].present else task.default_decoder
   options = inference.DecodeOptions(
-    decoder=_DECODER.value, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
+    decoder=decoder, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
     max_extra_len=_MAX_EXTRA_LEN.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
     top_p=_TOP_P.value)
+  errors = task.decode_option_errors(config, options)
+  if errors:
+    raise app.UsageError('\n'.join(errors))
   split = _SPLIT.value or config.data.test_split
-  longest = config.data.max_eval_len + options.max_extra_len
-  if longest > config.model.max_len:
-    raise app.UsageError(
-      f'--max_extra_len={options.max_extra_len}: outputs of up to config.data.max_eval_len + '
-      f'{options.max_extra_len} = {longest} tokens exceed config.model.max_len='
-      f'{config.model.max_len}, the longest position the model supports.')
+  mesh, rules = evaluation.mesh_and_rules(config)
 
   if _WATCH.value:
-    evaluation.watch(config, _WORKDIR.value, split=split, options=options,
-                     batch_size=_BATCH_SIZE.value, max_tokens=_MAX_TOKENS.value,
-                     poll_seconds=_POLL_SECONDS.value)
+    task.watch(config, _WORKDIR.value, evaluation.abstract_state(config), split=split,
+               options=options, batch_size=_BATCH_SIZE.value, max_tokens=_MAX_TOKENS.value,
+               poll_seconds=_POLL_SECONDS.value, mesh=mesh, rules=rules)
     return
 
+  lines = None
   if _INPUT_FILE.value is not None:
     lines = evaluation.read_input_lines(_INPUT_FILE.value)  # Fails before any restore.
+  if _PROMPT.value:
+    lines = (lines or []) + list(_PROMPT.value)
   params, label = evaluation.restore_params(config, _WORKDIR.value, _CHECKPOINT.value)
 
   if _ATTENTION_PLOT.value:
-    paths = evaluation.plot_attention(config, params, _INPUT_TEXT.value, options,
-                                      _ATTENTION_PLOT.value)
+    paths = attention_maps.translate_and_plot(config, params, _INPUT_TEXT.value, options,
+                                              _ATTENTION_PLOT.value)
     logging.info('Wrote %d attention maps to %s.', len(paths), _ATTENTION_PLOT.value)
     return
 
-  if _INPUT_FILE.value is not None:
-    _write_output(evaluation.translate_lines(
+  if lines is not None:
+    _write_output(task.decode_lines(
       config, params, lines, options=options, batch_size=_BATCH_SIZE.value,
-      max_tokens=_MAX_TOKENS.value, seed=_SEED.value))
+      max_tokens=_MAX_TOKENS.value, seed=_SEED.value, mesh=mesh, rules=rules))
     return
 
-  lines, results = evaluation.evaluate_split(
-    config, params, split=split, options=options, batch_size=_BATCH_SIZE.value,
-    max_tokens=_MAX_TOKENS.value, seed=_SEED.value, n_bootstrap=_N_BOOTSTRAP.value)
-  results.update(checkpoint=label, split=split, decoder=options.decoder,
-                 beam_size=options.beam_size, alpha=options.alpha)
-  tag = options.tag() + (f'_seed{_SEED.value}' if options.decoder == 'sample' else '')
-  path = evaluation.write_split_results(_WORKDIR.value, label, split, lines, results, tag)
-  evaluation.write_references(config, _WORKDIR.value, split)
-  interval = (f' (± 95% bootstrap interval, {_N_BOOTSTRAP.value} resamples)'
-              if _N_BOOTSTRAP.value > 1 else '')
-  print(f'{label} {split} ({results["num_sentences"]} sentences): BLEU '
-        f'{scoring.format_score(results, "bleu")}, chrF {scoring.format_score(results, "chrf")}'
-        f'{interval}')
-  print(json.dumps({k: v for k, v in results.items()
-                    if k in ('bleu', 'bleu_ci', 'chrf', 'chrf_ci', 'num_sentences')}))
+  lengths = [int(length) for length in _LENGTHS.value or []]  # Checked by _check_flags.
+  path, text = task.evaluate_checkpoint(
+    config, params, workdir=_WORKDIR.value, label=label, split=split, options=options,
+    batch_size=_BATCH_SIZE.value, max_tokens=_MAX_TOKENS.value, seed=_SEED.value,
+    n_bootstrap=_N_BOOTSTRAP.value, lengths=lengths, mesh=mesh, rules=rules)
+  print(text)
   logging.info('Wrote %s', path)
 
 
 def _check_flags() -> None:
   """Every flag in its domain and every output location writable, before anything is read."""
-  errors = config_validation.eval_flag_errors(
-    {name: flags.FLAGS[name].value for name in config_validation.EVAL_FLAG_RULES})
+  errors = config_lib.eval_flag_errors(
+    {name: flags.FLAGS[name].value for name in config_lib.EVAL_FLAG_RULES})
   if _INPUT_FILE.value is not None:
-    errors += config_validation.writable_file_errors(_OUTPUT_FILE.value, '--output_file')
+    errors += config_lib.writable_file_errors(_OUTPUT_FILE.value, '--output_file')
   elif _ATTENTION_PLOT.value:
-    errors += config_validation.writable_dir_errors(_ATTENTION_PLOT.value, '--attention_plot')
+    errors += config_lib.writable_dir_errors(_ATTENTION_PLOT.value, '--attention_plot')
   else:  # Results go to WORKDIR/eval/.
-    errors += config_validation.writable_dir_errors(
+    errors += config_lib.writable_dir_errors(
       os.path.join(_WORKDIR.value, 'eval'), '--workdir')
   if errors:
     raise app.UsageError('Invalid flags:\n  ' + '\n  '.join(errors))
@@ -149,43 +145,6 @@ def _write_output(lines) -> None:
   else:
     with open(_OUTPUT_FILE.value, 'w', encoding='utf-8') as f:
       f.write(text)
-
-
-def _language_model(config) -> None:
-  """Perplexity, length extrapolation or prompt continuation of a decoder-only model."""
-  if _WATCH.value or _ATTENTION_PLOT.value:
-    raise app.UsageError('--watch and --attention_plot are for translation models.')
-  # Beam search is for translation; a language model decodes greedily unless told to sample.
-  decoder = _DECODER.value if flags.FLAGS['decoder'].present else 'greedy'
-  options = inference.DecodeOptions(
-    decoder=decoder, max_extra_len=_MAX_EXTRA_LEN.value, temperature=_TEMPERATURE.value,
-    top_k=_TOP_K.value, top_p=_TOP_P.value)
-  if options.decoder == 'beam':
-    raise app.UsageError('A language model continues prompts with --decoder=greedy or sample.')
-  lengths = [int(length) for length in _LENGTHS.value or []]  # Checked by _check_flags.
-  prompts = None
-  if _INPUT_FILE.value is not None:
-    prompts = evaluation.read_input_lines(_INPUT_FILE.value)
-  if _PROMPT.value:
-    prompts = (prompts or []) + list(_PROMPT.value)
-  params, label = evaluation.restore_params(config, _WORKDIR.value, _CHECKPOINT.value)
-
-  if prompts is not None:
-    _write_output(lm_evaluation.continue_prompts(
-      config, params, prompts, options=options, batch_size=_BATCH_SIZE.value, seed=_SEED.value))
-    return
-
-  split = _SPLIT.value or config.data.test_split
-  if lengths:
-    results = lm_evaluation.length_extrapolation(config, params, split, lengths)
-    tag = 'extrapolation'
-  else:
-    results = lm_evaluation.score_split(config, params, split)
-    tag = 'perplexity'
-  results['checkpoint'] = label
-  path = lm_evaluation.write_results(_WORKDIR.value, label, split, tag, results)
-  print(json.dumps(results))
-  logging.info('Wrote %s', path)
 
 
 if __name__ == '__main__':

@@ -22,7 +22,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer import sweep_summary, sweeps
+from transformer.tools import sweep_summary, sweeps
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Base config file of every trial.',
                                           lock_config=True)

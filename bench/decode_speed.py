@@ -41,12 +41,12 @@ from transformer import (  # noqa: E402
   checkpoints,
   evaluation,
   inference,
-  input_pipeline,
-  sweeps,
   tokenizer,
   training,
 )
-from transformer.model import ModelConfig  # noqa: E402
+from transformer.config import ModelConfig  # noqa: E402
+from transformer.tasks import translation  # noqa: E402
+from transformer.tools import sweeps  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', 'configs/default.py', 'Config of the random model (ignored, but for its '
@@ -82,7 +82,7 @@ def load_config() -> tuple[ml_collections.ConfigDict, str]:
 
 def load_params(config: ml_collections.ConfigDict):
   """Checkpointed parameters with --workdir, otherwise random ones; and their label."""
-  model, _ = training.create_models(config)
+  model, _ = training.create_models(ModelConfig.from_config(config))
   if _WORKDIR.value:
     return checkpoints.load_params(
       _WORKDIR.value, evaluation.abstract_state(config), _CHECKPOINT.value)
@@ -95,7 +95,7 @@ def source_batches(config, vocab, split: str) -> tuple[list[dict[str, np.ndarray
   """The split's decoding batches, capped at --max_sentences; and the seconds taken."""
   start = time.perf_counter()
   batches, count = [], 0
-  for batch in input_pipeline.translation_batches(config, vocab, split, _BATCH_SIZE.value):
+  for batch in translation.translation_batches(config, vocab, split, _BATCH_SIZE.value):
     valid = batch['valid'].copy()
     if _MAX_SENTENCES.value:
       keep = max(0, _MAX_SENTENCES.value - count)
@@ -122,7 +122,7 @@ def output_lengths(tokens_BL: np.ndarray) -> np.ndarray:
 def measure(model_config: ModelConfig, options: inference.DecodeOptions, params,
             batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
   """Compiles every batch shape, then times decoding all batches."""
-  translate = inference.make_translate_fn(model_config, options)
+  translate = translation.make_translate_fn(model_config, options)
   key = jax.random.key(0)
   compiled = {}
   start = time.perf_counter()

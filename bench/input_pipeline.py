@@ -8,7 +8,7 @@ distinct, plus Multi30k's validation and test sets, as `train/val/test.{en,de}`
 for `parallel_text`), prepares it with `--config`'s batch (default
 `configs/wmt14_ende_base.py`: 25,600 tokens a side, rows of 256; vocabulary
 `--vocab_size`), then, in a fresh process per worker count, reads
-`--batches` batches of `training.data_pipeline(config).train_iterator` after the
+`--batches` batches of `tasks.get_task(config).train_iterator` after the
 first one. Reports:
 
   * preparation: TFDS build, SentencePiece training, encoding into ids (each
@@ -83,7 +83,7 @@ def corpus_dir(args) -> Path:
 
 def prepare(args) -> dict:
   """Builds the TFDS data, trains the vocabulary, encodes ids; times each."""
-  from transformer import datasets, input_pipeline, tokenizer
+  from transformer import datasets, tasks, tokenizer
 
   config = make_config(args)
   times = {}
@@ -95,7 +95,7 @@ def prepare(args) -> dict:
   times['vocab_s'] = time.perf_counter() - start
   start = time.perf_counter()
   # Pipelines that read prepared ids encode here; main's tokenizes while training.
-  prepare_ids = getattr(input_pipeline, 'prepare_ids', None)
+  prepare_ids = getattr(tasks.translation, 'prepare_ids', None)
   if prepare_ids is not None:
     prepare_ids(config, vocab)
   times['encode_s'] = time.perf_counter() - start
@@ -114,13 +114,13 @@ def measure(args) -> dict:
   """Reads batches in this process (a fresh one per worker count); returns figures."""
   from absl import flags
 
-  from transformer import tokenizer, training
+  from transformer import tasks, tokenizer
 
   flags.FLAGS.mark_as_parsed()  # Grain reads its absl flags when it starts workers.
   config = make_config(args, args.measure_workers)
   vocab = tokenizer.get_tokenizer(config)
   start = time.perf_counter()
-  it = training.data_pipeline(config).train_iterator(config, vocab)
+  it = tasks.get_task(config).train_iterator(config, vocab)
   batch = next(it)
   first = time.perf_counter() - start
   real = slots = 0

@@ -36,14 +36,17 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from transformer import config as config_lib  # noqa: E402
 from transformer import (  # noqa: E402
   optim,
   sharding,
   summary,
+  tasks,
   tokenizer,
   training,
 )
-from transformer.model import ModelConfig  # noqa: E402
+from transformer.config import ModelConfig  # noqa: E402
+from transformer.tasks import translation  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config to measure.')
 _STEPS = flags.DEFINE_integer('steps', 20, 'Timed train steps (after one compile step).')
@@ -111,18 +114,19 @@ def matmul_peak_flops(size: int = 2048, repeats: int = 10, dtype=jnp.float32) ->
 def main(argv):
   del argv
   config = _CONFIG.value
-  training.validate_config(config)
+  config_lib.validate(config, jax.device_count())
+  task = tasks.get_task(config)
   fixed = _BATCH_ROWS.value > 0 or _BATCH_LEN.value > 0
   if fixed:
     if _BATCH_ROWS.value < 1 or _BATCH_LEN.value < 2:
       raise app.UsageError('--batch_rows >= 1 and --batch_len >= 2 go together.')
-    if training.is_language_model(config):
+    if set(task.batch_keys) != set(translation.BATCH_KEYS):
       raise app.UsageError('--batch_rows/--batch_len make translation batches; '
-                           f'{config.model.architecture!r} is a language model.')
+                           f'{config.model.architecture!r} is a {task.name} model.')
     batches = fixed_length_batches(_BATCH_ROWS.value, _BATCH_LEN.value, config.vocab_size)
   else:
     vocab = tokenizer.get_tokenizer(config)
-    train_iter = training.data_pipeline(config).train_iterator(config, vocab)
+    train_iter = task.train_iterator(config, vocab)
     # Padding share over the pipeline's own batches.
     start = time.perf_counter()
     batches = [next(train_iter) for _ in range(_PIPELINE_BATCHES.value)]
@@ -132,12 +136,14 @@ def main(argv):
 
   mesh = sharding.create_mesh(config.mesh)
   rules = sharding.axis_rules(config.mesh)
-  model, _ = training.create_models(config)
+  model, _ = training.create_models(ModelConfig.from_config(config))
   optimizer = optim.create_optimizer(config)
-  _, state_shardings = training.abstract_state_and_shardings(config, model, optimizer, mesh)
-  state = training.create_train_state(config, model, optimizer, mesh, jax.random.key(0))
+  _, state_shardings = training.abstract_state_and_shardings(model, optimizer, task, mesh, rules)
+  state = training.create_train_state(model, optimizer, task, state_shardings, mesh,
+                                      jax.random.key(0))
   step_fn = jax.jit(
-    lambda s, b: training.train_step(s, b, model=model, optimizer=optimizer, config=config),
+    lambda s, b: training.train_step(s, b, model=model, optimizer=optimizer, task=task,
+                                     config=config),
     in_shardings=(state_shardings, sharding.batch_sharding(mesh, rules)), donate_argnums=(0,))
 
   with sharding.activated(mesh, rules):

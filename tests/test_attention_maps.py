@@ -10,9 +10,10 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from transformer import attention_maps
 from transformer import tokenizer as tokenizer_lib
-from transformer.model import ModelConfig, Transformer
+from transformer.config import ModelConfig
+from transformer.model import Transformer
+from transformer.tools import attention_maps
 
 VOCAB, LAYERS, D_MODEL, HEADS = 24, 2, 16, 2
 SRC_LEN, TGT_LEN = 7, 5

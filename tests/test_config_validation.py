@@ -7,7 +7,9 @@ import pathlib
 import pytest
 
 from configs import default, lm_default, tiny
-from transformer import config_validation, inference, sweeps
+from transformer import config as config_lib
+from transformer import inference
+from transformer.tools import sweeps
 
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parents[1] / 'configs').glob('*.py')
                  if p.stem != '__init__')
@@ -17,10 +19,10 @@ CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parents[1] / 'configs')
 def test_every_field_of_every_config_has_a_rule_and_is_valid(name):
   config = importlib.import_module(f'configs.{name}').get_config()
   keys = sweeps.flatten_keys(config)
-  assert not sorted(set(keys) - set(config_validation.CONFIG_RULES)), (
-    f'configs/{name}.py has fields without a rule in config_validation.CONFIG_RULES: add one line '
+  assert not sorted(set(keys) - set(config_lib.CONFIG_RULES)), (
+    f'configs/{name}.py has fields without a rule in config_lib.CONFIG_RULES: add one line '
     'per field there.')
-  assert config_validation.config_errors(config) == []
+  assert config_lib.config_errors(config) == []
 
 
 @pytest.mark.parametrize(('key', 'value', 'message'), [
@@ -41,15 +43,15 @@ def test_every_field_of_every_config_has_a_rule_and_is_valid(name):
 ])
 def test_a_value_outside_its_domain_is_named(key, value, message):
   config = sweeps.apply_overrides(tiny.get_config(), {key: value})
-  with pytest.raises(config_validation.ConfigError, match='Invalid config') as error:
-    config_validation.validate(config, num_devices=1)
+  with pytest.raises(config_lib.ConfigError, match='Invalid config') as error:
+    config_lib.validate(config, num_devices=1)
   assert message in str(error.value)
 
 
 def test_every_error_is_listed_at_once():
   config = sweeps.apply_overrides(default.get_config(), {'lr_scale': -1.0, 'seed': -3,
                                                          'model.num_heads': 0})
-  errors = config_validation.config_errors(config)
+  errors = config_lib.config_errors(config)
   assert errors == ['config.seed=-3 must be an integer >= 0.',
                     'config.lr_scale=-1.0 must be a finite positive number.',
                     'config.model.num_heads=0 must be a positive integer.']
@@ -63,13 +65,13 @@ def test_every_error_is_listed_at_once():
   ({'model.position': 'rope', 'model.d_model': 24, 'model.num_heads': 8}, 'must be even'),
 ])
 def test_rules_across_keys(overrides, message):
-  errors = config_validation.config_errors(sweeps.apply_overrides(default.get_config(), overrides))
+  errors = config_lib.config_errors(sweeps.apply_overrides(default.get_config(), overrides))
   assert any(message in e for e in errors), errors
 
 
 def test_a_language_model_config_is_checked_as_one():
   config = sweeps.apply_overrides(lm_default.get_config(), {'data.dataset': 'multi30k'})
-  [error] = config_validation.config_errors(config)
+  [error] = config_lib.config_errors(config)
   assert "config.model.architecture='decoder_only' does not fit" in error
 
 
@@ -89,21 +91,21 @@ def test_a_language_model_config_is_checked_as_one():
   ('lengths', ['64', 'x'], "--lengths=['64', 'x'] must be None or positive integers"),
 ])
 def test_eval_flags_outside_their_domains_are_named(flag, value, message):
-  [error] = config_validation.eval_flag_errors({flag: value})
+  [error] = config_lib.eval_flag_errors({flag: value})
   assert error.startswith(message), error
 
 
 def test_decode_options_are_checked_where_they_are_built():
   with pytest.raises(ValueError, match='temperature=-1.0 must be a finite number'):
     inference.DecodeOptions(decoder='sample', temperature=-1.0)
-  assert config_validation.decode_errors(vars(inference.DecodeOptions())) == []
+  assert config_lib.decode_errors(vars(inference.DecodeOptions())) == []
 
 
 def test_output_file_is_checked_before_any_work(tmp_path):
-  assert config_validation.writable_file_errors(str(tmp_path / 'out.txt'), '--output_file') == []
-  assert config_validation.writable_file_errors('-', '--output_file') == []
+  assert config_lib.writable_file_errors(str(tmp_path / 'out.txt'), '--output_file') == []
+  assert config_lib.writable_file_errors('-', '--output_file') == []
   missing = str(tmp_path / 'no' / 'out.txt')
-  [error] = config_validation.writable_file_errors(missing, '--output_file')
+  [error] = config_lib.writable_file_errors(missing, '--output_file')
   assert f'the folder {tmp_path / "no"} does not exist' in error
-  [error] = config_validation.writable_file_errors(str(tmp_path), '--output_file')
+  [error] = config_lib.writable_file_errors(str(tmp_path), '--output_file')
   assert 'is a directory' in error

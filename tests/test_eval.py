@@ -13,6 +13,7 @@ from conftest import SHARED_MULTI30K_DIR
 
 from configs import tiny
 from transformer import checkpoints, evaluation, inference, training
+from transformer.tasks import translation
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,11 +93,11 @@ def test_translate_lines_keeps_empty_lines_and_alignment(run):
   params, _ = evaluation.restore_params(config, workdir, 'latest')
   lines = ['A man is riding a bike.', '', '   ', 'Two dogs play in the snow.']
   options = inference.DecodeOptions(decoder='greedy')
-  outputs = evaluation.translate_lines(config, params, lines, options=options, batch_size=2)
+  outputs = translation.translate_lines(config, params, lines, options=options, batch_size=2)
   assert len(outputs) == 4
   assert outputs[1] == '' and outputs[2] == ''
   assert outputs[0] and outputs[3]
-  alone = evaluation.translate_lines(config, params, lines[3:], options=options, batch_size=2)
+  alone = translation.translate_lines(config, params, lines[3:], options=options, batch_size=2)
   assert alone == outputs[3:]
 
 

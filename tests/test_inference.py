@@ -10,7 +10,9 @@ import pytest
 
 from transformer import inference
 from transformer import tokenizer as tokenizer_lib
-from transformer.model import ModelConfig, Transformer
+from transformer.config import ModelConfig
+from transformer.model import Transformer
+from transformer.tasks import translation
 
 VOCAB = 24
 
@@ -30,7 +32,7 @@ def _setup():
 
 def _translate(**options):
   cfg, params, src = _setup()
-  fn = inference.make_translate_fn(cfg, inference.DecodeOptions(max_extra_len=5, **options))
+  fn = translation.make_translate_fn(cfg, inference.DecodeOptions(max_extra_len=5, **options))
   return np.asarray(fn(params, src, jax.random.key(0)))
 
 
@@ -103,7 +105,7 @@ def test_length_sorted_batches_keep_every_row_once_in_few_shapes():
 def test_translation_does_not_depend_on_batch_or_padding(decoder):
   # Sorted decoding puts each sentence in another batch, padded to another width.
   cfg, params, src = _setup()
-  fn = inference.make_translate_fn(cfg, inference.DecodeOptions(decoder=decoder, max_extra_len=5))
+  fn = translation.make_translate_fn(cfg, inference.DecodeOptions(decoder=decoder, max_extra_len=5))
   together = np.asarray(fn(params, src, jax.random.key(0)))
   for i in range(src.shape[0]):
     alone = np.asarray(fn(params, jnp.pad(src[i:i + 1], ((0, 1), (0, 4))), jax.random.key(0)))

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import layers
-from transformer.model import ModelConfig
+from transformer.config import ModelConfig
 
 
 def test_sinusoidal_encoding_matches_formula():

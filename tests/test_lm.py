@@ -21,20 +21,20 @@ import pytest
 from conftest import synthetic_pairs, write_lines
 
 from configs import lm_default, lm_tiny
+from transformer import config as config_lib
 from transformer import (
-  config_validation,
   datasets,
   dry_run,
   evaluation,
   inference,
   input_pipeline,
-  lm_evaluation,
-  lm_pipeline,
   training,
 )
 from transformer import tokenizer as tokenizer_lib
+from transformer.config import ModelConfig
 from transformer.datasets import lm1b
-from transformer.model import ModelConfig, Transformer
+from transformer.model import Transformer
+from transformer.tasks import language_model
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,11 +122,11 @@ def test_eval_batches_predict_every_token_once(small, lines_per_document):
   kept = [line for line in lines['val'] if line.strip()]
   docs = [' '.join(kept[i:i + lines_per_document])
           for i in range(0, len(kept), lines_per_document)]
-  assert list(lm_pipeline.documents(config, 'validation')) == docs
+  assert list(language_model.documents(config, 'validation')) == docs
   for length in (config.data.max_eval_len, 64):
-    batches = list(lm_pipeline.eval_batches(config, tok, 'validation', length))
+    batches = list(language_model.eval_batches(config, tok, 'validation', length))
     rows = max(1, config.data.tokens_per_batch // length)
-    assert all(set(b) == set(lm_pipeline.BATCH_KEYS) for b in batches)
+    assert all(set(b) == set(language_model.BATCH_KEYS) for b in batches)
     assert all(b[k].shape == (rows, length) for b in batches for k in b)
     got = collections.Counter(w for b in batches for w in _packed_windows(b))
     expected = collections.Counter(_windows(tok, docs, length))
@@ -138,35 +138,35 @@ def test_eval_batches_predict_every_token_once(small, lines_per_document):
 def test_train_batches_are_packed_windows_and_resume(small):
   config, tok, lines = small
   rows = input_pipeline.train_rows(config)
-  it = lm_pipeline.train_iterator(config, tok)
+  it = language_model.train_iterator(config, tok)
   epoch = collections.Counter(_windows(tok, lines['train'], config.data.max_len))
   seen = collections.Counter()
   for _ in range(80):  # Over an epoch: every window of every document, nothing else.
     batch = next(it)
-    assert set(batch) == set(lm_pipeline.BATCH_KEYS)
+    assert set(batch) == set(language_model.BATCH_KEYS)
     assert batch['tgt_tokens'].shape == (rows, config.data.max_len)
     seen.update(_packed_windows(batch))
   assert set(seen) == set(epoch)
   state = it.get_state()
   expected = [next(it) for _ in range(3)]
-  restored = lm_pipeline.train_iterator(config, tok)
+  restored = language_model.train_iterator(config, tok)
   restored.set_state(state)
   for want in expected:
     got = next(restored)
-    for key in lm_pipeline.BATCH_KEYS:
+    for key in language_model.BATCH_KEYS:
       np.testing.assert_array_equal(got[key], want[key])
 
 
 def test_prompt_batches_keep_order_and_pad_right(small):
   config, tok, _ = small
   prompts = ['Bada kelo', '', 'Sopi ra ve dulo kamo']
-  batches = list(lm_pipeline.prompt_batches(prompts, tok, 2, max_len=16))
+  batches = list(language_model.prompt_batches(prompts, tok, 2, max_len=16))
   assert [b['index'].tolist() for b in batches] == [[0, 1], [2, -1]]
   assert batches[0]['prompt_tokens'].shape == (2, 8)
   assert tok.decode(batches[0]['prompt_tokens'][0]) == 'Bada kelo'
   assert not batches[0]['prompt_tokens'][1].any() and batches[1]['valid'].tolist() == [True, False]
   with pytest.raises(ValueError, match='Prompt 1 has'):
-    list(lm_pipeline.prompt_batches(['word ' * 40], tok, 2, max_len=16))
+    list(language_model.prompt_batches(['word ' * 40], tok, 2, max_len=16))
 
 
 def test_lm1b_prepares_a_local_release_without_tensorflow(tmp_path):
@@ -185,7 +185,7 @@ def test_lm1b_prepares_a_local_release_without_tensorflow(tmp_path):
   train = datasets.get_data_source(config.data, 'train')
   assert sorted(datasets.document_text(ex) for ex in train) == [
     'A second one .', 'And a third .', 'The first sentence .']
-  assert config_validation.config_errors(config) == []
+  assert config_lib.config_errors(config) == []
 
 
 # --- Config checks -------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ def test_config_errors_name_the_keys():
   config.data.dataset = 'multi30k'
   config.eval_bleu_sentences = 8
   with pytest.raises(ValueError) as error:
-    training.validate_config(config, num_devices=1)
+    config_lib.validate(config, num_devices=1)
   message = str(error.value)
   assert "config.model.architecture='decoder_only' does not fit config.data.dataset='multi30k'" in (
     message)
@@ -204,7 +204,7 @@ def test_config_errors_name_the_keys():
   config = lm_default.get_config()
   config.model.architecture = 'encoder_decoder'
   with pytest.raises(ValueError, match="architecture='encoder_decoder' does not fit"):
-    training.validate_config(config, num_devices=1)
+    config_lib.validate(config, num_devices=1)
   config.model.architecture = 'decoder'
   with pytest.raises(ValueError, match="config.model.architecture='decoder' is not one of"):
     ModelConfig.from_config(config)
@@ -238,7 +238,7 @@ def _tiny_model():
 
 @functools.cache
 def _generate_fn(options: inference.DecodeOptions):
-  return inference.make_generate_fn(_tiny_model()[0], options)  # One compile per options.
+  return language_model.make_generate_fn(_tiny_model()[0], options)  # One compile per options.
 
 
 def _generate(seed=0, **options):
@@ -300,12 +300,12 @@ def test_lm_tiny_trains_and_eval_scores_and_generates(lm_run):
   assert 'eval_bleu' not in final
 
   params, _ = evaluation.restore_params(config, str(workdir), 'latest')
-  scores = lm_evaluation.score_split(config, params, 'validation')
+  scores = language_model.score_split(config, params, 'validation')
   assert scores['perplexity'] == pytest.approx(final['eval_perplexity'], rel=1e-4)
   assert scores['num_tokens'] > 10_000
   learned = config.copy_and_resolve_references()
   learned.model.position = 'learned'
-  skipped = lm_evaluation.length_extrapolation(learned, params, 'validation', [256])
+  skipped = language_model.length_extrapolation(learned, params, 'validation', [256])
   assert 'config.model.max_len' in skipped['256']['skipped']
 
   result = subprocess.run(

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model import ModelConfig, Transformer
+from transformer.config import ModelConfig
+from transformer.model import Transformer
 
 VOCAB = 40
 

@@ -7,7 +7,6 @@ JAX compilation cache, so only the first compiles (about 25 s); most others take
 about 9 s each on 2 otherwise idle CPU cores.
 """
 
-import functools
 import hashlib
 import json
 import math
@@ -32,16 +31,14 @@ from configs import tiny
 from transformer import (
   checkpoints,
   evaluation,
-  faults,
   inference,
-  optim,
   preemption,
-  sharding,
-  sweeps,
   training,
   workdir_lock,
 )
 from transformer import tokenizer as tokenizer_lib
+from transformer.tasks import translation
+from transformer.tools import sweeps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,23 +52,26 @@ _TIMING = ('steps_per_sec', 'tokens_per_sec')
 
 @pytest.fixture(scope='module')
 def train(multi30k_dir, multi30k_data_dir, tmp_path_factory):
-  """Returns `train(workdir, *flags, fault=None, **overrides) -> CompletedProcess` of train.py."""
+  """Returns `train(workdir, *flags, fault=None, **overrides) -> CompletedProcess` of train.py.
+
+  With `fault` ('<point>:<step>'), tests/fault_driver.py runs instead: train.py with a hook that
+  SIGKILLs the process at that point.
+  """
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu',
          'JAX_COMPILATION_CACHE_DIR': str(tmp_path_factory.mktemp('jax_cache')),
          'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
          'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '-1'}
-  env.pop(faults.ENV_VAR, None)
 
-  def command(workdir, *flags, **overrides):
+  def command(workdir, *flags, fault=None, **overrides):
     settings = {'data.manual_dir': multi30k_dir, 'data.data_dir': multi30k_data_dir,
                 **OVERRIDES, **overrides}
-    return [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={workdir}',
+    script = ['tests/fault_driver.py', f'--fault={fault}'] if fault else ['train.py']
+    return [sys.executable, *script, '--config=configs/tiny.py', f'--workdir={workdir}',
             *(f'--config.{key}={value}' for key, value in settings.items()), *flags]
 
   def run(workdir, *flags, fault=None, **overrides):
-    run_env = {**env, faults.ENV_VAR: fault} if fault else env
-    return subprocess.run(command(workdir, *flags, **overrides), cwd=REPO, env=run_env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(command(workdir, *flags, fault=fault, **overrides), cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
 
   run.command, run.env = command, env
   return run
@@ -274,9 +274,7 @@ def _flip_middle_byte(path):
 def test_every_damaged_array_file_is_detected_or_harmless(reference, tmp_path):
   """A flipped byte in any data file of a checkpoint is reported, or the arrays come out intact."""
   config = tiny.get_config()
-  model, _ = training.create_models(config)
-  abstract, _ = training.abstract_state_and_shardings(
-    config, model, optim.create_optimizer(config), sharding.create_mesh(config.mesh))
+  abstract = evaluation.abstract_state(config)
   original = jax.tree.leaves(_state(reference, 6))
   data_files = sorted((reference / 'checkpoints' / '6' / 'state').rglob('d/*'))
   assert len(data_files) > 3
@@ -573,8 +571,11 @@ def test_watch_says_what_it_waits_for_and_stops_when_the_run_is_gone(small_run, 
                                                                      tmp_path, caplog):
   workdir, _ = copied_run
   options = inference.DecodeOptions(decoder='greedy')
-  watch = functools.partial(evaluation.watch, split='validation', options=options, batch_size=16,
-                            poll_seconds=0.01)
+  def watch(config, workdir, **kwargs):
+    return translation.watch(config, workdir, evaluation.abstract_state(config),
+                             split='validation', options=options, batch_size=16,
+                             poll_seconds=0.01, **kwargs)
+
   caplog.set_level('INFO')
   # A run still training (its lock held by this live process) before its first checkpoint.
   fresh = tmp_path / 'fresh'
@@ -598,7 +599,7 @@ def test_over_long_input_lines_are_reported_by_number(small_run, caplog):
   params, _ = evaluation.restore_params(config, str(workdir), 'latest')
   lines = ['Bada kelo.', 'bada ' * 200, '', 'Sopi ' * 30 + 'ra ' * 40]
   caplog.set_level('WARNING')
-  outputs = evaluation.translate_lines(config, params, lines, batch_size=4,
+  outputs = translation.translate_lines(config, params, lines, batch_size=4,
                                        options=inference.DecodeOptions(decoder='greedy'))
   assert len(outputs) == 4 and outputs[2] == ''
   assert ('2 input lines are longer than the model reads (config.data.max_eval_len=64 tokens, EOS '

@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from transformer import distributed, inference, optim, sharding, training
-from transformer.model import ModelConfig
+from transformer import config as config_lib
+from transformer import distributed, inference, optim, sharding, tasks, training
+from transformer.config import ModelConfig
+from transformer.tasks import translation
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_DEVICES = 8
@@ -82,20 +84,23 @@ def _packed_batch(seed: int, vocab: int) -> dict[str, np.ndarray]:
 def _train_two_steps(config):
   """Loss sums of two train steps on `config.mesh`, and the parameters after them (on host)."""
   mesh, rules = _mesh(config)
-  model, _ = training.create_models(config)
+  model, _ = training.create_models(ModelConfig.from_config(config))
   optimizer = optim.create_optimizer(config)
-  _, state_shardings = training.abstract_state_and_shardings(config, model, optimizer, mesh)
-  state = training.create_train_state(config, model, optimizer, mesh, jax.random.key(0))
-  keys = training.data_pipeline(config).BATCH_KEYS
-  batch_shardings = {k: sharding.batch_sharding(mesh, rules) for k in keys}
+  task = tasks.get_task(config)
+  _, state_shardings = training.abstract_state_and_shardings(model, optimizer, task, mesh, rules)
+  state = training.create_train_state(model, optimizer, task, state_shardings, mesh,
+                                      jax.random.key(0))
+  batch_shardings = {k: sharding.batch_sharding(mesh, rules) for k in task.batch_keys}
   step = jax.jit(
-    functools.partial(training.train_step, model=model, optimizer=optimizer, config=config),
+    functools.partial(training.train_step, model=model, optimizer=optimizer, task=task,
+                      config=config),
     in_shardings=(state_shardings, batch_shardings),
     out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=(0,))
   losses = []
   with sharding.activated(mesh, rules):
     for seed in range(2):
-      batch = {k: v for k, v in _packed_batch(seed, config.vocab_size).items() if k in keys}
+      batch = {k: v for k, v in _packed_batch(seed, config.vocab_size).items()
+               if k in task.batch_keys}
       batch = sharding.global_batch(batch, mesh, rules)
       state, sums = step(state, batch)
       losses.append(float(sums['loss_sum']) / float(sums['num_tokens']))
@@ -162,10 +167,10 @@ def test_variant_sharded_on_mixed_mesh_matches_single_device(variant):
 @needs_8_devices
 def test_fsdp_mesh_shards_every_large_parameter_and_its_adam_moments():
   config = _config(MESHES['fsdp'])
-  mesh, _ = _mesh(config)
-  model, _ = training.create_models(config)
+  mesh, rules = _mesh(config)
+  model, _ = training.create_models(ModelConfig.from_config(config))
   abstract, _ = training.abstract_state_and_shardings(
-    config, model, optim.create_optimizer(config), mesh)
+    model, optim.create_optimizer(config), tasks.get_task(config), mesh, rules)
   threshold = 1024  # Elements; biases and norm scales of this model stay below it.
   for tree in (abstract.params, abstract.opt_state):
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
@@ -207,17 +212,18 @@ def test_batch_that_does_not_divide_over_the_mesh_is_an_error_naming_the_keys():
   config = _config((8, 1, 1))
   config.data.tokens_per_batch = 12 * LENGTH
   with pytest.raises(ValueError, match=r'12 rows per batch do not divide over the 8 batch shards'):
-    training.validate_config(config, NUM_DEVICES)
+    config_lib.validate(config, NUM_DEVICES)
 
 
 @needs_8_devices
 def test_parameter_that_does_not_divide_over_the_tensor_mesh_axis_is_named():
   config = _config((1, 1, 2))
   config.vocab_size = 511  # Odd: the vocabulary cannot be split over tensor=2.
-  mesh, _ = _mesh(config)
-  model, _ = training.create_models(config)
+  mesh, rules = _mesh(config)
+  model, _ = training.create_models(ModelConfig.from_config(config))
   with pytest.raises(ValueError, match=r"shared_embedding.*\(511, 32\).*config.mesh.tensor=2"):
-    training.abstract_state_and_shardings(config, model, optim.create_optimizer(config), mesh)
+    training.abstract_state_and_shardings(
+      model, optim.create_optimizer(config), tasks.get_task(config), mesh, rules)
 
 
 @needs_8_devices
@@ -230,9 +236,9 @@ def test_sharded_greedy_and_beam_decoding_match_single_device():
   src = _packed_batch(5, config.vocab_size)['src_tokens'][:5]  # 5 rows: padded to 8 shards.
   for options in (inference.DecodeOptions(decoder='greedy', max_extra_len=6),
                   inference.DecodeOptions(beam_size=2, max_extra_len=6)):
-    expected = np.asarray(inference.make_translate_fn(model_config, options)(
+    expected = np.asarray(translation.make_translate_fn(model_config, options)(
       host_params, src, jax.random.key(0)))
-    got = inference.make_translate_fn(model_config, options, mesh, rules)(
+    got = translation.make_translate_fn(model_config, options, mesh, rules)(
       params, src, jax.random.key(0))
     np.testing.assert_array_equal(got, expected)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import synthetic_pairs, write_lines
 
-from transformer import scoring, significance
+from transformer import scoring
+from transformer.tools import significance
 
 REPO = Path(__file__).resolve().parents[1]
 SACREBLEU = shutil.which('sacrebleu') or pytest.fail('The sacrebleu command is not installed.')

@@ -18,7 +18,8 @@ import pytest
 from conftest import synthetic_pairs, write_lines
 
 from configs import tiny
-from transformer import provenance, scoring, significance, sweep_summary, sweeps, workdir_lock
+from transformer import provenance, scoring, workdir_lock
+from transformer.tools import significance, sweep_summary, sweeps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,7 +136,7 @@ def test_trial_status_tells_a_running_trial_from_an_interrupted_one(tmp_path):
 
 
 def _write_sweep(path: Path, body: str) -> Path:
-  path.write_text(f'from transformer import sweeps\n\n\ndef sweep():\n  return {body}\n')
+  path.write_text(f'from transformer.tools import sweeps\n\n\ndef sweep():\n  return {body}\n')
   return path
 
 

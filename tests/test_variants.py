@@ -17,7 +17,9 @@ import pytest
 
 from configs import default, tiny
 from transformer import attention, layers, summary
-from transformer.model import ModelConfig, Transformer
+from transformer import config as config_lib
+from transformer.config import ModelConfig
+from transformer.model import Transformer
 
 VOCAB = 40
 
@@ -211,10 +213,17 @@ def test_rope_needs_an_even_head_dim():
 
 def test_configs_saved_before_the_switches_load_as_the_paper_model():
   config = default.get_config()
-  for key in ('position', 'ffn_activation', 'use_bias'):
+  for key in ('architecture', 'position', 'ffn_activation', 'use_bias'):
     del config.model[key]  # As in a WORKDIR/config.json written before they existed.
-  cfg = ModelConfig.from_config(config)
-  assert (cfg.position, cfg.ffn_activation, cfg.use_bias) == ('sinusoidal', 'relu', True)
+  del config.grad_clip_norm, config.mesh.rules
+  upgraded = config_lib.upgrade(config)
+  assert 'position' not in config.model  # A copy: the config read stays as it was.
+  cfg = ModelConfig.from_config(upgraded)
+  assert (cfg.architecture, cfg.position, cfg.ffn_activation, cfg.use_bias) == (
+    'encoder_decoder', 'sinusoidal', 'relu', True)
+  assert upgraded.grad_clip_norm == 0.0
+  assert list(upgraded.mesh.rules) == list(default.get_config().mesh.rules)
+  config_lib.validate(upgraded, num_devices=1)
 
 
 def test_defaults_are_the_papers_base_model():

@@ -18,16 +18,12 @@ attention likewise has no position information of its own).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from transformer import layers
-
-if TYPE_CHECKING:
-  from transformer.model import ModelConfig
+from transformer.config import ModelConfig
 
 # A large negative number instead of -inf: a fully masked row (a padding query)
 # then softmaxes to a uniform distribution instead of NaN.

@@ -15,6 +15,7 @@ import contextlib
 import glob
 import os
 import shutil
+from collections.abc import Callable
 
 import grain
 import jax
@@ -22,8 +23,6 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
-
-from transformer import faults
 
 # custom_metadata key of each checkpoint: {array path: checksum} (`array_checksums`).
 _CHECKSUMS_KEY = 'array_checksums'
@@ -83,8 +82,19 @@ def array_checksums(state) -> dict[str, int]:
 class Checkpointer:
   """Saves and restores {train state, data iterator} under WORKDIR/checkpoints."""
 
-  def __init__(self, workdir: str, *, keep: int | None = None, read_only: bool = False):
-    """`keep`: checkpoints kept when saving; `read_only` (evaluation) never writes or deletes."""
+  def __init__(self, workdir: str, *, keep: int | None = None, read_only: bool = False,
+               during_save: Callable[[int], None] | None = None):
+    """Opens WORKDIR/checkpoints.
+
+    Args:
+      workdir: The run's directory.
+      keep: Checkpoints kept when saving (None: all).
+      read_only: For evaluation: never writes or deletes.
+      during_save: Called with the step inside each save, in Orbax's background
+        thread, once every file is written into the temporary
+        `<step>.orbax-checkpoint-tmp*` folder and before it is renamed into
+        place (committed). Tests crash the process there (tests/fault_driver.py).
+    """
     workdir = os.path.abspath(os.path.expanduser(workdir))
     self.directory = os.path.join(workdir, 'checkpoints')
     self.corrupt_directory = os.path.join(workdir, 'corrupt_checkpoints')
@@ -96,9 +106,9 @@ class Checkpointer:
                         path)
     self._saving_step = None  # The step of the save in flight, if any.
     async_options = None
-    if faults.enabled():  # Test-only: lets a test crash the process inside a save.
+    if during_save is not None:
       async_options = ocp.AsyncOptions(
-        post_finalization_callback=lambda: faults.maybe_kill('during_save', self._saving_step))
+        post_finalization_callback=lambda: during_save(self._saving_step))
     self._manager = ocp.CheckpointManager(
       self.directory,
       options=ocp.CheckpointManagerOptions(

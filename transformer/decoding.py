@@ -5,14 +5,17 @@ All decoders drive a model through one step function and run in a single
 (pass the step function by closure; `batch_size`, `beam_size`,
 `max_decode_len` and `top_k` are static, everything else may be traced).
 
-Shape vocabulary (suffixes on array names):
+Shape vocabulary (suffixes on array names). B and V are the package's (batch,
+vocabulary); K and L, its head dim and length, are not used here, so that the
+beam and output letters cannot be read as them:
   B: batch size (source sentences).
-  K: beam size.
+  W: beam size (beam width, `beam_size`).
   N: rows given to the model per step: B for greedy decoding and sampling,
-     B * K for beam search, where row b * K + k is beam k of sentence b.
+     B * W for beam search, where row b * W + w is beam w of sentence b.
   V: vocabulary size.
-  L: `max_decode_len`, the static number of output positions.
-  C: candidates kept per sentence in one beam-search step (2 * K).
+  T: `max_decode_len`, the static number of output positions (time steps).
+  C: candidates kept per sentence in one beam-search step (2 * W).
+  M: finished hypotheses and candidates merged (W + C).
 
 Step-function contract:
   `logits_fn(tokens_N1, state) -> (logits_NV, new_state)`. `tokens_N1` holds
@@ -45,7 +48,7 @@ from jax import lax
 
 PyTree = Any
 LogitsFn = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
-# (state, beam_indices_BK) -> state whose rows follow the selected beams.
+# (state, beam_indices_BW) -> state whose rows follow the selected beams.
 ReorderFn = Callable[[PyTree, jax.Array], PyTree]
 
 NEG_INF = float('-inf')
@@ -73,9 +76,9 @@ def length_penalty(length: jax.Array | int, alpha: jax.Array | float) -> jax.Arr
 
 
 def expand_to_beams(tree: PyTree, beam_size: int) -> PyTree:
-  """Repeats every row `beam_size` times: leaves [B, ...] -> [B * K, ...].
+  """Repeats every row `beam_size` times: leaves [B, ...] -> [B * W, ...].
 
-  Row b * K + k of the result is a copy of row b. Scalar (ndim 0) leaves are
+  Row b * W + w of the result is a copy of row b. Scalar (ndim 0) leaves are
   shared and returned unchanged.
   """
 
@@ -86,26 +89,26 @@ def expand_to_beams(tree: PyTree, beam_size: int) -> PyTree:
   return jax.tree.map(expand, tree)
 
 
-def gather_beams(x_BK: jax.Array, beam_indices_BJ: jax.Array) -> jax.Array:
-  """Selects beams per sentence: x[B, K, ...], indices[B, J] -> [B, J, ...]."""
-  batch_B1 = jnp.arange(x_BK.shape[0])[:, None]
-  return x_BK[batch_B1, beam_indices_BJ]
+def gather_beams(x_BW: jax.Array, beam_indices_BJ: jax.Array) -> jax.Array:
+  """Selects beams per sentence: x[B, W, ...], indices[B, J] -> [B, J, ...]."""
+  batch_B1 = jnp.arange(x_BW.shape[0])[:, None]
+  return x_BW[batch_B1, beam_indices_BJ]
 
 
-def reorder_beam_rows(tree: PyTree, beam_indices_BK: jax.Array) -> PyTree:
+def reorder_beam_rows(tree: PyTree, beam_indices_BW: jax.Array) -> PyTree:
   """Reorders the rows of a flat beam state after beams were selected.
 
   Args:
-    tree: pytree whose ndim >= 1 leaves have leading dimension N = B * K (row
-      b * K + k is beam k of sentence b). Scalar leaves are returned unchanged.
-    beam_indices_BK: int[B, K]; new beam k of sentence b continues old beam
-      `beam_indices_BK[b, k]` of the same sentence.
+    tree: pytree whose ndim >= 1 leaves have leading dimension N = B * W (row
+      b * W + w is beam w of sentence b). Scalar leaves are returned unchanged.
+    beam_indices_BW: int[B, W]; new beam w of sentence b continues old beam
+      `beam_indices_BW[b, w]` of the same sentence.
 
   Returns:
-    The pytree with row b * K + k taken from row b * K + beam_indices_BK[b, k].
+    The pytree with row b * W + w taken from row b * W + beam_indices_BW[b, w].
   """
-  batch_size, beam_size = beam_indices_BK.shape
-  rows_N = (jnp.arange(batch_size)[:, None] * beam_size + beam_indices_BK).reshape(-1)
+  batch_size, beam_size = beam_indices_BW.shape
+  rows_N = (jnp.arange(batch_size)[:, None] * beam_size + beam_indices_BW).reshape(-1)
 
   def gather(x):
     x = jnp.asarray(x)
@@ -195,13 +198,13 @@ def _decode_one_per_row(
     return (step < max_decode_len) & ~jnp.all(done_B)
 
   def body_fn(carry):
-    step, tokens_BL, last_B, done_B, state = carry
+    step, tokens_BT, last_B, done_B, state = carry
     logits_BV, state = logits_fn(last_B[:, None], state)
     next_B = choose_fn(logits_BV.astype(jnp.float32), step).astype(jnp.int32)
     next_B = jnp.where(done_B, pad_id, next_B)  # Finished rows only get padding.
-    tokens_BL = tokens_BL.at[:, step].set(next_B)
+    tokens_BT = tokens_BT.at[:, step].set(next_B)
     done_B = done_B | (next_B == eos_id) | (step + 1 >= limits_B)
-    return step + 1, tokens_BL, next_B, done_B, state
+    return step + 1, tokens_BT, next_B, done_B, state
 
   init = (
       jnp.array(0, jnp.int32),
@@ -210,8 +213,8 @@ def _decode_one_per_row(
       jnp.zeros((batch_size,), bool),
       init_state,
   )
-  _, tokens_BL, _, _, _ = lax.while_loop(cond_fn, body_fn, init)
-  return tokens_BL
+  _, tokens_BT, _, _, _ = lax.while_loop(cond_fn, body_fn, init)
+  return tokens_BT
 
 
 def greedy_decode(
@@ -235,14 +238,14 @@ def greedy_decode(
     logits_fn: step function (see module doc) over N = B rows.
     init_state: initial state, ndim >= 1 leaves with leading dimension B.
     batch_size: B (static).
-    max_decode_len: L, static bound on the output length.
+    max_decode_len: T, static bound on the output length.
     max_lengths: int32[B], per-row maximum output length, EOS included.
     bos_id: token fed on the first step.
     eos_id: end-of-sequence token.
     pad_id: token written after EOS.
 
   Returns:
-    int32[B, L] output tokens.
+    int32[B, T] output tokens.
   """
   return _decode_one_per_row(
       logits_fn, init_state, lambda logits_BV, _: jnp.argmax(logits_BV, axis=-1),
@@ -281,7 +284,7 @@ def sample_decode(
     init_state: initial state, ndim >= 1 leaves with leading dimension B.
     rng: a typed key from `jax.random.key` (legacy uint32 keys are rejected).
     batch_size: B (static).
-    max_decode_len: L, static bound on the output length.
+    max_decode_len: T, static bound on the output length.
     max_lengths: int32[B], per-row maximum output length, EOS included.
     bos_id: token fed on the first step.
     eos_id: end-of-sequence token.
@@ -291,7 +294,7 @@ def sample_decode(
     pad_id: token written after EOS.
 
   Returns:
-    int32[B, L] output tokens.
+    int32[B, T] output tokens.
   """
   if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
     raise TypeError('sample_decode expects a typed key from jax.random.key, got an array '
@@ -320,34 +323,34 @@ def sample_decode(
 # ------------------------------------------------------------------------------
 
 
-def _top_k_over_beams(cand_BKV: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-  """`lax.top_k` over the flattened [B, K * V] candidates, in two stages.
+def _top_k_over_beams(cand_BWV: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """`lax.top_k` over the flattened [B, W * V] candidates, in two stages.
 
-  First the best k of each beam (over V), then the best k of those K * k: the same
+  First the best k of each beam (over V), then the best k of those W * k: the same
   values and flat indices, ties included (both stages prefer the lower index, and
-  the second stage sees the beams in order), without one selection over K * V.
+  the second stage sees the beams in order), without one selection over W * V.
   """
-  batch_size, beam_size, vocab_size = cand_BKV.shape
+  batch_size, beam_size, vocab_size = cand_BWV.shape
   if k > vocab_size:
-    return lax.top_k(cand_BKV.reshape(batch_size, beam_size * vocab_size), k)
-  beam_top_BKk, beam_token_BKk = lax.top_k(cand_BKV, k)
-  top_BC, pick_BC = lax.top_k(beam_top_BKk.reshape(batch_size, beam_size * k), k)
-  token_BC = jnp.take_along_axis(beam_token_BKk.reshape(batch_size, beam_size * k), pick_BC,
+    return lax.top_k(cand_BWV.reshape(batch_size, beam_size * vocab_size), k)
+  beam_top_BWk, beam_token_BWk = lax.top_k(cand_BWV, k)
+  top_BC, pick_BC = lax.top_k(beam_top_BWk.reshape(batch_size, beam_size * k), k)
+  token_BC = jnp.take_along_axis(beam_token_BWk.reshape(batch_size, beam_size * k), pick_BC,
                                  axis=1)
   return top_BC, (pick_BC // k) * vocab_size + token_BC
 
 
 class BeamState(NamedTuple):
-  """The loop state of `beam_search` (B sentences, K beams, L output positions)."""
+  """The loop state of `beam_search` (B sentences, W beams, T output positions)."""
 
   step: jax.Array  # int32 scalar: output position chosen in this iteration.
-  alive_seqs_BKL: jax.Array  # int32: alive hypotheses (no EOS yet), pad after `step`.
-  alive_logp_BK: jax.Array  # float32: their log-probabilities, best first (-inf: empty).
-  last_BK: jax.Array  # int32: the last token of each alive hypothesis (fed next).
-  fin_seqs_BKL: jax.Array  # int32: finished hypotheses, best first.
-  fin_scores_BK: jax.Array  # float32: their length-normalised scores (-inf: empty slot).
+  alive_seqs_BWT: jax.Array  # int32: alive hypotheses (no EOS yet), pad after `step`.
+  alive_logp_BW: jax.Array  # float32: their log-probabilities, best first (-inf: empty).
+  last_BW: jax.Array  # int32: the last token of each alive hypothesis (fed next).
+  fin_seqs_BWT: jax.Array  # int32: finished hypotheses, best first.
+  fin_scores_BW: jax.Array  # float32: their length-normalised scores (-inf: empty slot).
   done_B: jax.Array  # bool: sentence finished (its finished set is frozen).
-  model_state: PyTree  # The step function's state, rows b * K + k.
+  model_state: PyTree  # The step function's state, rows b * W + w.
 
 
 def beam_search(
@@ -365,20 +368,20 @@ def beam_search(
 ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty and early stopping.
 
-  Every sentence keeps K alive hypotheses (no EOS yet) and the K best finished
-  ones. Per step, the K * V one-token extensions of the alive hypotheses are
-  scored by log-probability and the best C = 2K candidates kept:
-    * finished: candidates ranked among the best K that end here, by EOS or by
+  Every sentence keeps W alive hypotheses (no EOS yet) and the W best finished
+  ones. Per step, the W * V one-token extensions of the alive hypotheses are
+  scored by log-probability and the best C = 2W candidates kept:
+    * finished: candidates ranked among the best W that end here, by EOS or by
       reaching `max_lengths[b]`, enter the finished set with score
       `log_prob / length_penalty(length, alpha)` (the finished set keeps its
-      best K). Admitting only the top K ranks, as fairseq does, means that
+      best W). Admitting only the top W ranks, as fairseq does, means that
       beam_size 1 with alpha 0 is exactly greedy decoding.
-    * alive: the best K candidates that do not end here become the new alive
+    * alive: the best W candidates that do not end here become the new alive
       set, and the state rows are gathered to follow them.
   Finished hypotheses are never extended and their scores never change.
 
   Sentence b is done once it has reached `max_lengths[b]` or once no alive
-  hypothesis can beat its worst finished one (so it needs K finished). Every
+  hypothesis can beat its worst finished one (so it needs W finished). Every
   future hypothesis extends an alive one, so its log-prob is at most the best
   alive log-prob (<= 0), and its length lies in (current, max_lengths[b]];
   hence its score is at most
@@ -391,28 +394,28 @@ def beam_search(
   Since reaching the limit finishes a hypothesis, every sentence ends with
   finished hypotheses, so the usual "return the alive beams of a sentence
   that finished none" fallback never applies and is not needed. Slots left
-  empty (fewer than K possible outputs with non-zero probability) have score
+  empty (fewer than W possible outputs with non-zero probability) have score
   -inf and all-pad tokens.
 
   Args:
-    logits_fn: step function (see module doc) over N = B * K rows.
+    logits_fn: step function (see module doc) over N = B * W rows.
     init_state: initial state, ndim >= 1 leaves with leading dimension B; it
-      is expanded to B * K rows here.
-    beam_size: K (static).
+      is expanded to B * W rows here.
+    beam_size: W (static).
     alpha: length-penalty exponent (paper: 0.6); may be traced.
-    max_decode_len: L, static bound on the output length.
+    max_decode_len: T, static bound on the output length.
     max_lengths: int32[B], per-sentence maximum output length, EOS included;
       its shape gives B.
     bos_id: token fed on the first step.
     eos_id: end-of-sequence token.
     pad_id: token written after EOS.
-    reorder_fn: `(state, beam_indices_BK) -> state`, how the step function's
+    reorder_fn: `(state, beam_indices_BW) -> state`, how the step function's
       state follows the selected beams; default `reorder_beam_rows` (every
       row). A caller whose state holds leaves that are equal across the beams
       of a sentence (the encoder's keys and values) may leave those in place.
 
   Returns:
-    tokens int32[B, K, L] and scores float32[B, K] (length-normalised
+    tokens int32[B, W, T] and scores float32[B, W] (length-normalised
     log-probabilities), best first.
   """
   max_lengths = jnp.asarray(max_lengths)
@@ -430,70 +433,70 @@ def beam_search(
     step = carry.step
     length = step + 1  # Output length of every candidate made in this step.
 
-    logits_NV, model_state = logits_fn(carry.last_BK.reshape(num_rows, 1), carry.model_state)
+    logits_NV, model_state = logits_fn(carry.last_BW.reshape(num_rows, 1), carry.model_state)
     vocab_size = logits_NV.shape[-1]
-    logp_BKV = jax.nn.log_softmax(logits_NV.astype(jnp.float32), axis=-1).reshape(
+    logp_BWV = jax.nn.log_softmax(logits_NV.astype(jnp.float32), axis=-1).reshape(
         batch_size, beam_size, vocab_size)
-    cand_logp_BKV = carry.alive_logp_BK[:, :, None] + logp_BKV
+    cand_logp_BWV = carry.alive_logp_BW[:, :, None] + logp_BWV
 
-    # Best C candidates per sentence; C = 2K leaves at least K without EOS.
+    # Best C candidates per sentence; C = 2W leaves at least W without EOS.
     num_cands = min(2 * beam_size, beam_size * vocab_size)
-    top_logp_BC, top_flat_BC = _top_k_over_beams(cand_logp_BKV, num_cands)
+    top_logp_BC, top_flat_BC = _top_k_over_beams(cand_logp_BWV, num_cands)
     top_beam_BC = top_flat_BC // vocab_size
     top_token_BC = (top_flat_BC % vocab_size).astype(jnp.int32)
-    top_seqs_BCL = gather_beams(carry.alive_seqs_BKL, top_beam_BC).at[:, :, step].set(
+    top_seqs_BCT = gather_beams(carry.alive_seqs_BWT, top_beam_BC).at[:, :, step].set(
         top_token_BC)
     at_limit_B = length >= limits_B
     ends_BC = (top_token_BC == eos_id) | at_limit_B[:, None]
 
-    # Finished set: best K of the old finished and the admitted candidates.
+    # Finished set: best W of the old finished and the admitted candidates.
     admitted_BC = (ends_BC & (jnp.arange(num_cands) < beam_size)[None, :]
                    & (top_logp_BC > NEG_INF))
     cand_scores_BC = jnp.where(
         admitted_BC, top_logp_BC / length_penalty(length, alpha), NEG_INF)
-    merged_scores_BM = jnp.concatenate([carry.fin_scores_BK, cand_scores_BC], axis=1)
-    merged_seqs_BML = jnp.concatenate([carry.fin_seqs_BKL, top_seqs_BCL], axis=1)
-    new_fin_scores_BK, fin_pick_BK = lax.top_k(merged_scores_BM, beam_size)
-    new_fin_seqs_BKL = gather_beams(merged_seqs_BML, fin_pick_BK)
+    merged_scores_BM = jnp.concatenate([carry.fin_scores_BW, cand_scores_BC], axis=1)
+    merged_seqs_BMT = jnp.concatenate([carry.fin_seqs_BWT, top_seqs_BCT], axis=1)
+    new_fin_scores_BW, fin_pick_BW = lax.top_k(merged_scores_BM, beam_size)
+    new_fin_seqs_BWT = gather_beams(merged_seqs_BMT, fin_pick_BW)
     # A done sentence's finished set is frozen.
     done_B = carry.done_B
-    fin_scores_BK = jnp.where(done_B[:, None], carry.fin_scores_BK, new_fin_scores_BK)
-    fin_seqs_BKL = jnp.where(done_B[:, None, None], carry.fin_seqs_BKL, new_fin_seqs_BKL)
+    fin_scores_BW = jnp.where(done_B[:, None], carry.fin_scores_BW, new_fin_scores_BW)
+    fin_seqs_BWT = jnp.where(done_B[:, None, None], carry.fin_seqs_BWT, new_fin_seqs_BWT)
 
-    # Alive set: best K candidates that do not end here.
-    alive_logp_BK, alive_pick_BK = lax.top_k(
+    # Alive set: best W candidates that do not end here.
+    alive_logp_BW, alive_pick_BW = lax.top_k(
         jnp.where(ends_BC, NEG_INF, top_logp_BC), beam_size)
-    model_state = reorder_fn(model_state, gather_beams(top_beam_BC, alive_pick_BK))
+    model_state = reorder_fn(model_state, gather_beams(top_beam_BC, alive_pick_BW))
 
     # Early stopping (see docstring); scores are sorted, so index 0 / -1.
     best_penalty_B = jnp.maximum(length_penalty(length + 1, alpha), max_penalty_B)
-    best_reachable_B = alive_logp_BK[:, 0] / best_penalty_B
+    best_reachable_B = alive_logp_BW[:, 0] / best_penalty_B
     return BeamState(
         step=step + 1,
-        alive_seqs_BKL=gather_beams(top_seqs_BCL, alive_pick_BK),
-        alive_logp_BK=alive_logp_BK,
-        last_BK=gather_beams(top_token_BC, alive_pick_BK),
-        fin_seqs_BKL=fin_seqs_BKL,
-        fin_scores_BK=fin_scores_BK,
-        done_B=done_B | at_limit_B | (fin_scores_BK[:, -1] >= best_reachable_B),
+        alive_seqs_BWT=gather_beams(top_seqs_BCT, alive_pick_BW),
+        alive_logp_BW=alive_logp_BW,
+        last_BW=gather_beams(top_token_BC, alive_pick_BW),
+        fin_seqs_BWT=fin_seqs_BWT,
+        fin_scores_BW=fin_scores_BW,
+        done_B=done_B | at_limit_B | (fin_scores_BW[:, -1] >= best_reachable_B),
         model_state=model_state)
 
-  seqs_BKL = jnp.full((batch_size, beam_size, max_decode_len), pad_id, jnp.int32)
+  seqs_BWT = jnp.full((batch_size, beam_size, max_decode_len), pad_id, jnp.int32)
   # All beams start identical; only beam 0 is live so the first step does not
-  # produce K copies of every candidate.
-  alive_logp_BK = jnp.where(jnp.arange(beam_size) == 0, 0.0, NEG_INF)
+  # produce W copies of every candidate.
+  alive_logp_BW = jnp.where(jnp.arange(beam_size) == 0, 0.0, NEG_INF)
   init = BeamState(
       step=jnp.array(0, jnp.int32),
-      alive_seqs_BKL=seqs_BKL,
-      alive_logp_BK=jnp.broadcast_to(alive_logp_BK, (batch_size, beam_size)).astype(
+      alive_seqs_BWT=seqs_BWT,
+      alive_logp_BW=jnp.broadcast_to(alive_logp_BW, (batch_size, beam_size)).astype(
           jnp.float32),
-      last_BK=jnp.full((batch_size, beam_size), bos_id, jnp.int32),
-      fin_seqs_BKL=seqs_BKL,
-      fin_scores_BK=jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
+      last_BW=jnp.full((batch_size, beam_size), bos_id, jnp.int32),
+      fin_seqs_BWT=seqs_BWT,
+      fin_scores_BW=jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
       done_B=jnp.zeros((batch_size,), bool),
       model_state=expand_to_beams(init_state, beam_size),
   )
   final = lax.while_loop(cond_fn, body_fn, init)
-  fin_seqs_BKL, fin_scores_BK = final.fin_seqs_BKL, final.fin_scores_BK
-  fin_seqs_BKL = jnp.where((fin_scores_BK > NEG_INF)[:, :, None], fin_seqs_BKL, pad_id)
-  return fin_seqs_BKL, fin_scores_BK
+  fin_seqs_BWT, fin_scores_BW = final.fin_seqs_BWT, final.fin_scores_BW
+  fin_seqs_BWT = jnp.where((fin_scores_BW > NEG_INF)[:, :, None], fin_seqs_BWT, pad_id)
+  return fin_seqs_BWT, fin_scores_BW

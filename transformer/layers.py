@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-if TYPE_CHECKING:
-  from transformer.model import ModelConfig
+from transformer.config import ModelConfig
 
 
 def sinusoidal_encoding(positions_BL: jax.Array, d_model: int) -> jax.Array:

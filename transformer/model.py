@@ -16,106 +16,12 @@ alibi), `ffn_activation` (relu / gelu / swiglu) and `use_bias`.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from transformer import attention, layers
-
-# The choices of each variant switch; the first is the paper's.
-ARCHITECTURES = ('encoder_decoder', 'decoder_only')
-NORMS = ('post_ln', 'pre_ln', 'rmsnorm')
-POSITIONS = ('sinusoidal', 'learned', 'rope', 'alibi')
-FFN_ACTIVATIONS = ('relu', 'gelu', 'swiglu')
-DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """Hyperparameters of the model, built once from `config.model` (see configs/)."""
-
-  vocab_size: int
-  architecture: str = 'encoder_decoder'  # ARCHITECTURES; 'decoder_only': a language model.
-  num_layers: int = 6
-  d_model: int = 512
-  num_heads: int = 8
-  d_ff: int = 2048
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.0
-  norm: str = 'post_ln'  # NORMS; pre-norm variants end each stack with a final norm.
-  position: str = 'sinusoidal'  # POSITIONS; rope and alibi act inside self-attention.
-  ffn_activation: str = 'relu'  # FFN_ACTIVATIONS.
-  use_bias: bool = True  # Biases of attention/FFN Dense layers and LayerNorm.
-  share_embeddings: bool = True
-  max_len: int = 512
-  dtype: Any = jnp.float32
-  # Variants: `replace(deterministic=True)` for evaluation, `replace(decode=True,
-  # max_decode_len=N)` for cached one-token-per-step decoding.
-  deterministic: bool = False
-  decode: bool = False
-  max_decode_len: int = 0
-
-  def __post_init__(self):
-    """Checks every field against its domain in `transformer.config_validation`."""
-    validation = _validation()
-    fields = {k: v for k, v in vars(self).items() if f'model.{k}' in validation.CONFIG_RULES}
-    validation.raise_if(validation.model_errors(ml_collections.ConfigDict(
-      {'vocab_size': self.vocab_size, 'model': fields})), 'model config')
-
-  @property
-  def has_encoder(self) -> bool:
-    """False for the decoder-only language model (then the decoder has no cross-attention)."""
-    return self.architecture == 'encoder_decoder'
-
-  @property
-  def pre_norm(self) -> bool:
-    """Whether sub-layers normalise their input (then each stack ends with a final norm)."""
-    return self.norm in ('pre_ln', 'rmsnorm')
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
-    """Builds the dataclass from `config.model`; invalid values are errors naming the key."""
-    m = config.model
-    # WORKDIR/config.json of runs older than these switches (read by eval.py) lacks them:
-    # those runs are the paper's model, the dataclass defaults.
-    absent = {key: cls.__dataclass_fields__[key].default
-              for key in ('architecture', 'position', 'ffn_activation', 'use_bias')
-              if key not in m}
-    if absent:
-      m = ml_collections.ConfigDict({**m.to_dict(), **absent})
-    validation = _validation()  # The other fields are checked by __post_init__.
-    dtype_error = validation.CONFIG_RULES['dtype'].error('config.dtype', config.dtype)
-    validation.raise_if([dtype_error] if dtype_error else [], 'model config')
-    return cls(
-      vocab_size=config.vocab_size,
-      architecture=m.architecture,
-      num_layers=m.num_layers,
-      d_model=m.d_model,
-      num_heads=m.num_heads,
-      d_ff=m.d_ff,
-      dropout_rate=m.dropout_rate,
-      attention_dropout_rate=m.attention_dropout_rate,
-      norm=m.norm,
-      position=m.position,
-      ffn_activation=m.ffn_activation,
-      use_bias=m.use_bias,
-      share_embeddings=m.share_embeddings,
-      max_len=m.max_len,
-      dtype=DTYPES[config.dtype],
-    )
-
-  def replace(self, **changes) -> ModelConfig:
-    return dataclasses.replace(self, **changes)
-
-
-def _validation():
-  """transformer.config_validation, imported late: its table imports this module's choices."""
-  from transformer import config_validation
-  return config_validation
+from transformer.config import ModelConfig
 
 
 def _positions_or_default(tokens_BL: jax.Array, positions_BL: jax.Array | None) -> jax.Array:

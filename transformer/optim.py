@@ -27,8 +27,6 @@ def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransfo
   """
   schedule = paper_schedule(config.model.d_model, config.warmup_steps, config.lr_scale)
   adam = optax.adam(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
-  # WORKDIR/config.json of runs older than the key (read by eval.py) lacks it: no clipping.
-  clip_norm = config.get('grad_clip_norm', 0.0)
-  if clip_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(clip_norm), adam)
+  if config.grad_clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adam)
   return adam

@@ -9,7 +9,7 @@ import flax
 import jax
 import numpy as np
 
-from transformer.model import ModelConfig
+from transformer.config import ModelConfig
 
 
 def parameter_table(params) -> tuple[list[tuple[str, str, int]], int]:

@@ -149,7 +149,7 @@ def vocab_path(config: ml_collections.ConfigDict) -> str:
   """Returns where the model of `config` lives (`config.data.vocab_path` or default)."""
   if config.data.vocab_path:
     return os.path.expanduser(config.data.vocab_path)
-  if datasets.is_language_model_data(config.data):
+  if datasets.is_monolingual(config.data):
     langs = config.data.target_lang if config.data.dataset == 'text_lines' else 'lm1b'
   else:
     langs = '-'.join(sorted([config.data.source_lang, config.data.target_lang]))
@@ -194,7 +194,7 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
     return tokenizer
   logging.info('Training SentencePiece model %s.', path)
   source = datasets.get_data_source(config.data, config.data.train_split)
-  if datasets.is_language_model_data(config.data):
+  if datasets.is_monolingual(config.data):
     texts = lambda example: (datasets.document_text(example),)
   else:
     texts = lambda example: datasets.translation_pair(

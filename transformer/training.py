@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import flax
@@ -23,23 +24,20 @@ from jax.sharding import Mesh
 
 from transformer import (
   checkpoints,
-  config_validation,
   divergence,
-  faults,
-  inference,
-  input_pipeline,
-  lm_pipeline,
   losses,
   metrics,
   optim,
   preemption,
   provenance,
-  scoring,
   sharding,
+  tasks,
   tokenizer,
   workdir_lock,
 )
-from transformer.model import ModelConfig, Transformer
+from transformer import config as config_lib
+from transformer.config import ModelConfig
+from transformer.model import Transformer
 
 Batch = dict[str, jax.Array]
 
@@ -62,6 +60,23 @@ def _changes_weight_meaning(key: str) -> bool:
           or key in _WEIGHT_MEANING_KEYS)
 
 
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+  """Callbacks into a training run at exact points; tests install them (tests/fault_driver.py).
+
+  Attributes:
+    after_step: `after_step(step, wait_for_saves)` at the end of loop iteration
+      `step` (the step done, its metrics written); `wait_for_saves()` lets every
+      save started so far commit.
+    during_save: `during_save(step)` inside the save of checkpoint `step`, in
+      Orbax's background thread, once every file is written and before the
+      save commits (`checkpoints.Checkpointer`).
+  """
+
+  after_step: Callable[[int, Callable[[], None]], None] | None = None
+  during_save: Callable[[int], None] | None = None
+
+
 @flax.struct.dataclass
 class TrainState:
   """Everything a resumed run needs besides the data position."""
@@ -72,48 +87,31 @@ class TrainState:
   dropout_key: jax.Array  # Raw key data (uint32), so that checkpoints hold plain arrays.
 
 
-def validate_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
-  """Checks every config value before data or compiles (`config_validation`); errors name keys."""
-  config_validation.validate(config, jax.device_count() if num_devices is None else num_devices)
-
-
-def is_language_model(config: ml_collections.ConfigDict) -> bool:
-  """A decoder-only model on monolingual text: its batches have only the `tgt_*` keys."""
-  return not ModelConfig.from_config(config).has_encoder
-
-
-def data_pipeline(config: ml_collections.ConfigDict):
-  """The input pipeline module of the config: `train_iterator`, `eval_batches`, `BATCH_KEYS`."""
-  return lm_pipeline if is_language_model(config) else input_pipeline
-
-
-def create_models(config: ml_collections.ConfigDict) -> tuple[Transformer, Transformer]:
+def create_models(model_config: ModelConfig) -> tuple[Transformer, Transformer]:
   """The training model (dropout on) and the evaluation model (deterministic)."""
-  model_config = ModelConfig.from_config(config)
   return Transformer(model_config), Transformer(model_config.replace(deterministic=True))
 
 
-def _init_state(key: jax.Array, *, model: Transformer, optimizer, config) -> TrainState:
+def _init_state(key: jax.Array, *, model: Transformer, optimizer, task: tasks.Task) -> TrainState:
   """Initial state with logically-annotated (boxed) parameters."""
   params_key, dropout_key = jax.random.split(key)
-  tokens = jnp.ones((1, config.data.max_len), jnp.int32)
-  src_tokens = tokens if model.config.has_encoder else None
-  params = model.init(params_key, src_tokens, tokens)['params']
+  dummy_batch = {k: jnp.ones((1, model.config.max_len), jnp.int32) for k in task.batch_keys}
+  params = model.init(params_key, **task.model_inputs(dummy_batch))['params']
   return TrainState(
     step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
     dropout_key=jax.random.key_data(dropout_key))
 
 
-def abstract_state_and_shardings(config, model, optimizer, mesh: Mesh):
+def abstract_state_and_shardings(model: Transformer, optimizer, task: tasks.Task, mesh: Mesh,
+                                 rules: sharding.Rules):
   """Shapes of the state (nothing allocated) and the NamedSharding of every array.
 
   Parameters and Adam's moments get the shardings of their logical axis names
-  under `config.mesh.rules`; a dimension that does not divide over its mesh
-  axes is an error naming the array.
+  under `rules` (`config.mesh.rules`); a dimension that does not divide over
+  its mesh axes is an error naming the array.
   """
-  init = functools.partial(_init_state, model=model, optimizer=optimizer, config=config)
+  init = functools.partial(_init_state, model=model, optimizer=optimizer, task=task)
   boxed = jax.eval_shape(init, jax.random.key(0))
-  rules = sharding.axis_rules(config.mesh)
   state_shardings = sharding.logical_shardings(nn.get_partition_spec(boxed), mesh, rules)
   abstract = jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -122,26 +120,21 @@ def abstract_state_and_shardings(config, model, optimizer, mesh: Mesh):
   return abstract, state_shardings
 
 
-def create_train_state(config, model, optimizer, mesh: Mesh, key: jax.Array):
-  """Initialises every array directly into its sharding (never whole on one device)."""
-  _, state_shardings = abstract_state_and_shardings(config, model, optimizer, mesh)
-  init = functools.partial(_init_state, model=model, optimizer=optimizer, config=config)
+def create_train_state(model: Transformer, optimizer, task: tasks.Task, state_shardings,
+                       mesh: Mesh, key: jax.Array) -> TrainState:
+  """Initialises every array directly into its sharding (never whole on one device).
+
+  `state_shardings` come from `abstract_state_and_shardings`.
+  """
+  init = functools.partial(_init_state, model=model, optimizer=optimizer, task=task)
   init_unboxed = lambda k: nn.meta.unbox(init(jax.random.wrap_key_data(k)))
   # The key goes in as raw data replicated on the mesh, so every process passes the same value.
   key_data = sharding.from_host(jax.random.key_data(key), sharding.replicated(mesh))
   return jax.jit(init_unboxed, out_shardings=state_shardings)(key_data)
 
 
-def _forward(params, batch: Batch, model: Transformer, rngs=None):
-  # Language-model batches have no `src_*` keys: the decoder-only model takes None.
-  return model.apply(
-    {'params': params}, batch.get('src_tokens'), batch['tgt_input_tokens'],
-    src_segments_BS=batch.get('src_segments'), tgt_segments_BL=batch['tgt_segments'],
-    src_positions_BS=batch.get('src_positions'), tgt_positions_BL=batch['tgt_positions'],
-    rngs=rngs)
-
-
-def train_step(state: TrainState, batch: Batch, *, model, optimizer, config):
+def train_step(state: TrainState, batch: Batch, *, model: Transformer, optimizer,
+               task: tasks.Task, config: ml_collections.ConfigDict):
   """One optimizer update on the global batch, accumulated over `grad_accum_steps` slices.
 
   The loss is the mean over all real target tokens of the whole batch, so the
@@ -155,7 +148,8 @@ def train_step(state: TrainState, batch: Batch, *, model, optimizer, config):
   micro_batches = jax.tree.map(lambda x: x.reshape(accum, -1, *x.shape[1:]), batch)
 
   def summed_loss(params, micro_batch, key):
-    logits = _forward(params, micro_batch, model, rngs={'dropout': key})
+    logits = model.apply({'params': params}, **task.model_inputs(micro_batch),
+                         rngs={'dropout': key})
     _, sums = losses.loss_and_metrics(logits, micro_batch['tgt_tokens'], config.label_smoothing)
     return sums['loss_sum'], sums
 
@@ -183,8 +177,10 @@ def train_step(state: TrainState, batch: Batch, *, model, optimizer, config):
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums
 
 
-def eval_step(params, batch: Batch, *, model, config) -> dict[str, jax.Array]:
-  logits = _forward(params, batch, model)
+def eval_step(params, batch: Batch, *, model: Transformer, task: tasks.Task,
+              config: ml_collections.ConfigDict) -> dict[str, jax.Array]:
+  """Summed loss metrics of a batch (`losses.loss_and_metrics`)."""
+  logits = model.apply({'params': params}, **task.model_inputs(batch))
   _, sums = losses.loss_and_metrics(logits, batch['tgt_tokens'], config.label_smoothing)
   return sums
 
@@ -200,19 +196,6 @@ def evaluate(eval_fn, params, batches: Iterable[dict[str, np.ndarray]], mesh: Me
   return jax.device_get(total)
 
 
-def validation_bleu(config, params, vocab, translate_fn) -> dict[str, float]:
-  """sacreBLEU of the first `config.eval_bleu_sentences` validation sentences."""
-  count = config.eval_bleu_sentences
-  split = config.data.eval_split
-  batches = input_pipeline.translation_batches(config, vocab, split, min(64, count))
-  translations, speed = inference.decode_batches(
-    translate_fn, params, batches, vocab, jax.random.key(config.seed), max_sentences=count)
-  hypotheses = [translations[i] for i in sorted(translations)][:count]
-  references = input_pipeline.translation_references(config, split)[:len(hypotheses)]
-  return {'eval_bleu': scoring.corpus_scores(hypotheses, references)['bleu'],
-          'eval_decode_sentences_per_sec': speed['sentences_per_sec']}
-
-
 def _flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """{'model.d_model': 256, ...} with values as JSON holds them (tuples become lists)."""
   as_json = json.loads(config.to_json_best_effort())
@@ -220,17 +203,12 @@ def _flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def _saved_config(workdir: str) -> dict[str, Any] | None:
-  """WORKDIR/config.json flattened, with absent model switches as the paper's (older runs)."""
+  """WORKDIR/config.json flattened, with the keys older runs lack as they had them (`upgrade`)."""
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     return None
   with open(path) as f:
-    saved = _flatten(ml_collections.ConfigDict(json.load(f)))
-  defaults = {f'model.{key}': field.default
-              for key, field in ModelConfig.__dataclass_fields__.items()}
-  return {**{key: defaults[key] for key in ('model.architecture', 'model.position',
-                                            'model.ffn_activation', 'model.use_bias')},
-          **saved}
+    return _flatten(config_lib.upgrade(ml_collections.ConfigDict(json.load(f))))
 
 
 def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -313,8 +291,8 @@ def _prepare_data(config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices=None, *,
-                       restore_fallback: bool = False, profile_steps: int = 0
-                       ) -> dict[str, float]:
+                       restore_fallback: bool = False, profile_steps: int = 0,
+                       hooks: Hooks = Hooks()) -> dict[str, float]:
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns final metrics.
 
   `devices` (default: every device of every process) are laid out as `config.mesh`.
@@ -327,16 +305,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices=
   the current step is finished, checkpointed and committed, and this returns
   normally. `profile_steps` > 0 traces that many train steps, from the second one
   this process runs, into WORKDIR/profile/ (TensorBoard's Profile tab).
+  `hooks` are called at their points of the run (`Hooks`).
   """
   if profile_steps < 0:
     raise ValueError(f'profile_steps={profile_steps} must be >= 0.')
   devices = jax.devices() if devices is None else devices
-  validate_config(config, len(devices))
+  config_lib.validate(config, len(devices))
   workdir = os.path.abspath(os.path.expanduser(workdir))
   with (_owned_workdir(workdir), preemption.PreemptionWatcher() as watcher,
         contextlib.ExitStack() as cleanup):
     return _train_and_evaluate(config, workdir, devices, watcher, cleanup, restore_fallback,
-                               profile_steps)
+                               profile_steps, hooks)
 
 
 class _StepProfiler:
@@ -366,8 +345,11 @@ class _StepProfiler:
 
 @contextlib.contextmanager
 def _owned_workdir(workdir: str):
-  """Holds WORKDIR/train.lock (process 0, for the whole run); on an error, removes empty folders
-  that this run created (the workdir itself included), so a failed start leaves no trace."""
+  """Holds WORKDIR/train.lock (process 0, for the whole run).
+
+  On an error, removes the empty folders that this run created (the workdir
+  itself included), so a failed start leaves no trace.
+  """
   existed = set(os.listdir(workdir)) if os.path.isdir(workdir) else None
   lock = workdir_lock.WorkdirLock(workdir)
   error = None
@@ -409,30 +391,34 @@ def _remove_new_empty_folders(workdir: str, existed: set[str] | None) -> None:
 
 def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.PreemptionWatcher,
                         cleanup: contextlib.ExitStack, restore_fallback: bool,
-                        profile_steps: int = 0) -> dict[str, float]:
+                        profile_steps: int, hooks: Hooks) -> dict[str, float]:
   check_resume(config, workdir)  # Before anything else: a changed model is refused.
+  # The config becomes the model config, mesh, rules and task once; they are passed down.
+  model_config = ModelConfig.from_config(config)
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.axis_rules(config.mesh)
-  model, eval_model = create_models(config)
+  task = tasks.get_task(config)
+  model, eval_model = create_models(model_config)
   optimizer = optim.create_optimizer(config)
-  abstract_state, state_shardings = abstract_state_and_shardings(config, model, optimizer, mesh)
+  abstract_state, state_shardings = abstract_state_and_shardings(
+    model, optimizer, task, mesh, rules)
   # Before any data preparation or compile: a foreign checkpoint is an error.
   checkpoints.check_latest_compatible(workdir, abstract_state)
 
   vocab = _prepare_data(config)
-  pipeline = data_pipeline(config)
-  train_iter = pipeline.train_iterator(
+  train_iter = task.train_iterator(
     config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count())
 
   # Created only now, after every check on the config and the data: it starts Orbax's background
   # threads and the checkpoints/ folder. Closed however the run ends, so that an error is the
   # last thing printed (not a traceback of threads shut down with the interpreter).
-  checkpointer = checkpoints.Checkpointer(workdir, keep=config.keep_checkpoints)
+  checkpointer = checkpoints.Checkpointer(workdir, keep=config.keep_checkpoints,
+                                         during_save=hooks.during_save)
   cleanup.callback(checkpointer.close)
   params_key, _ = jax.random.split(jax.random.key(config.seed))  # Named: params, (data).
   latest, state = checkpointer.restore_latest(abstract_state, train_iter, fallback=restore_fallback)
   if latest is None:
-    state = create_train_state(config, model, optimizer, mesh, params_key)
+    state = create_train_state(model, optimizer, task, state_shardings, mesh, params_key)
   start_step = int(state.step)
   # Only once the checkpoint restored: an unreadable one leaves the workdir as it was.
   if jax.process_index() == 0:
@@ -442,30 +428,28 @@ def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.Preem
   writer = metrics.MetricsWriter(workdir)
   writer.truncate_after(start_step)
   batch_sharding = sharding.batch_sharding(mesh, rules)
-  batch_shardings = {k: batch_sharding for k in pipeline.BATCH_KEYS}
-  p_train_step = jax.jit(
-    functools.partial(train_step, model=model, optimizer=optimizer, config=config),
+  batch_shardings = {k: batch_sharding for k in task.batch_keys}
+  train_step_fn = jax.jit(
+    functools.partial(train_step, model=model, optimizer=optimizer, task=task, config=config),
     in_shardings=(state_shardings, batch_shardings),
     out_shardings=(state_shardings, sharding.replicated(mesh)),
     donate_argnums=(0,))
-  p_eval_step = jax.jit(
-    functools.partial(eval_step, model=eval_model, config=config),
+  eval_step_fn = jax.jit(
+    functools.partial(eval_step, model=eval_model, task=task, config=config),
     in_shardings=(state_shardings.params, batch_shardings),
     out_shardings=sharding.replicated(mesh))
 
-  translate_fn = inference.make_translate_fn(
-    eval_model.config, inference.DecodeOptions(decoder=config.eval_bleu_decoder), mesh, rules)
-  eval_batches = pipeline.eval_batches(
+  validation_metrics = task.validation_metrics_fn(config, eval_model.config, vocab, mesh, rules)
+  eval_batches = task.eval_batches(
     config, vocab, config.data.eval_split,
     rows_multiple_of=sharding.batch_shards(dict(mesh.shape), rules),
     shard_index=jax.process_index(), shard_count=jax.process_count())
 
   def run_eval(step: int) -> dict[str, float]:
     with sharding.activated(mesh, rules):
-      sums = evaluate(p_eval_step, state.params, eval_batches, mesh, rules)
+      sums = evaluate(eval_step_fn, state.params, eval_batches, mesh, rules)
     summary = losses.summarize(sums, 'eval')
-    if config.eval_bleu_sentences > 0:
-      summary.update(validation_bleu(config, state.params, vocab, translate_fn))
+    summary.update(validation_metrics(state.params))
     writer.write(step, summary)
     logging.info('step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f | BLEU %s', step,
                  summary['eval_loss'], summary['eval_perplexity'], summary['eval_accuracy'],
@@ -482,7 +466,7 @@ def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.Preem
     batch = sharding.global_batch(next(train_iter), mesh, rules)
     profiler.before(step)
     with sharding.activated(mesh, rules):
-      state, sums = p_train_step(state, batch)
+      state, sums = train_step_fn(state, batch)
     profiler.after(step, sums)
     train_sums = sums if train_sums is None else jax.tree.map(jnp.add, train_sums, sums)
     monitor.record(step, sums)
@@ -525,7 +509,8 @@ def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.Preem
       logging.info('Stopped by %s after step %d; checkpoint %s/%d is committed. Run the same '
                    'command to resume.', watcher.signal_name, step, checkpointer.directory, step)
       break
-    faults.maybe_kill('after_step', step, settle=checkpointer.wait_until_finished)
+    if hooks.after_step is not None:
+      hooks.after_step(step, checkpointer.wait_until_finished)
 
   profiler.stop()  # A run that ended (or was preempted) within the traced steps.
   if start_step >= config.num_train_steps:

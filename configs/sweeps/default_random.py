@@ -8,7 +8,7 @@ docstring), ranked by best validation BLEU. The same seed gives the same trials,
 so the command can be stopped and run again.
 """
 
-from transformer import sweeps
+from transformer.tools import sweeps
 
 
 def sweep() -> list[dict]:

@@ -9,7 +9,7 @@ other jobs; lr_scale=1.0 with warmup 30 ranks first with validation loss 4.86. T
 README's "Sweeps" section shows the summary table and plot it wrote.
 """
 
-from transformer import sweeps
+from transformer.tools import sweeps
 
 
 def sweep() -> list[dict]:

@@ -11,7 +11,7 @@ runs the 10 trials one after another, each as long as the default run (see its
 docstring); add `--dry_run` to print their train.py commands instead.
 """
 
-from transformer import sweeps
+from transformer.tools import sweeps
 
 
 def sweep() -> list[dict]:

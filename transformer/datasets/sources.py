@@ -60,7 +60,7 @@ def _required_languages(data_config: ml_collections.ConfigDict) -> list[str]:
   return [data_config.source_lang, data_config.target_lang]
 
 
-def is_language_model_data(data_config: ml_collections.ConfigDict) -> bool:
+def is_monolingual(data_config: ml_collections.ConfigDict) -> bool:
   """Whether `config.data.dataset` is monolingual text (`LM_DATASETS`)."""
   return _check_name(data_config) in LM_DATASETS
 
@@ -239,7 +239,7 @@ def get_data_source(
         f'Split {split!r} is not in dataset {data_config.dataset!r}; '
         f'available: {sorted(builder.info.splits)}.'
     )
-  if not is_language_model_data(data_config):
+  if not is_monolingual(data_config):
     _check_languages(
         data_config, split_languages(builder, split), f' split {split!r}'
     )

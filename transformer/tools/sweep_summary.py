@@ -31,7 +31,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from transformer import significance, sweeps
+from transformer.tools import significance, sweeps
 
 COLUMNS = ('rank', 'trial', 'status', 'steps', 'train_loss', 'eval_loss', 'best_eval_bleu',
            'tokens_per_sec', 'decode_bleu', 'decode_result', 'error', 'workdir')

@@ -1,13 +1,20 @@
-"""Every config value and command-line flag against its domain: one table, one place.
+"""The config: the model's frozen dataclass, every value's domain, and old runs' upgrade.
 
-`train.py` (through `training.validate_config`), `train.py --dry_run`,
-`sweep.py` (every trial's config, before any trial runs) and `eval.py` (its
-decoding flags) all call this module before anything is read, written or
-compiled. Errors name the key, its value and what it may be, all at once.
+- `ModelConfig`: the model's hyperparameters, built once from `config.model`
+  (`ModelConfig.from_config`) and read by every module of the model.
+- `validate(config)`: every value against its domain (one table,
+  `CONFIG_RULES`), then the rules across keys. `train_and_evaluate`,
+  `train.py --dry_run`, `sweep.py` (every trial's config, before any trial
+  runs) and `eval.py` (the run's config and its decoding flags) call it before
+  anything is read, written or compiled. Errors name the key, its value and
+  what it may be, all at once.
+- `upgrade(config)`: a WORKDIR/config.json written before a key existed, with
+  that key's value as those runs had it.
 
 A new config field is one line in `CONFIG_RULES` (a test asserts that every
 leaf key of every config in configs/ has a rule there); a rule that involves
-several keys is a function in `_CROSS_CHECKS`.
+several keys is a function in `_CROSS_CHECKS`; a field that changes what an
+older run meant is one line in `ADDED_KEYS`.
 """
 
 from __future__ import annotations
@@ -19,9 +26,17 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import ml_collections
 
-from transformer import datasets, model, sharding
+from transformer import datasets, sharding
+
+# The choices of each model switch; the first is the paper's.
+ARCHITECTURES = ('encoder_decoder', 'decoder_only')
+NORMS = ('post_ln', 'pre_ln', 'rmsnorm')
+POSITIONS = ('sinusoidal', 'learned', 'rope', 'alibi')
+FFN_ACTIVATIONS = ('relu', 'gelu', 'swiglu')
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 # What `config.target_metric` may rank sweep trials by.
 TARGET_METRICS = ('eval_bleu', 'eval_loss')
@@ -104,7 +119,7 @@ AXIS_RULES = Rule('a sequence of (logical axis, mesh axes) pairs',
 # Every leaf key of a training config (dotted) -> its domain. One line per field.
 CONFIG_RULES: dict[str, Rule] = {
   'seed': integer(0),
-  'dtype': one_of(tuple(model.DTYPES)),
+  'dtype': one_of(tuple(DTYPES)),
   'vocab_size': integer(8),
   'num_train_steps': POSITIVE_INT,
   'warmup_steps': POSITIVE_INT,
@@ -123,16 +138,16 @@ CONFIG_RULES: dict[str, Rule] = {
   'checkpoint_every_steps': POSITIVE_INT,
   'keep_checkpoints': POSITIVE_INT,
   'target_metric': one_of(TARGET_METRICS),
-  'model.architecture': one_of(model.ARCHITECTURES),
+  'model.architecture': one_of(ARCHITECTURES),
   'model.num_layers': POSITIVE_INT,
   'model.d_model': POSITIVE_INT,
   'model.num_heads': POSITIVE_INT,
   'model.d_ff': POSITIVE_INT,
   'model.dropout_rate': PROBABILITY,
   'model.attention_dropout_rate': PROBABILITY,
-  'model.norm': one_of(model.NORMS),
-  'model.position': one_of(model.POSITIONS),
-  'model.ffn_activation': one_of(model.FFN_ACTIVATIONS),
+  'model.norm': one_of(NORMS),
+  'model.position': one_of(POSITIONS),
+  'model.ffn_activation': one_of(FFN_ACTIVATIONS),
   'model.use_bias': BOOLEAN,
   'model.share_embeddings': BOOLEAN,
   'model.max_len': POSITIVE_INT,
@@ -202,7 +217,7 @@ def _length_errors(c) -> list[str]:
 def _task_errors(c) -> list[str]:
   """A language model and its data, or a translation model and its languages, fit together."""
   decoder_only = c.model.architecture == 'decoder_only'
-  lm_data = datasets.is_language_model_data(c.data)
+  lm_data = datasets.is_monolingual(c.data)
   errors = []
   if decoder_only != lm_data:
     errors.append(
@@ -275,10 +290,115 @@ def raise_if(errors: Sequence[str], what: str = 'config') -> None:
     raise ConfigError(f'Invalid {what}:\n  ' + '\n  '.join(errors))
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
-  """Raises `ConfigError` listing every invalid value of a training config on `num_devices`."""
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyperparameters of the model, built once from `config.model` (see configs/)."""
+
+  vocab_size: int
+  architecture: str = 'encoder_decoder'  # ARCHITECTURES; 'decoder_only': a language model.
+  num_layers: int = 6
+  d_model: int = 512
+  num_heads: int = 8
+  d_ff: int = 2048
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  norm: str = 'post_ln'  # NORMS; pre-norm variants end each stack with a final norm.
+  position: str = 'sinusoidal'  # POSITIONS; rope and alibi act inside self-attention.
+  ffn_activation: str = 'relu'  # FFN_ACTIVATIONS.
+  use_bias: bool = True  # Biases of attention/FFN Dense layers and LayerNorm.
+  share_embeddings: bool = True
+  max_len: int = 512
+  dtype: Any = jnp.float32
+  # Variants: `replace(deterministic=True)` for evaluation, `replace(decode=True,
+  # max_decode_len=N)` for cached one-token-per-step decoding.
+  deterministic: bool = False
+  decode: bool = False
+  max_decode_len: int = 0
+
+  def __post_init__(self):
+    """Checks every field against its domain in `CONFIG_RULES`."""
+    fields = {k: v for k, v in vars(self).items() if f'model.{k}' in CONFIG_RULES}
+    raise_if(model_errors(ml_collections.ConfigDict(
+      {'vocab_size': self.vocab_size, 'model': fields})), 'model config')
+
+  @property
+  def has_encoder(self) -> bool:
+    """False for the decoder-only language model (then the decoder has no cross-attention)."""
+    return self.architecture == 'encoder_decoder'
+
+  @property
+  def pre_norm(self) -> bool:
+    """Whether sub-layers normalise their input (then each stack ends with a final norm)."""
+    return self.norm in ('pre_ln', 'rmsnorm')
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
+    """Builds the dataclass from `config.model`; invalid values are errors naming the key."""
+    m = config.model
+    dtype_error = CONFIG_RULES['dtype'].error('config.dtype', config.dtype)
+    raise_if([dtype_error] if dtype_error else [], 'model config')  # The rest: __post_init__.
+    return cls(
+      vocab_size=config.vocab_size,
+      architecture=m.architecture,
+      num_layers=m.num_layers,
+      d_model=m.d_model,
+      num_heads=m.num_heads,
+      d_ff=m.d_ff,
+      dropout_rate=m.dropout_rate,
+      attention_dropout_rate=m.attention_dropout_rate,
+      norm=m.norm,
+      position=m.position,
+      ffn_activation=m.ffn_activation,
+      use_bias=m.use_bias,
+      share_embeddings=m.share_embeddings,
+      max_len=m.max_len,
+      dtype=DTYPES[config.dtype],
+    )
+
+  def replace(self, **changes) -> ModelConfig:
+    return dataclasses.replace(self, **changes)
+
+
+# --- Runs written before a key existed ------------------------------------------------------------
+
+# Keys added to the project after runs were written -> the value those runs had (the paper's
+# model, no clipping, the sharding table of the time). `upgrade` fills them in.
+ADDED_KEYS: dict[str, Any] = {
+  'model.architecture': 'encoder_decoder',
+  'model.position': 'sinusoidal',
+  'model.ffn_activation': 'relu',
+  'model.use_bias': True,
+  'grad_clip_norm': 0.0,
+  'mesh.rules': (
+    ('batch', ('data', 'fsdp')), ('embed', 'fsdp'), ('heads', 'tensor'), ('mlp', 'tensor'),
+    ('vocab', 'tensor'), ('kv', None), ('length', None)),
+}
+
+
+def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of a run's `config` (its WORKDIR/config.json) with every `ADDED_KEYS` key it lacks."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  for key, value in ADDED_KEYS.items():
+    *groups, leaf = key.split('.')
+    target = config
+    for group in groups:
+      target = target[group]
+    if leaf not in target:
+      target[leaf] = value
+  return config
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+  """Raises `ConfigError` listing every invalid value of `config`.
+
+  Args:
+    config: A training config, or a run's config.json after `upgrade`.
+    num_devices: With a number, the mesh must fit that many devices and the
+      batches divide over it; None checks the config alone (a sweep's trials, a
+      run evaluated on other devices).
+  """
   errors = config_errors(config)
-  if not errors:
+  if not errors and num_devices is not None:
     errors = _device_errors(config, num_devices)
   raise_if(errors)
 

@@ -3,7 +3,9 @@
 `collect_attention` runs the full (teacher-forced, deterministic) forward pass
 with `mutable=['intermediates']` and gathers the weights every
 `MultiHeadAttention` sows there; nothing is recomputed outside the model.
-`plot_attention` writes one PNG per attention kind and layer, one panel per head.
+`plot_attention` writes one PNG per attention kind and layer, one panel per head;
+`translate_and_plot` does both for a sentence it translates first (eval.py
+--attention_plot).
 
 Positions of the decoder: for target pieces `tgt_tokens_L` (e.g. a reference
 tokenized with EOS appended, or a decoded translation), the decoder reads
@@ -23,13 +25,17 @@ from collections.abc import Mapping, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from absl import logging
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from transformer import inference
 from transformer import tokenizer as tokenizer_lib
-from transformer.model import ModelConfig, Transformer
+from transformer.config import ModelConfig
+from transformer.model import Transformer
+from transformer.tasks import translation
 
 ENCODER_SELF_ATTENTION = 'encoder_self_attention'
 DECODER_SELF_ATTENTION = 'decoder_self_attention'
@@ -227,3 +233,30 @@ def plot_attention(
       paths.append(path)
   logging.info('Wrote %d attention maps to %s.', len(paths), out_dir)
   return paths
+
+
+def translate_and_plot(
+  config: ml_collections.ConfigDict, params, text: str, options: inference.DecodeOptions,
+  out_dir: str,
+) -> list[str]:
+  """Translates `text`, then draws the model's attention over source and translation.
+
+  One PNG per kind (encoder self, decoder self, cross) and layer, a panel per
+  head, subword pieces on the axes. Returns the written paths.
+  """
+  tokenizer = tokenizer_lib.get_tokenizer(config)
+  model_config = ModelConfig.from_config(config)
+  src_tokens = np.asarray(tokenizer.encode(text) + [tokenizer_lib.EOS_ID], np.int32)[None]
+  translate_fn = translation.make_translate_fn(model_config, options)
+  output = np.asarray(translate_fn(params, src_tokens, jax.random.key(0)))[0]
+  output = output[:np.flatnonzero(output == tokenizer_lib.EOS_ID)[0] + 1] if (
+    output == tokenizer_lib.EOS_ID).any() else output[output != 0]
+  logging.info('Translation: %s', tokenizer.decode(output.tolist()))
+  weights = collect_attention(params, model_config, src_tokens[0], output)
+  os.makedirs(out_dir, exist_ok=True)
+  return plot_attention(
+    weights, token_labels(tokenizer, src_tokens[0]),
+    token_labels(tokenizer, output), out_dir)
+
+
+

@@ -44,11 +44,12 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from transformer import config_validation, workdir_lock
+from transformer import config as config_lib
+from transformer import workdir_lock
 
 Overrides = dict[str, Any]
 # The repository root, where train.py and eval.py live.
-REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # config.target_metric -> (summary column, True if higher is better).
 TARGET_METRICS = {'eval_bleu': ('best_eval_bleu', True), 'eval_loss': ('eval_loss', False)}
 STATE_FILE = 'trial.json'
@@ -229,7 +230,7 @@ def _typed_value(config: ml_collections.ConfigDict, key: str, value: Any) -> Any
 def check_overrides(config: ml_collections.ConfigDict, overrides: Overrides) -> Overrides:
   """`overrides` with values typed as their config fields; an unknown key is an error naming it.
 
-  Each value must lie in its domain (`config_validation.CONFIG_RULES`); rules
+  Each value must lie in its domain (`config_lib.CONFIG_RULES`); rules
   across keys are checked on the whole trial config (`make_trials`).
   """
   keys = flatten_keys(config)
@@ -241,7 +242,7 @@ def check_overrides(config: ml_collections.ConfigDict, overrides: Overrides) -> 
       hint = f' Did you mean {" or ".join(map(repr, close))}?' if close else ''
       raise ValueError(f'{key!r} is not a key of the config.{hint}')
     typed[key] = _typed_value(config, key, value)
-    rule = config_validation.CONFIG_RULES.get(key)
+    rule = config_lib.CONFIG_RULES.get(key)
     error = rule and rule.error(f'config.{key}', typed[key])
     if error:
       raise ValueError(error)
@@ -322,7 +323,7 @@ def make_trials(config: ml_collections.ConfigDict, overrides_list: Sequence[Over
                        f'({name}); give each trial different overrides.')
     first_index[name] = index
     resolved = apply_overrides(config, typed)
-    errors = config_validation.config_errors(resolved)
+    errors = config_lib.config_errors(resolved)
     if errors:  # Every value in its domain before any trial runs.
       raise ValueError(f'{source}: trial {index} {typed} gives an invalid config:\n  '
                        + '\n  '.join(errors))
@@ -419,7 +420,7 @@ def create(config_file: str, config: ml_collections.ConfigDict, sweep_file: str,
   and the summary tests every configuration against `compare_to` (a
   configuration's name, e.g. 'base'; None: the best one).
   """
-  config_validation.raise_if(config_validation.config_errors(config))
+  config_lib.validate(config)
   check_seeds(seeds)
   path, colon, argument = config_file.partition(':')
   shared_overrides = dict(shared_overrides or {})

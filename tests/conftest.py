@@ -1,4 +1,11 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, the `full_data` tier and `--fail-on-skip`.
+
+Every end-to-end test reads corpora that the fixtures write (`synthetic_multi30k_dir`: a
+made-up corpus in Multi30k's raw layout), so a plain clone runs them all. The few tests that
+need the real Multi30k (beside the repository, at ../shared/data/multi30k) are marked
+`full_data` and skip, naming the path, where it is absent. `--fail-on-skip` (CI) fails a run
+that skipped any test, except a full_data test where ../shared/data does not exist.
+"""
 
 import gzip
 import io
@@ -22,8 +29,9 @@ jax.config.update('jax_num_cpu_devices', 8)
 flags.FLAGS.mark_as_parsed()
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-# The real Multi30k corpus, beside the repository (never copied into it).
-SHARED_MULTI30K_DIR = REPO_ROOT.parent / 'shared' / 'data' / 'multi30k'
+# The real corpora, beside the repository (never copied into it): the full_data tier.
+SHARED_DATA_DIR = REPO_ROOT.parent / 'shared' / 'data'
+SHARED_MULTI30K_DIR = SHARED_DATA_DIR / 'multi30k'
 
 _SYLLABLES = [c + v for c in 'bdfgklmnprstvz' for v in 'aeiou']
 
@@ -160,11 +168,62 @@ def config_for() -> Callable[..., ml_collections.ConfigDict]:
   return make_config
 
 
+# --- The full_data tier and --fail-on-skip -----------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+  parser.addoption('--fail-on-skip', action='store_true',
+                   help='Fail a run that skipped a test (CI); full_data tests may skip only '
+                   f'where {SHARED_DATA_DIR} does not exist.')
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+  """Skips the full_data tier without the real corpus; only that tier may read it."""
+  unmarked = [item.nodeid for item in items
+              if 'multi30k_dir' in getattr(item, 'fixturenames', ())
+              and item.get_closest_marker('full_data') is None]
+  if unmarked:
+    raise pytest.UsageError(
+      'Tests that read the real Multi30k (fixture multi30k_dir) must be marked '
+      f'@pytest.mark.full_data: {", ".join(unmarked)}')
+  if (SHARED_MULTI30K_DIR / 'train.en.gz').exists():
+    return
+  skip = pytest.mark.skip(reason=f'full_data: the Multi30k corpus is not at {SHARED_MULTI30K_DIR}')
+  for item in items:
+    if item.get_closest_marker('full_data') is not None:
+      item.add_marker(skip)
+
+
+# 'nodeid: reason' of each skip that --fail-on-skip fails, in this session.
+_SKIPPED: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+  """Records each skip but that of a full_data test without ../shared/data (--fail-on-skip)."""
+  excused = 'full_data' in report.keywords and not SHARED_DATA_DIR.exists()
+  if report.skipped and not hasattr(report, 'wasxfail') and not excused:
+    reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    _SKIPPED.append(f'{report.nodeid}: {reason}')
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+  """With --fail-on-skip, a run that passed but skipped a test it may not skip fails."""
+  if session.config.getoption('fail_on_skip') and _SKIPPED and exitstatus == pytest.ExitCode.OK:
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+  """With --fail-on-skip, lists the skips that failed the run, and why they skipped."""
+  if config.getoption('fail_on_skip') and _SKIPPED:
+    terminalreporter.section('--fail-on-skip', red=True)
+    terminalreporter.line(f'{len(_SKIPPED)} test(s) were skipped, which this run forbids:')
+    for line in _SKIPPED:
+      terminalreporter.line(f'  {line}')
+
+
 @pytest.fixture(scope='session')
 def multi30k_dir() -> pathlib.Path:
-  """The shared Multi30k raw files; skips the test when they are absent."""
-  if not (SHARED_MULTI30K_DIR / 'train.en.gz').exists():
-    pytest.skip(f'Multi30k corpus not found at {SHARED_MULTI30K_DIR}.')
+  """The real Multi30k raw files (full_data tests only; they skip without them)."""
   return SHARED_MULTI30K_DIR
 
 
@@ -179,3 +238,35 @@ def multi30k_data_dir(
   datasets.prepare(make_config(data_dir, multi30k_dir, 'multi30k').data)
   return data_dir
 
+
+
+# Lines per split of the made-up corpus in Multi30k's raw layout (the real one has 29,000,
+# 1,014 and 1,000): enough for the tiny configs' loss to fall and for BLEU above 0.
+SYNTHETIC_MULTI30K_SIZES = {'train': 1000, 'val': 200, 'test_2016_flickr': 100}
+
+
+@pytest.fixture(scope='session')
+def synthetic_multi30k_dir(
+    tmp_path_factory: pytest.TempPathFactory, write_parallel_corpus: Callable[..., pathlib.Path]
+) -> pathlib.Path:
+  """A made-up corpus in Multi30k's raw layout, for every end-to-end test.
+
+  `{train,val,test_2016_flickr}.{en,de,fr,cs}.gz` with SYNTHETIC_MULTI30K_SIZES lines (de maps
+  en word by word, reversed: learnable; fr and cs are en with a prefix), read through the
+  multi30k builder's manual_dir like the real release.
+  """
+  return write_parallel_corpus(tmp_path_factory.mktemp('synthetic_multi30k'),
+                               SYNTHETIC_MULTI30K_SIZES, langs=('en', 'de', 'fr', 'cs'),
+                               compress=True)
+
+
+@pytest.fixture(scope='session')
+def synthetic_multi30k_data_dir(
+    tmp_path_factory: pytest.TempPathFactory, synthetic_multi30k_dir: pathlib.Path
+) -> pathlib.Path:
+  """A session data_dir where `synthetic_multi30k_dir` is prepared once (multi30k builder)."""
+  from transformer import datasets  # pylint: disable=g-import-not-at-top
+
+  data_dir = tmp_path_factory.mktemp('synthetic_multi30k_tfds')
+  datasets.prepare(make_config(data_dir, synthetic_multi30k_dir, 'multi30k').data)
+  return data_dir

@@ -1,4 +1,5 @@
-"""End-to-end: configs/tiny.py trains on Multi30k, resumes exactly, rejects bad input."""
+"""End-to-end: configs/tiny.py trains on a made-up corpus in Multi30k's layout, resumes exactly,
+rejects bad input."""
 
 import json
 import os
@@ -20,9 +21,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def data_dirs(multi30k_dir, multi30k_data_dir):
-  """(manual_dir, data_dir): Multi30k from ../shared/data, prepared once per session."""
-  return str(multi30k_dir), str(multi30k_data_dir)
+def data_dirs(synthetic_multi30k_dir, synthetic_multi30k_data_dir):
+  """(manual_dir, data_dir): a made-up corpus in Multi30k's layout, prepared once per session."""
+  return str(synthetic_multi30k_dir), str(synthetic_multi30k_data_dir)
 
 
 def _tiny_config(data_dirs, **overrides):

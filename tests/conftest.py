@@ -62,6 +62,51 @@ def synthetic_pairs(
   return pairs
 
 
+# Word classes of made-up captions (nouns that start a sentence and nouns that end it, as in
+# "A man ... on the street."), and the class sequences of their sentences ('?': optional).
+_CLASS_SIZES = {'det': 4, 'adj': 70, 'subject': 60, 'verb': 90, 'prep': 16, 'object': 140}
+_CAPTION_PATTERNS = (
+  ('det', 'adj?', 'subject', 'verb', 'prep', 'det', 'adj?', 'object'),
+  ('det', 'adj?', 'subject', 'verb', 'det', 'adj?', 'object'),
+  ('det', 'subject', 'prep', 'det', 'adj?', 'object', 'verb', 'prep', 'det', 'object'),
+)
+
+
+def synthetic_captions(num: int, seed: int = 0) -> list[tuple[str, str]]:
+  """Distinct made-up (en, de) captions of Multi30k's shape; de maps en word by word, in order.
+
+  Like real captions they follow a few sentence patterns and their words are Zipf-distributed
+  within each class (det, subject, ...), so a tiny model soon learns to write whole sentences
+  (beam search writes more than a word, BLEU above 0).
+  """
+  rng = random.Random(seed)
+  size = sum(_CLASS_SIZES.values())
+  en_words = _lexicon(random.Random(1), size)
+  de_words = [w.upper()[::-1] for w in _lexicon(random.Random(2), size)]
+  mapping = dict(zip(en_words, de_words, strict=True))
+  shuffled = random.Random(3).sample(en_words, len(en_words))
+  classes, start = {}, 0
+  for name, size in _CLASS_SIZES.items():
+    classes[name] = shuffled[start:start + size]
+    start += size
+  weights = {name: [1 / (rank + 1) for rank in range(len(words))]
+             for name, words in classes.items()}
+  pairs, seen = [], set()
+  while len(pairs) < num:
+    words = []
+    for slot in rng.choice(_CAPTION_PATTERNS):
+      name = slot.rstrip('?')
+      if slot.endswith('?') and rng.random() < 0.5:
+        continue
+      words.append(rng.choices(classes[name], weights[name])[0])
+    en = ' '.join(words).capitalize() + '.'
+    if en in seen:
+      continue
+    seen.add(en)
+    pairs.append((en, ' '.join(mapping[w] for w in words) + ' .'))
+  return pairs
+
+
 def write_lines(path: pathlib.Path, lines: Sequence[str] | bytes) -> pathlib.Path:
   """Writes lines (or raw bytes) to `path`, gzipped when it ends in `.gz`."""
   data = lines if isinstance(lines, bytes) else ''.join(f'{x}\n' for x in lines).encode()
@@ -246,18 +291,20 @@ SYNTHETIC_MULTI30K_SIZES = {'train': 1000, 'val': 200, 'test_2016_flickr': 100}
 
 
 @pytest.fixture(scope='session')
-def synthetic_multi30k_dir(
-    tmp_path_factory: pytest.TempPathFactory, write_parallel_corpus: Callable[..., pathlib.Path]
-) -> pathlib.Path:
+def synthetic_multi30k_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
   """A made-up corpus in Multi30k's raw layout, for every end-to-end test.
 
-  `{train,val,test_2016_flickr}.{en,de,fr,cs}.gz` with SYNTHETIC_MULTI30K_SIZES lines (de maps
-  en word by word, reversed: learnable; fr and cs are en with a prefix), read through the
-  multi30k builder's manual_dir like the real release.
+  `{train,val,test_2016_flickr}.{en,de,fr,cs}.gz` of `synthetic_captions` with
+  SYNTHETIC_MULTI30K_SIZES lines (fr and cs: en with a prefix), read through the multi30k
+  builder's manual_dir like the real release.
   """
-  return write_parallel_corpus(tmp_path_factory.mktemp('synthetic_multi30k'),
-                               SYNTHETIC_MULTI30K_SIZES, langs=('en', 'de', 'fr', 'cs'),
-                               compress=True)
+  directory = tmp_path_factory.mktemp('synthetic_multi30k')
+  for offset, (split, size) in enumerate(SYNTHETIC_MULTI30K_SIZES.items()):
+    pairs = synthetic_captions(size, seed=1000 * offset)
+    for lang in ('en', 'de', 'fr', 'cs'):
+      lines = [de if lang == 'de' else en if lang == 'en' else f'{lang}: {en}' for en, de in pairs]
+      write_lines(directory / f'{split}.{lang}.gz', lines)
+  return directory
 
 
 @pytest.fixture(scope='session')

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import synthetic_pairs, write_lines
+from conftest import synthetic_captions, synthetic_pairs, write_lines
 
 from configs import lm_default, lm_tiny
 from transformer import (
@@ -280,7 +280,7 @@ def test_sampling_is_reproducible_with_a_fixed_seed():
 # --- End to end: configs/lm_tiny.py on the English side of a made-up Multi30k ---------------------
 
 # The start of a sentence of the made-up corpus: words the tokenizer knows.
-PROMPT = ' '.join(synthetic_pairs(1)[0][0].split()[:3])
+PROMPT = ' '.join(synthetic_captions(1)[0][0].split()[:3])
 
 
 @pytest.fixture(scope='module')
@@ -288,6 +288,7 @@ def lm_run(tmp_path_factory, synthetic_multi30k_dir):
   workdir = tmp_path_factory.mktemp('lm_run')
   config = lm_tiny.get_config()
   config.data.manual_dir = str(synthetic_multi30k_dir)
+  config.vocab_size = 256  # The made-up English side has too few distinct words for 512 pieces.
   config.data.data_dir = str(tmp_path_factory.mktemp('lm_tfds'))
   final = training.train_and_evaluate(config, str(workdir))
   return workdir, config, final

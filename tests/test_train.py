@@ -64,6 +64,15 @@ def test_tiny_trains_and_loss_falls(data_dirs, tmp_path):
   assert list((tmp_path / 'tensorboard').iterdir())
 
 
+@pytest.mark.full_data  # Quality smoke run: what configs/tiny.py's docstring promises.
+def test_tiny_on_the_real_multi30k_reaches_the_loss_its_docstring_states(
+    multi30k_dir, multi30k_data_dir, tmp_path):
+  config = _tiny_config((str(multi30k_dir), str(multi30k_data_dir)), eval_bleu_sentences=0)
+  training.train_and_evaluate(config, str(tmp_path))
+  train_losses = [r['train_loss'] for r in _metrics(tmp_path) if 'train_loss' in r]
+  assert train_losses[0] > 5.5 and train_losses[-1] < 5.0, train_losses
+
+
 def test_tiny_trains_in_bfloat16_with_float32_parameters(data_dirs, tmp_path):
   config = _tiny_config(data_dirs, dtype='bfloat16', num_train_steps=40, eval_every_steps=40,
                         checkpoint_every_steps=40, eval_bleu_sentences=0)

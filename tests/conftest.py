@@ -86,9 +86,9 @@ def synthetic_captions(num: int, seed: int = 0) -> list[tuple[str, str]]:
   mapping = dict(zip(en_words, de_words, strict=True))
   shuffled = random.Random(3).sample(en_words, len(en_words))
   classes, start = {}, 0
-  for name, size in _CLASS_SIZES.items():
-    classes[name] = shuffled[start:start + size]
-    start += size
+  for name, count in _CLASS_SIZES.items():
+    classes[name] = shuffled[start:start + count]
+    start += count
   weights = {name: [1 / (rank + 1) for rank in range(len(words))]
              for name, words in classes.items()}
   pairs, seen = [], set()
@@ -217,6 +217,7 @@ def config_for() -> Callable[..., ml_collections.ConfigDict]:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+  """Adds --fail-on-skip."""
   parser.addoption('--fail-on-skip', action='store_true',
                    help='Fail a run that skipped a test (CI); full_data tests may skip only '
                    f'where {SHARED_DATA_DIR} does not exist.')
@@ -257,7 +258,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
   """With --fail-on-skip, lists the skips that failed the run, and why they skipped."""
   if config.getoption('fail_on_skip') and _SKIPPED:
     terminalreporter.section('--fail-on-skip', red=True)
@@ -284,7 +287,6 @@ def multi30k_data_dir(
   return data_dir
 
 
-
 # Lines per split of the made-up corpus in Multi30k's raw layout (the real one has 29,000,
 # 1,014 and 1,000): enough for the tiny configs' loss to fall and for BLEU above 0.
 SYNTHETIC_MULTI30K_SIZES = {'train': 1000, 'val': 200, 'test_2016_flickr': 100}
@@ -300,9 +302,9 @@ def synthetic_multi30k_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.
   """
   directory = tmp_path_factory.mktemp('synthetic_multi30k')
   for offset, (split, size) in enumerate(SYNTHETIC_MULTI30K_SIZES.items()):
-    pairs = synthetic_captions(size, seed=1000 * offset)
-    for lang in ('en', 'de', 'fr', 'cs'):
-      lines = [de if lang == 'de' else en if lang == 'en' else f'{lang}: {en}' for en, de in pairs]
+    en, de = zip(*synthetic_captions(size, seed=1000 * offset), strict=True)
+    texts = {'en': en, 'de': de, 'fr': [f'fr: {x}' for x in en], 'cs': [f'cs: {x}' for x in en]}
+    for lang, lines in texts.items():
       write_lines(directory / f'{split}.{lang}.gz', lines)
   return directory
 

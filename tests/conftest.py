@@ -1,4 +1,11 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, the `full_data` tier and `--fail-on-skip`.
+
+Every end-to-end test reads corpora that the fixtures write (`synthetic_multi30k_dir`: a
+made-up corpus in Multi30k's raw layout), so a plain clone runs them all. The few tests that
+need the real Multi30k (beside the repository, at ../shared/data/multi30k) are marked
+`full_data` and skip, naming the path, where it is absent. `--fail-on-skip` (CI) fails a run
+that skipped any test, except a full_data test where ../shared/data does not exist.
+"""
 
 import gzip
 import io
@@ -22,8 +29,9 @@ jax.config.update('jax_num_cpu_devices', 8)
 flags.FLAGS.mark_as_parsed()
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-# The real Multi30k corpus, beside the repository (never copied into it).
-SHARED_MULTI30K_DIR = REPO_ROOT.parent / 'shared' / 'data' / 'multi30k'
+# The real corpora, beside the repository (never copied into it): the full_data tier.
+SHARED_DATA_DIR = REPO_ROOT.parent / 'shared' / 'data'
+SHARED_MULTI30K_DIR = SHARED_DATA_DIR / 'multi30k'
 
 _SYLLABLES = [c + v for c in 'bdfgklmnprstvz' for v in 'aeiou']
 
@@ -51,6 +59,51 @@ def synthetic_pairs(
       continue
     seen.add(en)
     pairs.append((en, ' '.join(mapping[w] for w in reversed(words)) + ' .'))
+  return pairs
+
+
+# Word classes of made-up captions (nouns that start a sentence and nouns that end it, as in
+# "A man ... on the street."), and the class sequences of their sentences ('?': optional).
+_CLASS_SIZES = {'det': 4, 'adj': 70, 'subject': 60, 'verb': 90, 'prep': 16, 'object': 140}
+_CAPTION_PATTERNS = (
+  ('det', 'adj?', 'subject', 'verb', 'prep', 'det', 'adj?', 'object'),
+  ('det', 'adj?', 'subject', 'verb', 'det', 'adj?', 'object'),
+  ('det', 'subject', 'prep', 'det', 'adj?', 'object', 'verb', 'prep', 'det', 'object'),
+)
+
+
+def synthetic_captions(num: int, seed: int = 0) -> list[tuple[str, str]]:
+  """Distinct made-up (en, de) captions of Multi30k's shape; de maps en word by word, in order.
+
+  Like real captions they follow a few sentence patterns and their words are Zipf-distributed
+  within each class (det, subject, ...), so a tiny model soon learns to write whole sentences
+  (beam search writes more than a word, BLEU above 0).
+  """
+  rng = random.Random(seed)
+  size = sum(_CLASS_SIZES.values())
+  en_words = _lexicon(random.Random(1), size)
+  de_words = [w.upper()[::-1] for w in _lexicon(random.Random(2), size)]
+  mapping = dict(zip(en_words, de_words, strict=True))
+  shuffled = random.Random(3).sample(en_words, len(en_words))
+  classes, start = {}, 0
+  for name, count in _CLASS_SIZES.items():
+    classes[name] = shuffled[start:start + count]
+    start += count
+  weights = {name: [1 / (rank + 1) for rank in range(len(words))]
+             for name, words in classes.items()}
+  pairs, seen = [], set()
+  while len(pairs) < num:
+    words = []
+    for slot in rng.choice(_CAPTION_PATTERNS):
+      name = slot.rstrip('?')
+      if slot.endswith('?') and rng.random() < 0.5:
+        continue
+      words.append(rng.choices(classes[name], weights[name])[0])
+    en = ' '.join(words).capitalize() + '.'
+    if en in seen:
+      continue
+    seen.add(en)
+    pairs.append((en, ' '.join(mapping[w] for w in words) + ' .'))
   return pairs
 
 
@@ -160,11 +213,65 @@ def config_for() -> Callable[..., ml_collections.ConfigDict]:
   return make_config
 
 
+# --- The full_data tier and --fail-on-skip -----------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+  """Adds --fail-on-skip."""
+  parser.addoption('--fail-on-skip', action='store_true',
+                   help='Fail a run that skipped a test (CI); full_data tests may skip only '
+                   f'where {SHARED_DATA_DIR} does not exist.')
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+  """Skips the full_data tier without the real corpus; only that tier may read it."""
+  unmarked = [item.nodeid for item in items
+              if 'multi30k_dir' in getattr(item, 'fixturenames', ())
+              and item.get_closest_marker('full_data') is None]
+  if unmarked:
+    raise pytest.UsageError(
+      'Tests that read the real Multi30k (fixture multi30k_dir) must be marked '
+      f'@pytest.mark.full_data: {", ".join(unmarked)}')
+  if (SHARED_MULTI30K_DIR / 'train.en.gz').exists():
+    return
+  skip = pytest.mark.skip(reason=f'full_data: the Multi30k corpus is not at {SHARED_MULTI30K_DIR}')
+  for item in items:
+    if item.get_closest_marker('full_data') is not None:
+      item.add_marker(skip)
+
+
+# 'nodeid: reason' of each skip that --fail-on-skip fails, in this session.
+_SKIPPED: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+  """Records each skip but that of a full_data test without ../shared/data (--fail-on-skip)."""
+  excused = 'full_data' in report.keywords and not SHARED_DATA_DIR.exists()
+  if report.skipped and not hasattr(report, 'wasxfail') and not excused:
+    reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    _SKIPPED.append(f'{report.nodeid}: {reason}')
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+  """With --fail-on-skip, a run that passed but skipped a test it may not skip fails."""
+  if session.config.getoption('fail_on_skip') and _SKIPPED and exitstatus == pytest.ExitCode.OK:
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+  """With --fail-on-skip, lists the skips that failed the run, and why they skipped."""
+  if config.getoption('fail_on_skip') and _SKIPPED:
+    terminalreporter.section('--fail-on-skip', red=True)
+    terminalreporter.line(f'{len(_SKIPPED)} test(s) were skipped, which this run forbids:')
+    for line in _SKIPPED:
+      terminalreporter.line(f'  {line}')
+
+
 @pytest.fixture(scope='session')
 def multi30k_dir() -> pathlib.Path:
-  """The shared Multi30k raw files; skips the test when they are absent."""
-  if not (SHARED_MULTI30K_DIR / 'train.en.gz').exists():
-    pytest.skip(f'Multi30k corpus not found at {SHARED_MULTI30K_DIR}.')
+  """The real Multi30k raw files (full_data tests only; they skip without them)."""
   return SHARED_MULTI30K_DIR
 
 
@@ -179,3 +286,36 @@ def multi30k_data_dir(
   datasets.prepare(make_config(data_dir, multi30k_dir, 'multi30k').data)
   return data_dir
 
+
+# Lines per split of the made-up corpus in Multi30k's raw layout (the real one has 29,000,
+# 1,014 and 1,000): enough for the tiny configs' loss to fall and for BLEU above 0.
+SYNTHETIC_MULTI30K_SIZES = {'train': 1000, 'val': 200, 'test_2016_flickr': 100}
+
+
+@pytest.fixture(scope='session')
+def synthetic_multi30k_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+  """A made-up corpus in Multi30k's raw layout, for every end-to-end test.
+
+  `{train,val,test_2016_flickr}.{en,de,fr,cs}.gz` of `synthetic_captions` with
+  SYNTHETIC_MULTI30K_SIZES lines (fr and cs: en with a prefix), read through the multi30k
+  builder's manual_dir like the real release.
+  """
+  directory = tmp_path_factory.mktemp('synthetic_multi30k')
+  for offset, (split, size) in enumerate(SYNTHETIC_MULTI30K_SIZES.items()):
+    en, de = zip(*synthetic_captions(size, seed=1000 * offset), strict=True)
+    texts = {'en': en, 'de': de, 'fr': [f'fr: {x}' for x in en], 'cs': [f'cs: {x}' for x in en]}
+    for lang, lines in texts.items():
+      write_lines(directory / f'{split}.{lang}.gz', lines)
+  return directory
+
+
+@pytest.fixture(scope='session')
+def synthetic_multi30k_data_dir(
+    tmp_path_factory: pytest.TempPathFactory, synthetic_multi30k_dir: pathlib.Path
+) -> pathlib.Path:
+  """A session data_dir where `synthetic_multi30k_dir` is prepared once (multi30k builder)."""
+  from transformer import datasets  # pylint: disable=g-import-not-at-top
+
+  data_dir = tmp_path_factory.mktemp('synthetic_multi30k_tfds')
+  datasets.prepare(make_config(data_dir, synthetic_multi30k_dir, 'multi30k').data)
+  return data_dir

@@ -179,6 +179,7 @@ def test_split_with_a_missing_language_keeps_empty_strings(tmp_path, write_paral
     datasets.get_data_source(config.data, 'test')
 
 
+@pytest.mark.full_data  # The real corpus' line counts and first line.
 def test_multi30k_real_corpus(multi30k_data_dir, multi30k_dir, config_for):
   config = config_for(multi30k_data_dir, multi30k_dir, 'multi30k')
   builder = datasets.prepare(config.data)

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sacrebleu
-from conftest import SHARED_MULTI30K_DIR
 
 from configs import tiny
 from transformer import checkpoints, evaluation, inference, training
@@ -21,12 +20,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope='module')
-def run(tmp_path_factory, multi30k_dir, multi30k_data_dir):
-  """A tiny model trained for 60 steps (checkpoints at 30 and 60)."""
+def run(tmp_path_factory, synthetic_multi30k_dir, synthetic_multi30k_data_dir):
+  """A tiny model trained for 60 steps (checkpoints at 30 and 60) on a made-up corpus."""
   workdir = tmp_path_factory.mktemp('run')
   config = tiny.get_config()
-  config.data.manual_dir = str(multi30k_dir)
-  config.data.data_dir = str(multi30k_data_dir)
+  config.data.manual_dir = str(synthetic_multi30k_dir)
+  config.data.data_dir = str(synthetic_multi30k_data_dir)
   training.train_and_evaluate(config, str(workdir))
   return str(workdir), evaluation.load_run_config(str(workdir))
 
@@ -43,10 +42,10 @@ def test_beam_eval_writes_translations_and_bleu_equal_to_sacrebleu_by_hand(run):
   out = Path(workdir) / 'eval'
   scores = json.loads((out / 'step_60-validation.json').read_text())
   hypotheses = (out / 'step_60-validation.txt').read_text(encoding='utf-8').split('\n')[:-1]
-  with open(SHARED_MULTI30K_DIR / 'val.de.gz', 'rb') as f:
+  with open(Path(config.data.manual_dir) / 'val.de.gz', 'rb') as f:
     import gzip
     references = gzip.decompress(f.read()).decode('utf-8').rstrip('\n').split('\n')
-  assert len(hypotheses) == len(references) == scores['num_sentences'] == 1014
+  assert len(hypotheses) == len(references) == scores['num_sentences'] == 200
   by_hand = sacrebleu.corpus_bleu(hypotheses, [references])
   assert scores['bleu'] == pytest.approx(by_hand.score, abs=1e-9)
   assert scores['bleu_signature'].startswith('nrefs:1|bs:1000|seed:12345|case:mixed|eff:no|tok:13a')
@@ -59,7 +58,7 @@ def test_beam_eval_writes_translations_and_bleu_equal_to_sacrebleu_by_hand(run):
   assert scores['bleu_ci'] == pytest.approx(by_hand._ci, abs=1e-9)
   for key in ('bleu', 'chrf', 'bleu_tokenized_compound_split'):
     assert 0 < scores[f'{key}_ci'] < 5, key
-  assert (f"step_60 validation (1014 sentences): BLEU {scores['bleu']:.2f} ± "
+  assert (f"step_60 validation (200 sentences): BLEU {scores['bleu']:.2f} ± "
           f"{scores['bleu_ci']:.2f}, chrF {scores['chrf']:.2f} ± {scores['chrf_ci']:.2f}") in (
     result.stdout)
   # The references scored against lie beside the results, for compare.py and sacreBLEU's CLI.

@@ -244,6 +244,7 @@ def test_bucket_lengths():
   assert input_pipeline.bucket_length(70, 70) == 72
 
 
+@pytest.mark.full_data  # Packing of the real corpus' length distribution.
 def test_real_tokens_share_on_multi30k(multi30k_data_dir, multi30k_dir):
   config = make_config(multi30k_data_dir, multi30k_dir, 'multi30k', vocab_size=1000,
                        spm_train_sentences=10_000, max_len=64, tokens_per_batch=4096)

@@ -51,7 +51,7 @@ _TIMING = ('steps_per_sec', 'tokens_per_sec')
 
 
 @pytest.fixture(scope='module')
-def train(multi30k_dir, multi30k_data_dir, tmp_path_factory):
+def train(synthetic_multi30k_dir, synthetic_multi30k_data_dir, tmp_path_factory):
   """Returns `train(workdir, *flags, fault=None, **overrides) -> CompletedProcess` of train.py.
 
   With `fault` ('<point>:<step>'), tests/fault_driver.py runs instead: train.py with a hook that
@@ -63,7 +63,8 @@ def train(multi30k_dir, multi30k_data_dir, tmp_path_factory):
          'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '-1'}
 
   def command(workdir, *flags, fault=None, **overrides):
-    settings = {'data.manual_dir': multi30k_dir, 'data.data_dir': multi30k_data_dir,
+    settings = {'data.manual_dir': synthetic_multi30k_dir,
+                'data.data_dir': synthetic_multi30k_data_dir,
                 **OVERRIDES, **overrides}
     script = ['tests/fault_driver.py', f'--fault={fault}'] if fault else ['train.py']
     return [sys.executable, *script, '--config=configs/tiny.py', f'--workdir={workdir}',
@@ -86,10 +87,10 @@ def reference(train, tmp_path_factory):
   return workdir
 
 
-def _config(multi30k_dir, multi30k_data_dir, **overrides):
+def _config(manual_dir, data_dir, **overrides):
   """configs/tiny.py with OVERRIDES, for runs inside this process."""
   config = tiny.get_config()
-  config.data.manual_dir, config.data.data_dir = str(multi30k_dir), str(multi30k_data_dir)
+  config.data.manual_dir, config.data.data_dir = str(manual_dir), str(data_dir)
   for key, value in {**OVERRIDES, **overrides}.items():
     *parents, leaf = key.split('.')
     target = config
@@ -306,12 +307,12 @@ def _truncate_largest_file(directory):
 
 
 def test_unreadable_checkpoint_stops_unless_fallback(
-    train, reference, multi30k_dir, multi30k_data_dir, tmp_path):
+    train, reference, synthetic_multi30k_dir, synthetic_multi30k_data_dir, tmp_path):
   workdir = tmp_path / 'run'
   shutil.copytree(reference, workdir)
   _truncate_largest_file(workdir / 'checkpoints' / '6' / 'state')
   before = _snapshot(workdir)
-  config = _config(multi30k_dir, multi30k_data_dir, num_train_steps=8)
+  config = _config(synthetic_multi30k_dir, synthetic_multi30k_data_dir, num_train_steps=8)
   with pytest.raises(checkpoints.CorruptCheckpointError,
                      match=r'(?s)Checkpoint 6 \(\S+/checkpoints/6\) cannot be restored: .*'
                            r'Nothing was changed.*--restore_fallback'):
@@ -327,14 +328,15 @@ def test_unreadable_checkpoint_stops_unless_fallback(
 
 
 def test_bad_inputs_are_named_and_leave_the_workdir_untouched(
-    reference, multi30k_dir, multi30k_data_dir, write_parallel_corpus, tmp_path):
+    reference, synthetic_multi30k_dir, synthetic_multi30k_data_dir, write_parallel_corpus,
+    tmp_path):
   workdir = tmp_path / 'run'
   shutil.copytree(reference, workdir)
   before = _snapshot(workdir)
 
   corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 20, 'val': 5})
   write_lines(corpus / 'train.de', b'gut\nauch gut\nkaputt \xff\xfe\n' + b'gut\n' * 17)
-  config = _config(multi30k_dir, multi30k_data_dir, **{
+  config = _config(synthetic_multi30k_dir, synthetic_multi30k_data_dir, **{
     'data.dataset': 'parallel_text', 'data.manual_dir': str(corpus),
     'data.data_dir': str(tmp_path / 'tfds')})
   with pytest.raises(ValueError, match=re.escape(f'{corpus / "train.de"}: line 3 is not valid')):
@@ -344,7 +346,8 @@ def test_bad_inputs_are_named_and_leave_the_workdir_untouched(
   vocab = tmp_path / 'spm300.model'
   vocab.write_bytes(tokenizer_lib.train_tokenizer(
     [s for pair in synthetic_pairs(400) for s in pair], 300).serialized_model())
-  config = _config(multi30k_dir, multi30k_data_dir, **{'data.vocab_path': str(vocab)})
+  config = _config(synthetic_multi30k_dir, synthetic_multi30k_data_dir,
+                   **{'data.vocab_path': str(vocab)})
   with pytest.raises(ValueError, match=f'{vocab} has vocab size 300 but config.vocab_size is 512'):
     training.train_and_evaluate(config, str(workdir))
   assert _snapshot(workdir) == before
@@ -392,8 +395,7 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(train, reference,
 
 
 # --- Misuse: every case an error naming the problem, the workdir unchanged ------------------------
-# These run on a synthetic corpus (no ../shared needed) and fail before anything compiles, except
-# the one small training run they share.
+# These fail before anything compiles, except the one small training run they share.
 
 # Two steps, a checkpoint at step 2, no BLEU: the run that the misuse tests try to disturb.
 SMALL = {'num_train_steps': 2, 'checkpoint_every_steps': 2, 'eval_every_steps': 2,

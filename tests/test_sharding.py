@@ -258,9 +258,9 @@ def test_multi_process_detection_from_flags_and_cluster_environment():
 
 
 @pytest.fixture
-def data_dirs(multi30k_dir, multi30k_data_dir):
-  """(manual_dir, data_dir): Multi30k from ../shared/data, prepared once per session."""
-  return str(multi30k_dir), str(multi30k_data_dir)
+def data_dirs(synthetic_multi30k_dir, synthetic_multi30k_data_dir):
+  """(manual_dir, data_dir): a made-up corpus in Multi30k's layout, prepared once per session."""
+  return str(synthetic_multi30k_dir), str(synthetic_multi30k_data_dir)
 
 
 def _run(data_dirs, workdir, mesh, steps, devices=None):

@@ -297,7 +297,7 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
   assert '`lr_scale=4.0` |' in markdown.split('## Trials')[0]  # Still ranked in the table.
 
 
-# --- sweep.py end to end on Multi30k ----------------------------------------------------------
+# --- sweep.py end to end on made-up corpora ----------------------------------------------------
 
 
 @pytest.fixture(scope='module')
@@ -484,13 +484,14 @@ def test_slurm_script_runs_trials_as_array_tasks(two_by_two):
 
 
 @pytest.mark.slow
-def test_failing_trial_is_recorded_and_the_others_finish(tmp_path, multi30k_dir,
-                                                         multi30k_data_dir, sweep_env):
+def test_failing_trial_is_recorded_and_the_others_finish(tmp_path, synthetic_multi30k_dir,
+                                                         synthetic_multi30k_data_dir, sweep_env):
   # A mesh of 3 data shards needs 3 devices, the trial has 1: train.py fails (a config error that
   # only the machine shows); it runs first, the other one after it.
   sweep_file = _write_sweep(tmp_path / 'failing.py', "[{'mesh.data': 3}, {'seed': 2}]")
   root = tmp_path / 'root'
-  result = _sweep_py(sweep_file, root, (multi30k_dir, multi30k_data_dir), sweep_env)
+  result = _sweep_py(sweep_file, root, (synthetic_multi30k_dir, synthetic_multi30k_data_dir),
+                     sweep_env)
   assert result.returncode == 1
   assert '1 of 2 trials failed' in result.stderr
   rows = {r['trial']: r for r in _summary_rows(root)}

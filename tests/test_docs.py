@@ -85,7 +85,11 @@ def _commands() -> list[tuple[str, str, list[str]]]:
         continue
       rest = match.group(2).split('"')[0]  # The end of a command quoted inside another.
       rest = re.split(r'\s(?:&|;|\|)', rest)[0]
-      commands.append((where, match.group(1), shlex.split(rest, comments=True)))
+      try:
+        args = shlex.split(rest, comments=True)
+      except ValueError:  # An apostrophe in prose after a command.
+        args = rest.split()
+      commands.append((where, match.group(1), args))
   return commands
 
 

@@ -17,10 +17,9 @@ positions 64-255 were never seen in training:
 positions depend on it (a table of 64 rows), so the learned run cannot be
 scored beyond 64 and says so.
 
-Measured (one seed each; 9-17 min of wall time per run on a shared 2-core CPU),
-test perplexity in windows of 64 / 128 / 256 tokens: sinusoidal 37.8 / 48.8 /
-56.6, learned 40.2 / - / -, rope 34.2 / 36.6 / 43.2, alibi 35.9 / 35.7 / 35.5.
-The README's "Length extrapolation" section has the per-position breakdown.
+Measured (one seed each): 9-17 min of wall time per run on a shared 2-core CPU;
+the test perplexity of each position encoding per window length and position
+band is the table in docs/language_model.md ("Length extrapolation").
 """
 
 import ml_collections

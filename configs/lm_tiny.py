@@ -3,7 +3,7 @@
   python train.py --config=configs/lm_tiny.py --workdir=/tmp/lm_tiny \
       --config.data.manual_dir=../shared/data/multi30k
 
-Expected (measured): 25 s on 2 CPU cores, compiles included; the training loss
+Expected (measured): 25k parameters; 25 s on 2 CPU cores, compiles included; the training loss
 (logged every 10 steps) falls from 5.7 to 4.6 and validation perplexity is
 about 97 at step 40. The generated text is not meaningful at this size.
 """

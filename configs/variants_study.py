@@ -10,9 +10,8 @@ paper's model) fits in an hour. Compare the variants at equal steps:
       --config.data.manual_dir=../shared/data/multi30k
 
 Metric: validation loss (label-smoothed) and greedy sacreBLEU of the whole
-validation split at step 300. Measured (2-core CPU, one seed): the paper's
-model 4.25 / BLEU 7.3; pre-LN 3.80 / 18.7, RoPE 3.92 / 14.1; the full table is
-in the README ("Model variants"). Early in training, as here, the differences
+validation split at step 300. Measured (2-core CPU, one seed): the table in
+docs/variants.md ("The study"). Early in training, as here, the differences
 show how fast each variant learns, not where it ends.
 """
 

@@ -4,6 +4,7 @@
 
 As the En-De big model, with P_drop=0.1 (not 0.3) and a shared 32,000-piece
 vocabulary; the paper reports 41.8 BLEU (newstest2014) after 3.5 days on 8 P100s.
+`train.py --dry_run` reports 209.1M parameters.
 """
 
 import ml_collections

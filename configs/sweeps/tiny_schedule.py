@@ -5,8 +5,8 @@
       --config.data.manual_dir=../shared/data/multi30k
 
 Expected (measured): 8 trials of 60 steps in 6 minutes on 2 CPU cores shared with
-other jobs; lr_scale=1.0 with warmup 30 ranks first with validation loss 4.86. The
-README's "Sweeps" section shows the summary table and plot it wrote.
+other jobs. The summary table and plot it wrote (the ranking and each trial's
+losses) are in docs/sweeps.md.
 """
 
 from transformer.tools import sweeps

@@ -4,13 +4,13 @@
       --sweep=configs/sweeps/variants_study.py --workdir=workdirs/variants_study \
       --config.data.manual_dir=../shared/data/multi30k
 
-9 trials of about 5 minutes each on 2 CPU cores, in order of the comparisons the
+9 trials (a run's time is in configs/variants_study.py), in order of the comparisons the
 issue asks for first (post-LN vs pre-norm; sinusoidal vs RoPE vs ALiBi; ReLU vs
 SwiGLU at a matched parameter count), so a stopped sweep has the main ones.
 
 With 3 seeds per variant and the paired test of each against the paper's model
 (27 runs, about 2.5 hours on 2 CPU cores; summary.md says which switches differ
-significantly from `base`):
+significantly from `base`; docs/variants.md describes it):
 
   python sweep.py --config=configs/variants_study.py \
       --sweep=configs/sweeps/variants_study.py --workdir=workdirs/variants_study_3seeds \

@@ -1,0 +1,152 @@
+"""The README and docs/ pages stay true to the repository: links resolve, commands use real flags
+and config keys, and the README's quoted result is the config docstring's text.
+
+Reads files only (no JAX), so it runs in well under a second.
+"""
+
+import ast
+import importlib.util
+import pathlib
+import re
+import shlex
+
+import ml_collections
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAGES = [REPO_ROOT / 'README.md', *sorted((REPO_ROOT / 'docs').glob('*.md'))]
+CONFIG_FILES = sorted([*(REPO_ROOT / 'configs').glob('*.py'),
+                       *(REPO_ROOT / 'configs' / 'sweeps').glob('*.py')])
+# Markdown links and images: [text](target) and ![alt](target).
+_LINK = re.compile(r'!?\[[^\]]*\]\(([^)\s]+)\)')
+_FENCE = re.compile(r'^```(\w*)\n(.*?)^```', re.MULTILINE | re.DOTALL)
+_COMMAND = re.compile(r'python (\S+\.py)\b(.*)')
+_DEFINED_FLAG = re.compile(
+  r"""(?:DEFINE_\w+|add_argument)\(\s*['"]-{0,2}([A-Za-z_]\w*)['"]""")
+
+
+def _rel(path: pathlib.Path) -> str:
+  return str(path.relative_to(REPO_ROOT))
+
+
+def _slug(heading: str) -> str:
+  """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+  heading = re.sub(r'[^\w\- ]', '', heading.strip().lower())
+  return heading.replace(' ', '-')
+
+
+def _anchors(page: pathlib.Path) -> set[str]:
+  text = _FENCE.sub('', page.read_text(encoding='utf-8'))
+  return {_slug(m.group(1)) for m in re.finditer(r'^#+ (.+)$', text, re.MULTILINE)}
+
+
+def _links(page: pathlib.Path) -> list[str]:
+  text = _FENCE.sub('', page.read_text(encoding='utf-8'))
+  return [t for t in _LINK.findall(text) if not re.match(r'[a-z]+://|mailto:', t)]
+
+
+@pytest.mark.parametrize('page', PAGES, ids=_rel)
+def test_relative_links_resolve(page):
+  broken = []
+  for target in _links(page):
+    path, _, anchor = target.partition('#')
+    file = (page.parent / path).resolve() if path else page
+    if not file.exists():
+      broken.append(f'{target}: no file {file}')
+    elif anchor and file.suffix == '.md' and anchor not in _anchors(file):
+      broken.append(f'{target}: no heading with anchor #{anchor} in {_rel(file)}')
+  assert not broken, f'{_rel(page)} has broken links (fix the link or the heading): {broken}'
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+  linked = {(REPO_ROOT / t.partition('#')[0]).resolve() for t in _links(REPO_ROOT / 'README.md')}
+  missing = [_rel(p) for p in PAGES[1:] if p.resolve() not in linked]
+  assert not missing, f'docs pages the README does not link to (add them to "Read more"): {missing}'
+
+
+def _docstring(path: pathlib.Path) -> str:
+  return ast.get_docstring(ast.parse(path.read_text(encoding='utf-8'))) or ''
+
+
+def _commands() -> list[tuple[str, str, list[str]]]:
+  """(where, script, arguments) of every `python X.py ...` in the docs' shell blocks and the
+  configs' docstrings, continuation lines joined."""
+  sources = []
+  for page in PAGES:
+    for lang, block in _FENCE.findall(page.read_text(encoding='utf-8')):
+      if lang == 'bash':
+        sources.append((_rel(page), block))
+  sources += [(_rel(p), _docstring(p)) for p in CONFIG_FILES]
+  commands = []
+  for where, text in sources:
+    for line in text.replace('\\\n', ' ').splitlines():
+      match = _COMMAND.search(line)
+      if not match:
+        continue
+      rest = match.group(2).split('"')[0]  # The end of a command quoted inside another.
+      rest = re.split(r'\s(?:&|;|\|)', rest)[0]
+      try:
+        args = shlex.split(rest, comments=True)
+      except ValueError:  # An apostrophe in prose after a command.
+        args = rest.split()
+      commands.append((where, match.group(1), args))
+  return commands
+
+
+COMMANDS = _commands()
+
+
+def _defined_flags(script: str) -> set[str]:
+  """Flags defined by the script or by the library it imports (absl flags are global)."""
+  sources = [REPO_ROOT / script, *(REPO_ROOT / 'transformer').rglob('*.py')]
+  return {name for f in sources for name in _DEFINED_FLAG.findall(f.read_text(encoding='utf-8'))}
+
+
+def _load_config(path: str) -> ml_collections.ConfigDict:
+  spec = importlib.util.spec_from_file_location('doc_config', REPO_ROOT / path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def test_commands_were_found():
+  scripts = {script for _, script, _ in COMMANDS}
+  assert {'train.py', 'eval.py', 'sweep.py', 'compare.py'} <= scripts, scripts
+
+
+@pytest.mark.parametrize(('where', 'script', 'args'), COMMANDS,
+                         ids=[f'{w}:{s}:{i}' for i, (w, s, _) in enumerate(COMMANDS)])
+def test_commands_use_real_flags_and_config_keys(where, script, args):
+  assert (REPO_ROOT / script).exists(), f'{where}: `python {script}`: there is no {script}'
+  flags = [a.strip('[]').lstrip('-').partition('=')[0] for a in args if a.strip('[]')[:2] == '--']
+  defined = _defined_flags(script)
+  unknown = [f for f in flags if f not in defined and not (f.startswith('no') and f[2:] in defined)
+             and not (f.startswith('config.') and 'config' in defined)]
+  assert not unknown, f'{where}: `python {script}` passes flags it does not define: {unknown}'
+  overrides = [f[len('config.'):] for f in flags if f.startswith('config.')]
+  if not overrides:
+    return
+  config_file = next((a.partition('=')[2] for a in args if a.startswith('--config=')),
+                     'configs/default.py')
+  config = _load_config(config_file)
+  missing = []
+  for key in overrides:
+    node = config
+    for part in key.split('.'):
+      if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+        missing.append(key)
+        break
+      node = node[part]
+  assert not missing, f'{where}: `python {script}`: not keys of {config_file}: {missing}'
+
+
+def test_readme_quotes_the_default_config_result_verbatim():
+  """The quickstart's measured result is owned by configs/default.py's docstring."""
+  readme = (REPO_ROOT / 'README.md').read_text(encoding='utf-8')
+  quotes = [block for lang, block in _FENCE.findall(readme) if lang == 'text'
+            and block.startswith('Expected')]
+  assert len(quotes) == 1, 'README.md should quote one "Expected ..." block of configs/default.py'
+  docstring = _docstring(REPO_ROOT / 'configs' / 'default.py')
+  assert quotes[0].strip('\n') in docstring, (
+    'The README quickstart quotes configs/default.py, whose docstring owns the figures; copy '
+    'the changed lines of the docstring into the README quote, verbatim.')

@@ -19,10 +19,15 @@ from absl import app, flags
 from transformer.tools import significance
 
 _SPLIT = flags.DEFINE_string('split', None, 'Pick the result of this split in a workdir.')
-_TEST = flags.DEFINE_enum('test', 'bs', list(significance.TESTS),
-                          'bs: paired bootstrap resampling; ar: approximate randomization.')
-_N_SAMPLES = flags.DEFINE_integer('n_samples', 0, "Resamples (bs) or trials (ar); 0: sacreBLEU's "
-                                  'defaults, 1000 and 10000.')
+_TEST = flags.DEFINE_enum(
+  'test',
+  'bs',
+  list(significance.TESTS),
+  'bs: paired bootstrap resampling; ar: approximate randomization.',
+)
+_N_SAMPLES = flags.DEFINE_integer(
+  'n_samples', 0, "Resamples (bs) or trials (ar); 0: sacreBLEU's defaults, 1000 and 10000."
+)
 _METRICS = flags.DEFINE_list('metrics', list(significance.METRICS), 'Metrics to test: bleu, chrf.')
 _OUTPUT = flags.DEFINE_string('output', None, 'Also write the comparison to this JSON file.')
 
@@ -30,8 +35,9 @@ _OUTPUT = flags.DEFINE_string('output', None, 'Also write the comparison to this
 def main(argv):
   paths = argv[1:]
   if len(paths) < 2:
-    raise app.UsageError('Name at least two eval.py results (or workdirs); the first is the '
-                         'baseline.')
+    raise app.UsageError(
+      'Name at least two eval.py results (or workdirs); the first is the baseline.'
+    )
   if _N_SAMPLES.value < 0:
     raise app.UsageError(f'--n_samples={_N_SAMPLES.value} must be >= 0 (0: sacreBLEU defaults).')
   systems = [significance.load_system(path, _SPLIT.value) for path in paths]

@@ -29,11 +29,15 @@ from transformer.tools import attention_maps
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
 _CHECKPOINT = flags.DEFINE_string(
-  'checkpoint', 'latest', "'latest', a step number, or 'avg:N' (average the last N).")
+  'checkpoint', 'latest', "'latest', a step number, or 'avg:N' (average the last N)."
+)
 _SPLIT = flags.DEFINE_string('split', None, "Split to evaluate (default: config's test_split).")
-_DECODER = flags.DEFINE_enum('decoder', 'beam', inference.DECODERS,
-                             'Decoding algorithm (default: beam for translation, greedy for a '
-                             'language model).')
+_DECODER = flags.DEFINE_enum(
+  'decoder',
+  'beam',
+  inference.DECODERS,
+  'Decoding algorithm (default: beam for translation, greedy for a language model).',
+)
 _BEAM_SIZE = flags.DEFINE_integer('beam_size', 4, 'Beam width (paper: 4).')
 _ALPHA = flags.DEFINE_float('alpha', 0.6, 'Length penalty exponent (paper: 0.6).')
 _MAX_EXTRA_LEN = flags.DEFINE_integer('max_extra_len', 50, 'Output limit: input length + this.')
@@ -42,13 +46,19 @@ _TOP_K = flags.DEFINE_integer('top_k', 0, 'Sample from the k most likely tokens 
 _TOP_P = flags.DEFINE_float('top_p', 1.0, 'Nucleus sampling mass (1.0: all).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
 _N_BOOTSTRAP = flags.DEFINE_integer(
-  'n_bootstrap', scoring.DEFAULT_BOOTSTRAP, "Bootstrap resamples for each score's 95% "
-  'confidence interval (sacreBLEU\'s, seeded by SACREBLEU_SEED, default 12345); 1: none.')
+  'n_bootstrap',
+  scoring.DEFAULT_BOOTSTRAP,
+  "Bootstrap resamples for each score's 95% "
+  "confidence interval (sacreBLEU's, seeded by SACREBLEU_SEED, default 12345); 1: none.",
+)
 _BATCH_SIZE = flags.DEFINE_integer(
-  'batch_size', inference.MAX_DECODE_ROWS, 'Most sentences decoded at once.')
+  'batch_size', inference.MAX_DECODE_ROWS, 'Most sentences decoded at once.'
+)
 _MAX_TOKENS = flags.DEFINE_integer(
-  'max_tokens', inference.MAX_DECODE_TOKENS,
-  'Translation: source token slots per batch (sentences are decoded sorted by length).')
+  'max_tokens',
+  inference.MAX_DECODE_TOKENS,
+  'Translation: source token slots per batch (sentences are decoded sorted by length).',
+)
 _INPUT_FILE = flags.DEFINE_string('input_file', None, "Translate this file ('-': stdin).")
 _OUTPUT_FILE = flags.DEFINE_string('output_file', '-', "Where --input_file's translation goes.")
 _WATCH = flags.DEFINE_bool('watch', False, 'Evaluate every new checkpoint until the final one.')
@@ -56,11 +66,17 @@ _POLL_SECONDS = flags.DEFINE_float('poll_seconds', 30.0, 'With --watch: seconds 
 _ATTENTION_PLOT = flags.DEFINE_string('attention_plot', None, 'Directory for attention PNGs.')
 _INPUT_TEXT = flags.DEFINE_string('input_text', None, 'Sentence for --attention_plot.')
 _PROMPT = flags.DEFINE_multi_string(
-  'prompt', None, 'Language model: continue this text (repeatable; an empty prompt writes a '
-  'document from scratch).')
+  'prompt',
+  None,
+  'Language model: continue this text (repeatable; an empty prompt writes a '
+  'document from scratch).',
+)
 _LENGTHS = flags.DEFINE_list(
-  'lengths', None, 'Language model: perplexity of the split in windows of each of these lengths '
-  '(e.g. 64,128,256: length extrapolation).')
+  'lengths',
+  None,
+  'Language model: perplexity of the split in windows of each of these lengths '
+  '(e.g. 64,128,256: length extrapolation).',
+)
 
 
 def main(argv):
@@ -79,9 +95,14 @@ def main(argv):
     raise app.UsageError(f'{" and ".join(unsupported)} {verb} not for a {task.name} model.')
   decoder = _DECODER.value if flags.FLAGS['decoder'].present else task.default_decoder
   options = inference.DecodeOptions(
-    decoder=decoder, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
-    max_extra_len=_MAX_EXTRA_LEN.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
-    top_p=_TOP_P.value)
+    decoder=decoder,
+    beam_size=_BEAM_SIZE.value,
+    alpha=_ALPHA.value,
+    max_extra_len=_MAX_EXTRA_LEN.value,
+    temperature=_TEMPERATURE.value,
+    top_k=_TOP_K.value,
+    top_p=_TOP_P.value,
+  )
   errors = task.decode_option_errors(config, options)
   if errors:
     raise app.UsageError('\n'.join(errors))
@@ -89,9 +110,18 @@ def main(argv):
   mesh, rules = evaluation.mesh_and_rules(config)
 
   if _WATCH.value:
-    task.watch(config, _WORKDIR.value, evaluation.abstract_state(config), split=split,
-               options=options, batch_size=_BATCH_SIZE.value, max_tokens=_MAX_TOKENS.value,
-               poll_seconds=_POLL_SECONDS.value, mesh=mesh, rules=rules)
+    task.watch(
+      config,
+      _WORKDIR.value,
+      evaluation.abstract_state(config),
+      split=split,
+      options=options,
+      batch_size=_BATCH_SIZE.value,
+      max_tokens=_MAX_TOKENS.value,
+      poll_seconds=_POLL_SECONDS.value,
+      mesh=mesh,
+      rules=rules,
+    )
     return
 
   lines = None
@@ -102,22 +132,44 @@ def main(argv):
   params, label = evaluation.restore_params(config, _WORKDIR.value, _CHECKPOINT.value)
 
   if _ATTENTION_PLOT.value:
-    paths = attention_maps.translate_and_plot(config, params, _INPUT_TEXT.value, options,
-                                              _ATTENTION_PLOT.value)
+    paths = attention_maps.translate_and_plot(
+      config, params, _INPUT_TEXT.value, options, _ATTENTION_PLOT.value
+    )
     logging.info('Wrote %d attention maps to %s.', len(paths), _ATTENTION_PLOT.value)
     return
 
   if lines is not None:
-    _write_output(task.decode_lines(
-      config, params, lines, options=options, batch_size=_BATCH_SIZE.value,
-      max_tokens=_MAX_TOKENS.value, seed=_SEED.value, mesh=mesh, rules=rules))
+    _write_output(
+      task.decode_lines(
+        config,
+        params,
+        lines,
+        options=options,
+        batch_size=_BATCH_SIZE.value,
+        max_tokens=_MAX_TOKENS.value,
+        seed=_SEED.value,
+        mesh=mesh,
+        rules=rules,
+      )
+    )
     return
 
   lengths = [int(length) for length in _LENGTHS.value or []]  # Checked by _check_flags.
   path, text = task.evaluate_checkpoint(
-    config, params, workdir=_WORKDIR.value, label=label, split=split, options=options,
-    batch_size=_BATCH_SIZE.value, max_tokens=_MAX_TOKENS.value, seed=_SEED.value,
-    n_bootstrap=_N_BOOTSTRAP.value, lengths=lengths, mesh=mesh, rules=rules)
+    config,
+    params,
+    workdir=_WORKDIR.value,
+    label=label,
+    split=split,
+    options=options,
+    batch_size=_BATCH_SIZE.value,
+    max_tokens=_MAX_TOKENS.value,
+    seed=_SEED.value,
+    n_bootstrap=_N_BOOTSTRAP.value,
+    lengths=lengths,
+    mesh=mesh,
+    rules=rules,
+  )
   print(text)
   logging.info('Wrote %s', path)
 
@@ -125,14 +177,14 @@ def main(argv):
 def _check_flags() -> None:
   """Every flag in its domain and every output location writable, before anything is read."""
   errors = config_lib.eval_flag_errors(
-    {name: flags.FLAGS[name].value for name in config_lib.EVAL_FLAG_RULES})
+    {name: flags.FLAGS[name].value for name in config_lib.EVAL_FLAG_RULES}
+  )
   if _INPUT_FILE.value is not None:
     errors += config_lib.writable_file_errors(_OUTPUT_FILE.value, '--output_file')
   elif _ATTENTION_PLOT.value:
     errors += config_lib.writable_dir_errors(_ATTENTION_PLOT.value, '--attention_plot')
   else:  # Results go to WORKDIR/eval/.
-    errors += config_lib.writable_dir_errors(
-      os.path.join(_WORKDIR.value, 'eval'), '--workdir')
+    errors += config_lib.writable_dir_errors(os.path.join(_WORKDIR.value, 'eval'), '--workdir')
   if errors:
     raise app.UsageError('Invalid flags:\n  ' + '\n  '.join(errors))
 

@@ -24,28 +24,46 @@ from ml_collections import config_flags
 
 from transformer.tools import sweep_summary, sweeps
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Base config file of every trial.',
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', None, 'Base config file of every trial.', lock_config=True
+)
 _SWEEP = flags.DEFINE_string('sweep', None, 'Python file whose sweep() returns override dicts.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Sweep root: one subdirectory per trial.')
-_PARALLEL = flags.DEFINE_integer('parallel', 1, 'Trials run at once; with --emit=slurm, a cap on '
-                                 'the array tasks run at once (1: no cap).')
+_PARALLEL = flags.DEFINE_integer(
+  'parallel',
+  1,
+  'Trials run at once; with --emit=slurm, a cap on the array tasks run at once (1: no cap).',
+)
 _EVAL = flags.DEFINE_bool('eval', False, 'Run eval.py on each trial after training.')
-_EVAL_FLAGS = flags.DEFINE_string('eval_flags', '', "eval.py's flags with --eval, e.g. "
-                                  "'--checkpoint=avg:5 --split=validation'.")
+_EVAL_FLAGS = flags.DEFINE_string(
+  'eval_flags', '', "eval.py's flags with --eval, e.g. '--checkpoint=avg:5 --split=validation'."
+)
 _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print every trial command; run nothing.')
 _SUMMARIZE = flags.DEFINE_bool('summarize', False, 'Only rewrite the summary files.')
-_EMIT = flags.DEFINE_enum('emit', None, ['slurm'], 'Write WORKDIR/sweep.slurm (a job array) '
-                          'instead of running the trials here.')
-_SLURM_OPTIONS = flags.DEFINE_multi_string('slurm_option', [], "An extra '#SBATCH' option, e.g. "
-                                           '--slurm_option=--gres=gpu:1 (repeatable).')
+_EMIT = flags.DEFINE_enum(
+  'emit',
+  None,
+  ['slurm'],
+  'Write WORKDIR/sweep.slurm (a job array) instead of running the trials here.',
+)
+_SLURM_OPTIONS = flags.DEFINE_multi_string(
+  'slurm_option', [], "An extra '#SBATCH' option, e.g. --slurm_option=--gres=gpu:1 (repeatable)."
+)
 _TRIAL = flags.DEFINE_string('trial', None, 'Run only the trial of this name (Slurm tasks).')
-_SEEDS = flags.DEFINE_integer('seeds', 1, 'Run every trial with this many seeds (config.seed, '
-                              '+1, ...); the summary then groups them: mean, std, min/max, and '
-                              'paired tests of eval.py results against the best.')
-_COMPARE_TO = flags.DEFINE_string('compare_to', None, "With --seeds: the configuration (e.g. "
-                                  "'base') the summary's paired tests compare every other one "
-                                  'to; default: the best.')
+_SEEDS = flags.DEFINE_integer(
+  'seeds',
+  1,
+  'Run every trial with this many seeds (config.seed, '
+  '+1, ...); the summary then groups them: mean, std, min/max, and '
+  'paired tests of eval.py results against the best.',
+)
+_COMPARE_TO = flags.DEFINE_string(
+  'compare_to',
+  None,
+  'With --seeds: the configuration (e.g. '
+  "'base') the summary's paired tests compare every other one "
+  'to; default: the best.',
+)
 
 
 def _raise_keyboard_interrupt(signum, frame):
@@ -57,17 +75,23 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   sweep = sweeps.create(
-    config_flags.get_config_filename(flags.FLAGS['config']), _CONFIG.value, _SWEEP.value,
-    _WORKDIR.value, shared_overrides=config_flags.get_override_values(flags.FLAGS['config']),
-    eval_flags=shlex.split(_EVAL_FLAGS.value) if _EVAL.value else None, seeds=_SEEDS.value,
-    compare_to=_COMPARE_TO.value)
+    config_flags.get_config_filename(flags.FLAGS['config']),
+    _CONFIG.value,
+    _SWEEP.value,
+    _WORKDIR.value,
+    shared_overrides=config_flags.get_override_values(flags.FLAGS['config']),
+    eval_flags=shlex.split(_EVAL_FLAGS.value) if _EVAL.value else None,
+    seeds=_SEEDS.value,
+    compare_to=_COMPARE_TO.value,
+  )
   if _DRY_RUN.value:
     print('\n'.join(sweeps.dry_run(sweep)))
     return
   if _EMIT.value == 'slurm':
     sweeps.prepare_data(sweep.trials)  # Once here, rather than racing in every task.
-    path = sweeps.write_slurm(sweep, _PARALLEL.value if _PARALLEL.value > 1 else 0,
-                              _SLURM_OPTIONS.value)
+    path = sweeps.write_slurm(
+      sweep, _PARALLEL.value if _PARALLEL.value > 1 else 0, _SLURM_OPTIONS.value
+    )
     print(f'Wrote {path} ({len(sweep.trials)} trials); submit it with: sbatch {path}')
     return
   outcomes = {}
@@ -78,16 +102,25 @@ def main(argv):
       outcomes = sweeps.run(sweep, _PARALLEL.value, only=_TRIAL.value)
   except KeyboardInterrupt:
     sweep_summary.write(sweep)  # What there is so far.
-    logging.warning('Interrupted: the running trials were stopped and marked interrupted; run '
-                    'the same command again to resume them.')
+    logging.warning(
+      'Interrupted: the running trials were stopped and marked interrupted; run '
+      'the same command again to resume them.'
+    )
     sys.exit(130)
   results = sweep_summary.write(sweep)
-  logging.info('Summary: %s/summary.{csv,md,png}; best: %s', sweep.root,
-               next((r.name for r in results if r.rank == 1), 'none yet'))
+  logging.info(
+    'Summary: %s/summary.{csv,md,png}; best: %s',
+    sweep.root,
+    next((r.name for r in results if r.rank == 1), 'none yet'),
+  )
   failed = [name for name, outcome in outcomes.items() if outcome == 'failed']
   if failed:
-    logging.error('%d of %d trials failed (see their train.log / eval.log): %s', len(failed),
-                  len(outcomes), ', '.join(failed))
+    logging.error(
+      '%d of %d trials failed (see their train.log / eval.log): %s',
+      len(failed),
+      len(outcomes),
+      ', '.join(failed),
+    )
     sys.exit(1)
 
 

@@ -13,20 +13,29 @@ from ml_collections import config_flags
 
 from transformer import distributed, dry_run, training
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.',
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
 _DRY_RUN = flags.DEFINE_bool(
-  'dry_run', False, 'Validate the config, print the parameter table, FLOPs per token and '
-  '`params: N`, then exit without data, training or compiles.')
+  'dry_run',
+  False,
+  'Validate the config, print the parameter table, FLOPs per token and '
+  '`params: N`, then exit without data, training or compiles.',
+)
 _RESTORE_FALLBACK = flags.DEFINE_bool(
-  'restore_fallback', False, 'If the latest checkpoint cannot be restored (truncated or '
+  'restore_fallback',
+  False,
+  'If the latest checkpoint cannot be restored (truncated or '
   'corrupted files), move it to WORKDIR/corrupt_checkpoints/ and resume from the newest one '
-  'that restores. Without it such a checkpoint stops the run and nothing is changed.')
+  'that restores. Without it such a checkpoint stops the run and nothing is changed.',
+)
 _PROFILE_STEPS = flags.DEFINE_integer(
-  'profile_steps', 0, 'Trace this many train steps, from the second one this process runs '
+  'profile_steps',
+  0,
+  'Trace this many train steps, from the second one this process runs '
   '(the first compiles), with jax.profiler into WORKDIR/profile/ (open with `tensorboard '
-  '--logdir WORKDIR/profile`, Profile tab). 0: no trace.', lower_bound=0)
+  '--logdir WORKDIR/profile`, Profile tab). 0: no trace.',
+  lower_bound=0,
+)
 
 
 def main(argv):
@@ -39,9 +48,12 @@ def main(argv):
     raise app.UsageError('--workdir is required (except with --dry_run).')
   distributed.initialize()
   logging.info('Config:\n%s', _CONFIG.value)
-  training.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
-                              restore_fallback=_RESTORE_FALLBACK.value,
-                              profile_steps=_PROFILE_STEPS.value)
+  training.train_and_evaluate(
+    _CONFIG.value,
+    _WORKDIR.value,
+    restore_fallback=_RESTORE_FALLBACK.value,
+    profile_steps=_PROFILE_STEPS.value,
+  )
 
 
 if __name__ == '__main__':

@@ -49,25 +49,35 @@ from transformer.tasks import translation  # noqa: E402
 from transformer.tools import sweeps  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
-  'config', 'configs/default.py', 'Config of the random model (ignored, but for its '
-  '--config.* overrides, when --workdir is given).')
+  'config',
+  'configs/default.py',
+  'Config of the random model (ignored, but for its '
+  '--config.* overrides, when --workdir is given).',
+)
 _WORKDIR = flags.DEFINE_string(
-  'workdir', None, "A training run's directory: its config.json and checkpoint are used.")
+  'workdir', None, "A training run's directory: its config.json and checkpoint are used."
+)
 _CHECKPOINT = flags.DEFINE_string(
-  'checkpoint', 'latest', "With --workdir: 'latest', a step number or 'avg:N'.")
+  'checkpoint', 'latest', "With --workdir: 'latest', a step number or 'avg:N'."
+)
 _SPLIT = flags.DEFINE_string('split', None, 'Split to decode (default: config.data.test_split).')
 _BATCH_SIZE = flags.DEFINE_integer(
-  'batch_size', inference.MAX_DECODE_ROWS, 'Most sentences per decoding batch.')
+  'batch_size', inference.MAX_DECODE_ROWS, 'Most sentences per decoding batch.'
+)
 _MAX_TOKENS = flags.DEFINE_integer(
-  'max_tokens', inference.MAX_DECODE_TOKENS, 'Source token slots per batch, sentences sorted '
-  'by length (as eval.py decodes); 0: batches of --batch_size in input order (before issue 14).')
+  'max_tokens',
+  inference.MAX_DECODE_TOKENS,
+  'Source token slots per batch, sentences sorted '
+  'by length (as eval.py decodes); 0: batches of --batch_size in input order (before issue 14).',
+)
 _MAX_SENTENCES = flags.DEFINE_integer('max_sentences', 0, 'Decode at most this many (0: all).')
 
 BEAM_SIZE, ALPHA, MAX_EXTRA_LEN = 4, 0.6, 50
 DECODERS = {
   'greedy': inference.DecodeOptions(decoder='greedy', max_extra_len=MAX_EXTRA_LEN),
   f'beam-{BEAM_SIZE}': inference.DecodeOptions(
-    decoder='beam', beam_size=BEAM_SIZE, alpha=ALPHA, max_extra_len=MAX_EXTRA_LEN),
+    decoder='beam', beam_size=BEAM_SIZE, alpha=ALPHA, max_extra_len=MAX_EXTRA_LEN
+  ),
 }
 
 
@@ -85,7 +95,8 @@ def load_params(config: ml_collections.ConfigDict):
   model, _ = training.create_models(ModelConfig.from_config(config))
   if _WORKDIR.value:
     return checkpoints.load_params(
-      _WORKDIR.value, evaluation.abstract_state(config), _CHECKPOINT.value)
+      _WORKDIR.value, evaluation.abstract_state(config), _CHECKPOINT.value
+    )
   tokens = jnp.ones((1, config.data.max_len), jnp.int32)
   init = jax.jit(lambda key: model.init(key, tokens, tokens)['params'])
   return nn.meta.unbox(init(jax.random.key(config.seed))), 'random'
@@ -103,13 +114,21 @@ def source_batches(config, vocab, split: str) -> tuple[list[dict[str, np.ndarray
     if not valid.any():
       break
     # Rows left out by the cap are decoded as padding (all zeros), keeping the batch shape.
-    batches.append({'src_tokens': np.where(valid[:, None], batch['src_tokens'], 0),
-                    'index': batch['index'], 'valid': valid})
+    batches.append(
+      {
+        'src_tokens': np.where(valid[:, None], batch['src_tokens'], 0),
+        'index': batch['index'],
+        'valid': valid,
+      }
+    )
     count += int(valid.sum())
   if _MAX_TOKENS.value:
     batches = inference.length_sorted_batches(
-      batches, max_tokens=_MAX_TOKENS.value, max_rows=_BATCH_SIZE.value,
-      max_len=config.data.max_eval_len)
+      batches,
+      max_tokens=_MAX_TOKENS.value,
+      max_rows=_BATCH_SIZE.value,
+      max_len=config.data.max_eval_len,
+    )
   return batches, time.perf_counter() - start
 
 
@@ -119,8 +138,12 @@ def output_lengths(tokens_BL: np.ndarray) -> np.ndarray:
   return np.where(is_eos.any(axis=1), is_eos.argmax(axis=1) + 1, (tokens_BL != 0).sum(axis=1))
 
 
-def measure(model_config: ModelConfig, options: inference.DecodeOptions, params,
-            batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
+def measure(
+  model_config: ModelConfig,
+  options: inference.DecodeOptions,
+  params,
+  batches: list[dict[str, np.ndarray]],
+) -> dict[str, float]:
   """Compiles every batch shape, then times decoding all batches."""
   translate = translation.make_translate_fn(model_config, options)
   key = jax.random.key(0)
@@ -140,12 +163,17 @@ def measure(model_config: ModelConfig, options: inference.DecodeOptions, params,
   decode_seconds = time.perf_counter() - start
 
   sentences = sum(int(b['valid'].sum()) for b in batches)
-  tokens = sum(int(output_lengths(out[b['valid']]).sum())
-               for out, b in zip(outputs, batches, strict=True))
+  tokens = sum(
+    int(output_lengths(out[b['valid']]).sum()) for out, b in zip(outputs, batches, strict=True)
+  )
   return {
-    'shapes': len(compiled), 'compile_s': compile_seconds, 'decode_s': decode_seconds,
-    'sentences': sentences, 'tokens': tokens,
-    'sentences_per_s': sentences / decode_seconds, 'tokens_per_s': tokens / decode_seconds,
+    'shapes': len(compiled),
+    'compile_s': compile_seconds,
+    'decode_s': decode_seconds,
+    'sentences': sentences,
+    'tokens': tokens,
+    'sentences_per_s': sentences / decode_seconds,
+    'tokens_per_s': tokens / decode_seconds,
   }
 
 
@@ -164,29 +192,39 @@ def main(argv):
   lengths = sorted({b['src_tokens'].shape[1] for b in batches})
   logging.info('Decoding %d sentences of %s.', num_sentences, split)
 
-  results = {name: measure(model_config, options, params, batches)
-             for name, options in DECODERS.items()}
+  results = {
+    name: measure(model_config, options, params, batches) for name, options in DECODERS.items()
+  }
 
   devices = jax.devices()
   print(f'device: {len(devices)} x {devices[0].device_kind} ({devices[0].platform})')
-  print(f'model: {source}, params: {label}; d_model {model_config.d_model}, '
-        f'{model_config.num_layers}+{model_config.num_layers} layers, '
-        f'vocab {model_config.vocab_size}')
+  print(
+    f'model: {source}, params: {label}; d_model {model_config.d_model}, '
+    f'{model_config.num_layers}+{model_config.num_layers} layers, '
+    f'vocab {model_config.vocab_size}'
+  )
   rows = sorted({b['src_tokens'].shape[0] for b in batches})
-  order = (f'sorted by length, {_MAX_TOKENS.value} token slots' if _MAX_TOKENS.value
-           else 'input order')
-  print(f'data: {split}, {num_sentences} sentences in {len(batches)} batches ({order}; rows '
-        f'{rows}, source lengths {lengths}); tokenized in {pipeline_seconds:.1f} s, not timed '
-        'below')
+  order = (
+    f'sorted by length, {_MAX_TOKENS.value} token slots' if _MAX_TOKENS.value else 'input order'
+  )
+  print(
+    f'data: {split}, {num_sentences} sentences in {len(batches)} batches ({order}; rows '
+    f'{rows}, source lengths {lengths}); tokenized in {pipeline_seconds:.1f} s, not timed '
+    'below'
+  )
   print(f'options: output limit source length + {MAX_EXTRA_LEN}; beam alpha {ALPHA}')
-  header = (f'{"decoder":<8} {"shapes":>6} {"compile s":>9} {"decode s":>9} '
-            f'{"sent/s":>9} {"out tok/s":>10} {"tok/sent":>8}')
+  header = (
+    f'{"decoder":<8} {"shapes":>6} {"compile s":>9} {"decode s":>9} '
+    f'{"sent/s":>9} {"out tok/s":>10} {"tok/sent":>8}'
+  )
   print(header)
   print('-' * len(header))
   for name, r in results.items():
-    print(f'{name:<8} {r["shapes"]:>6} {r["compile_s"]:>9.1f} {r["decode_s"]:>9.2f} '
-          f'{r["sentences_per_s"]:>9.1f} {r["tokens_per_s"]:>10,.0f} '
-          f'{r["tokens"] / r["sentences"]:>8.1f}')
+    print(
+      f'{name:<8} {r["shapes"]:>6} {r["compile_s"]:>9.1f} {r["decode_s"]:>9.2f} '
+      f'{r["sentences_per_s"]:>9.1f} {r["tokens_per_s"]:>10,.0f} '
+      f'{r["tokens"] / r["sentences"]:>8.1f}'
+    )
 
 
 if __name__ == '__main__':

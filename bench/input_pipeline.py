@@ -143,16 +143,15 @@ def measure(args) -> dict:
   tokens_per_s = real / seconds
   cores = max(1, args.measure_workers)
   return {
-      'workers': args.measure_workers,
-      'first_batch_s': round(first, 2),
-      'batches_per_s': round(args.batches / seconds, 3),
-      'real_tokens_per_s': round(tokens_per_s),
-      'real_tokens_per_s_per_worker': round(tokens_per_s / cores),
-      'real_target_share': round(
-          float((batch['tgt_segments'] > 0).mean()), 4),
-      'peak_rss_main_mb': round(peak_rss_kb() / 1024),
-      'rss_workers_end_mb': round(worker_rss / 2**20),
-      'rows_x_len': list(batch['tgt_tokens'].shape),
+    'workers': args.measure_workers,
+    'first_batch_s': round(first, 2),
+    'batches_per_s': round(args.batches / seconds, 3),
+    'real_tokens_per_s': round(tokens_per_s),
+    'real_tokens_per_s_per_worker': round(tokens_per_s / cores),
+    'real_target_share': round(float((batch['tgt_segments'] > 0).mean()), 4),
+    'peak_rss_main_mb': round(peak_rss_kb() / 1024),
+    'rss_workers_end_mb': round(worker_rss / 2**20),
+    'rows_x_len': list(batch['tgt_tokens'].shape),
   }
 
 
@@ -162,8 +161,12 @@ def main():
   parser.add_argument('--root', default='/tmp/issue12', help='Corpus and prepared data.')
   parser.add_argument('--config', default='configs/wmt14_ende_base.py', help='Batch of.')
   parser.add_argument('--vocab_size', type=int, default=16000, help='Shared vocabulary.')
-  parser.add_argument('--spm_sentences', type=int, default=1_000_000,
-                      help='Sentences sampled to train the vocabulary.')
+  parser.add_argument(
+    '--spm_sentences',
+    type=int,
+    default=1_000_000,
+    help='Sentences sampled to train the vocabulary.',
+  )
   parser.add_argument('--workers', default='0', help='Comma-separated worker counts.')
   parser.add_argument('--batches', type=int, default=200, help='Timed batches after the first.')
   parser.add_argument('--measure_workers', type=int, default=None, help=argparse.SUPPRESS)
@@ -173,14 +176,22 @@ def main():
     print(json.dumps(measure(args)))
     return
   write_corpus(corpus_dir(args), args.pairs, MULTI30K)
-  result = {'pairs': args.pairs, 'config': args.config, 'vocab_size': args.vocab_size,
-            'load_average': os.getloadavg()}
+  result = {
+    'pairs': args.pairs,
+    'config': args.config,
+    'vocab_size': args.vocab_size,
+    'load_average': os.getloadavg(),
+  }
   result.update({k: round(v, 1) for k, v in prepare(args).items()})
   print(json.dumps(result), flush=True)
   for workers in [int(w) for w in args.workers.split(',')]:
     out = subprocess.run(
-        [sys.executable, __file__, *sys.argv[1:], f'--measure_workers={workers}'],
-        check=True, capture_output=True, text=True, cwd=REPO).stdout
+      [sys.executable, __file__, *sys.argv[1:], f'--measure_workers={workers}'],
+      check=True,
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+    ).stdout
     row = json.loads(out.strip().splitlines()[-1])
     row['load_average'] = os.getloadavg()
     print(json.dumps(row), flush=True)

@@ -51,16 +51,23 @@ def main(argv):
   del argv
   models = load_models(_DIR.value)
   cfg = models.TransformerConfig(
-    vocab_size=_VOCAB.value, output_vocab_size=_VOCAB.value, share_embeddings=True,
-    logits_via_embedding=True, emb_dim=_D_MODEL.value, num_heads=_HEADS.value,
-    num_layers=_LAYERS.value, qkv_dim=_D_MODEL.value, mlp_dim=_D_FF.value, max_len=512,
-    dropout_rate=_DROPOUT.value, attention_dropout_rate=_ATTENTION_DROPOUT.value)
+    vocab_size=_VOCAB.value,
+    output_vocab_size=_VOCAB.value,
+    share_embeddings=True,
+    logits_via_embedding=True,
+    emb_dim=_D_MODEL.value,
+    num_heads=_HEADS.value,
+    num_layers=_LAYERS.value,
+    qkv_dim=_D_MODEL.value,
+    mlp_dim=_D_FF.value,
+    max_len=512,
+    dropout_rate=_DROPOUT.value,
+    attention_dropout_rate=_ATTENTION_DROPOUT.value,
+  )
   model = models.Transformer(cfg)
   rng = np.random.default_rng(0)
-  inputs, targets = rng.integers(3, _VOCAB.value, size=(2, _ROWS.value, _LEN.value),
-                                 dtype=np.int32)
-  params = jax.jit(lambda k: model.init(k, inputs[:1], targets[:1])['params'])(
-    jax.random.key(0))
+  inputs, targets = rng.integers(3, _VOCAB.value, size=(2, _ROWS.value, _LEN.value), dtype=np.int32)
+  params = jax.jit(lambda k: model.init(k, inputs[:1], targets[:1])['params'])(jax.random.key(0))
   optimizer = optax.adam(1e-4, b1=0.9, b2=0.98, eps=1e-9)
   opt_state = optimizer.init(params)
 
@@ -87,9 +94,11 @@ def main(argv):
     jax.block_until_ready(tokens)
     seconds.append(time.perf_counter() - start)
   median = float(np.median(seconds))
-  print(f'flax wmt example: median step {median:.3f} s, target tokens/s '
-        f'{float(tokens) / median:,.0f} ({_ROWS.value} x {_LEN.value}, d_model {_D_MODEL.value}, '
-        f'{_LAYERS.value}+{_LAYERS.value} layers)')
+  print(
+    f'flax wmt example: median step {median:.3f} s, target tokens/s '
+    f'{float(tokens) / median:,.0f} ({_ROWS.value} x {_LEN.value}, d_model {_D_MODEL.value}, '
+    f'{_LAYERS.value}+{_LAYERS.value} layers)'
+  )
 
 
 if __name__ == '__main__':

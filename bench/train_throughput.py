@@ -52,8 +52,11 @@ _CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Confi
 _STEPS = flags.DEFINE_integer('steps', 20, 'Timed train steps (after one compile step).')
 _PIPELINE_BATCHES = flags.DEFINE_integer('pipeline_batches', 50, 'Batches for the padding share.')
 _BATCH_ROWS = flags.DEFINE_integer(
-  'batch_rows', 0, 'With --batch_len: a fixed-length unpacked batch of this many rows instead '
-  "of the pipeline's (0: the pipeline's batches).")
+  'batch_rows',
+  0,
+  'With --batch_len: a fixed-length unpacked batch of this many rows instead '
+  "of the pipeline's (0: the pipeline's batches).",
+)
 _BATCH_LEN = flags.DEFINE_integer('batch_len', 0, 'Real tokens per row of that batch.')
 _PROFILE_DIR = flags.DEFINE_string('profile_dir', None, 'Write a trace of the timed steps here.')
 
@@ -92,10 +95,17 @@ def fixed_length_batches(rows: int, length: int, vocab_size: int, count: int = 4
   for _ in range(count):
     src, tgt = rng.integers(3, vocab_size, size=(2, rows, length), dtype=np.int32)
     tgt_input = np.concatenate([np.ones((rows, 1), np.int32), tgt[:, :-1]], axis=1)  # BOS 1.
-    batches.append({
-      'src_tokens': src, 'src_segments': ones, 'src_positions': positions,
-      'tgt_tokens': tgt, 'tgt_input_tokens': tgt_input, 'tgt_segments': ones,
-      'tgt_positions': positions})
+    batches.append(
+      {
+        'src_tokens': src,
+        'src_segments': ones,
+        'src_positions': positions,
+        'tgt_tokens': tgt,
+        'tgt_input_tokens': tgt_input,
+        'tgt_segments': ones,
+        'tgt_positions': positions,
+      }
+    )
   return batches
 
 
@@ -121,8 +131,10 @@ def main(argv):
     if _BATCH_ROWS.value < 1 or _BATCH_LEN.value < 2:
       raise app.UsageError('--batch_rows >= 1 and --batch_len >= 2 go together.')
     if set(task.batch_keys) != set(translation.BATCH_KEYS):
-      raise app.UsageError('--batch_rows/--batch_len make translation batches; '
-                           f'{config.model.architecture!r} is a {task.name} model.')
+      raise app.UsageError(
+        '--batch_rows/--batch_len make translation batches; '
+        f'{config.model.architecture!r} is a {task.name} model.'
+      )
     batches = fixed_length_batches(_BATCH_ROWS.value, _BATCH_LEN.value, config.vocab_size)
   else:
     vocab = tokenizer.get_tokenizer(config)
@@ -139,12 +151,16 @@ def main(argv):
   model, _ = training.create_models(ModelConfig.from_config(config))
   optimizer = optim.create_optimizer(config)
   _, state_shardings = training.abstract_state_and_shardings(model, optimizer, task, mesh, rules)
-  state = training.create_train_state(model, optimizer, task, state_shardings, mesh,
-                                      jax.random.key(0))
+  state = training.create_train_state(
+    model, optimizer, task, state_shardings, mesh, jax.random.key(0)
+  )
   step_fn = jax.jit(
-    lambda s, b: training.train_step(s, b, model=model, optimizer=optimizer, task=task,
-                                     config=config),
-    in_shardings=(state_shardings, sharding.batch_sharding(mesh, rules)), donate_argnums=(0,))
+    lambda s, b: training.train_step(
+      s, b, model=model, optimizer=optimizer, task=task, config=config
+    ),
+    in_shardings=(state_shardings, sharding.batch_sharding(mesh, rules)),
+    donate_argnums=(0,),
+  )
 
   with sharding.activated(mesh, rules):
     start = time.perf_counter()
@@ -174,25 +190,33 @@ def main(argv):
   flops = summary.flops_per_token(ModelConfig.from_config(config), length)['train']
   tokens_per_sec = tokens / elapsed
   model_flops = flops * tokens_per_sec
-  print(f'devices: {jax.device_count()} x {device.device_kind} ({device.platform}); '
-        f'dtype {config.dtype}')
+  print(
+    f'devices: {jax.device_count()} x {device.device_kind} ({device.platform}); '
+    f'dtype {config.dtype}'
+  )
   print(f'compile (first step): {compile_seconds:.1f} s')
-  print(f'train steps/s: {_STEPS.value / elapsed:.2f} (median step '
-        f'{np.median(step_seconds):.3f} s)')
+  print(
+    f'train steps/s: {_STEPS.value / elapsed:.2f} (median step {np.median(step_seconds):.3f} s)'
+  )
   print(f'target tokens/s: {tokens_per_sec:,.0f}')
   if fixed:
     print(f'batch: fixed length, {_BATCH_ROWS.value} rows x {_BATCH_LEN.value} tokens, unpacked')
   else:
-    print(f'real-token share of batches: {real / slots:.3f} '
-          f'({_PIPELINE_BATCHES.value} batches, {pipeline_seconds / len(batches) * 1e3:.1f} '
-          f'ms per batch to produce)')
+    print(
+      f'real-token share of batches: {real / slots:.3f} '
+      f'({_PIPELINE_BATCHES.value} batches, {pipeline_seconds / len(batches) * 1e3:.1f} '
+      f'ms per batch to produce)'
+    )
   print(f'matmul peak ({jnp.dtype(dtype).name}, measured): {measured_peak / 1e9:,.1f} GFLOP/s')
-  print(f'model FLOPs/s: {model_flops / 1e9:,.1f} GFLOP/s '
-        f'= {model_flops / measured_peak:.1%} of the measured peak')
+  print(
+    f'model FLOPs/s: {model_flops / 1e9:,.1f} GFLOP/s '
+    f'= {model_flops / measured_peak:.1%} of the measured peak'
+  )
   if published:
     total = published * jax.device_count()
-    print(f'MFU: {model_flops / total:.1%} of the published bfloat16 peak '
-          f'({total / 1e12:,.0f} TFLOP/s)')
+    print(
+      f'MFU: {model_flops / total:.1%} of the published bfloat16 peak ({total / 1e12:,.0f} TFLOP/s)'
+    )
   if _PROFILE_DIR.value:
     print(f'trace: {_PROFILE_DIR.value} (tensorboard --logdir {_PROFILE_DIR.value})')
 

@@ -43,4 +43,3 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.max_eval_len = 64  # Validation during training at the training length.
   config.data.lines_per_document = 64  # Running text: 64 captions per document.
   return config
-

@@ -44,7 +44,7 @@ def _lexicon(rng: random.Random, size: int) -> list[str]:
 
 
 def synthetic_pairs(
-    num: int, seed: int = 0, min_words: int = 3, max_words: int = 14
+  num: int, seed: int = 0, min_words: int = 3, max_words: int = 14
 ) -> list[tuple[str, str]]:
   """Distinct made-up (en, de) sentence pairs; de is a word-by-word mapping."""
   rng = random.Random(seed)
@@ -87,10 +87,11 @@ def synthetic_captions(num: int, seed: int = 0) -> list[tuple[str, str]]:
   shuffled = random.Random(3).sample(en_words, len(en_words))
   classes, start = {}, 0
   for name, count in _CLASS_SIZES.items():
-    classes[name] = shuffled[start:start + count]
+    classes[name] = shuffled[start : start + count]
     start += count
-  weights = {name: [1 / (rank + 1) for rank in range(len(words))]
-             for name, words in classes.items()}
+  weights = {
+    name: [1 / (rank + 1) for rank in range(len(words))] for name, words in classes.items()
+  }
   pairs, seen = [], set()
   while len(pairs) < num:
     words = []
@@ -125,11 +126,11 @@ def write_parallel_corpus() -> Callable[..., pathlib.Path]:
   compress=False, seed=0)`: writes synthetic `SPLIT.LANG[.gz]` files, returns directory."""
 
   def write(
-      directory: pathlib.Path,
-      sizes: dict[str, int] | None = None,
-      langs: Sequence[str] = ('en', 'de'),
-      compress: bool = False,
-      seed: int = 0,
+    directory: pathlib.Path,
+    sizes: dict[str, int] | None = None,
+    langs: Sequence[str] = ('en', 'de'),
+    compress: bool = False,
+    seed: int = 0,
   ) -> pathlib.Path:
     sizes = sizes or {'train': 50, 'val': 10}
     for offset, (split, size) in enumerate(sorted(sizes.items())):
@@ -153,10 +154,13 @@ def _add_to_tar(tar: tarfile.TarFile, name: str, lines: Sequence[str]) -> None:
 
 def _sgm(lines: Sequence[str], lang: str, kind: str) -> list[str]:
   """A newstest SGML file of `lines` (one document), as statmt.org ships them."""
-  return [f'<{kind}set setid="newstest2014" srclang="any" trglang="{lang}">',
-          '<doc sysid="ref" docid="1012-bbc" genre="news" origlang="en">',
-          *(f'<seg id="{i}">{line}</seg>' for i, line in enumerate(lines, 1)),
-          '</doc>', f'</{kind}set>']
+  return [
+    f'<{kind}set setid="newstest2014" srclang="any" trglang="{lang}">',
+    '<doc sysid="ref" docid="1012-bbc" genre="news" origlang="en">',
+    *(f'<seg id="{i}">{line}</seg>' for i, line in enumerate(lines, 1)),
+    '</doc>',
+    f'</{kind}set>',
+  ]
 
 
 def write_wmt14_release(directory: pathlib.Path, pairs_per_file: int = 40) -> pathlib.Path:
@@ -170,15 +174,15 @@ def write_wmt14_release(directory: pathlib.Path, pairs_per_file: int = 40) -> pa
   pairs = synthetic_pairs(4 * n, seed=14)
   directory.mkdir(parents=True, exist_ok=True)
   training = {
-      'training-parallel-europarl-v7.tgz': 'training/europarl-v7.de-en.{}',
-      'training-parallel-commoncrawl.tgz': 'commoncrawl.de-en.{}',
-      'training-parallel-nc-v9.tgz': 'training/news-commentary-v9.de-en.{}',
+    'training-parallel-europarl-v7.tgz': 'training/europarl-v7.de-en.{}',
+    'training-parallel-commoncrawl.tgz': 'commoncrawl.de-en.{}',
+    'training-parallel-nc-v9.tgz': 'training/news-commentary-v9.de-en.{}',
   }
   for k, (archive, pattern) in enumerate(training.items()):
     with tarfile.open(directory / archive, 'w:gz') as tar:
-      _add_to_tar(tar, pattern.format('en'), [en for en, _ in pairs[k * n:(k + 1) * n]])
-      _add_to_tar(tar, pattern.format('de'), [de for _, de in pairs[k * n:(k + 1) * n]])
-  dev, test = pairs[3 * n:3 * n + n // 2], pairs[3 * n + n // 2:]
+      _add_to_tar(tar, pattern.format('en'), [en for en, _ in pairs[k * n : (k + 1) * n]])
+      _add_to_tar(tar, pattern.format('de'), [de for _, de in pairs[k * n : (k + 1) * n]])
+  dev, test = pairs[3 * n : 3 * n + n // 2], pairs[3 * n + n // 2 :]
   with tarfile.open(directory / 'dev.tgz', 'w:gz') as tar:
     _add_to_tar(tar, 'dev/newstest2013.en', [en for en, _ in dev])
     _add_to_tar(tar, 'dev/newstest2013.de', [de for _, de in dev])
@@ -188,10 +192,10 @@ def write_wmt14_release(directory: pathlib.Path, pairs_per_file: int = 40) -> pa
 
 
 def make_config(
-    data_dir: pathlib.Path,
-    manual_dir: pathlib.Path | None,
-    dataset: str = 'parallel_text',
-    **data_overrides,
+  data_dir: pathlib.Path,
+  manual_dir: pathlib.Path | None,
+  dataset: str = 'parallel_text',
+  **data_overrides,
 ) -> ml_collections.ConfigDict:
   """The default config pointed at local files, with small sizes for tests."""
   config = default.get_config()
@@ -218,20 +222,27 @@ def config_for() -> Callable[..., ml_collections.ConfigDict]:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
   """Adds --fail-on-skip."""
-  parser.addoption('--fail-on-skip', action='store_true',
-                   help='Fail a run that skipped a test (CI); full_data tests may skip only '
-                   f'where {SHARED_DATA_DIR} does not exist.')
+  parser.addoption(
+    '--fail-on-skip',
+    action='store_true',
+    help='Fail a run that skipped a test (CI); full_data tests may skip only '
+    f'where {SHARED_DATA_DIR} does not exist.',
+  )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
   """Skips the full_data tier without the real corpus; only that tier may read it."""
-  unmarked = [item.nodeid for item in items
-              if 'multi30k_dir' in getattr(item, 'fixturenames', ())
-              and item.get_closest_marker('full_data') is None]
+  unmarked = [
+    item.nodeid
+    for item in items
+    if 'multi30k_dir' in getattr(item, 'fixturenames', ())
+    and item.get_closest_marker('full_data') is None
+  ]
   if unmarked:
     raise pytest.UsageError(
       'Tests that read the real Multi30k (fixture multi30k_dir) must be marked '
-      f'@pytest.mark.full_data: {", ".join(unmarked)}')
+      f'@pytest.mark.full_data: {", ".join(unmarked)}'
+    )
   if (SHARED_MULTI30K_DIR / 'train.en.gz').exists():
     return
   skip = pytest.mark.skip(reason=f'full_data: the Multi30k corpus is not at {SHARED_MULTI30K_DIR}')
@@ -259,7 +270,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(
-    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+  terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
   """With --fail-on-skip, lists the skips that failed the run, and why they skipped."""
   if config.getoption('fail_on_skip') and _SKIPPED:
@@ -277,7 +288,7 @@ def multi30k_dir() -> pathlib.Path:
 
 @pytest.fixture(scope='session')
 def multi30k_data_dir(
-    tmp_path_factory: pytest.TempPathFactory, multi30k_dir: pathlib.Path
+  tmp_path_factory: pytest.TempPathFactory, multi30k_dir: pathlib.Path
 ) -> pathlib.Path:
   """A session data_dir where the real Multi30k is prepared once (about 5 s)."""
   from transformer import datasets  # pylint: disable=g-import-not-at-top
@@ -311,7 +322,7 @@ def synthetic_multi30k_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.
 
 @pytest.fixture(scope='session')
 def synthetic_multi30k_data_dir(
-    tmp_path_factory: pytest.TempPathFactory, synthetic_multi30k_dir: pathlib.Path
+  tmp_path_factory: pytest.TempPathFactory, synthetic_multi30k_dir: pathlib.Path
 ) -> pathlib.Path:
   """A session data_dir where `synthetic_multi30k_dir` is prepared once (multi30k builder)."""
   from transformer import datasets  # pylint: disable=g-import-not-at-top

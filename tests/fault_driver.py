@@ -31,12 +31,14 @@ import train  # noqa: E402, F401  (defines train.py's flags)
 from transformer import distributed, training  # noqa: E402
 
 POINTS = ('after_step', 'during_save')
-_FAULT = flags.DEFINE_string('fault', None, '<point>:<step>, point one of after_step, '
-                             'during_save: SIGKILL this process there.')
+_FAULT = flags.DEFINE_string(
+  'fault', None, '<point>:<step>, point one of after_step, during_save: SIGKILL this process there.'
+)
 
 
-def _kill_at(point: str, fault_step: int, step: int,
-             settle: Callable[[], None] | None = None) -> None:
+def _kill_at(
+  point: str, fault_step: int, step: int, settle: Callable[[], None] | None = None
+) -> None:
   """SIGKILLs this process at `fault_step` (after `settle`, e.g. waiting for saves in flight)."""
   if step != fault_step:
     return
@@ -51,8 +53,7 @@ def parse_fault(value: str) -> training.Hooks:
   """The hooks of `--fault=<point>:<step>`."""
   point, _, step = value.partition(':')
   if point not in POINTS or not step.isdigit():
-    raise app.UsageError(f'--fault={value!r}: expected <point>:<step> with point one of '
-                         f'{POINTS}.')
+    raise app.UsageError(f'--fault={value!r}: expected <point>:<step> with point one of {POINTS}.')
   return training.Hooks(**{point: functools.partial(_kill_at, point, int(step))})
 
 
@@ -61,9 +62,13 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   hooks = parse_fault(_FAULT.value) if _FAULT.value else training.Hooks()
   distributed.initialize()
-  training.train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir,
-                              restore_fallback=flags.FLAGS.restore_fallback,
-                              profile_steps=flags.FLAGS.profile_steps, hooks=hooks)
+  training.train_and_evaluate(
+    flags.FLAGS.config,
+    flags.FLAGS.workdir,
+    restore_fallback=flags.FLAGS.restore_fallback,
+    profile_steps=flags.FLAGS.profile_steps,
+    hooks=hooks,
+  )
 
 
 if __name__ == '__main__':

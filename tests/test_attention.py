@@ -12,7 +12,8 @@ def test_dot_product_attention_matches_hand_computation():
   k = np.array([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 0, 0]], np.float32)
   v = np.array([[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0]], np.float32)
   out, weights = attention.dot_product_attention(
-    q[None, :, None], k[None, :, None], v[None, :, None], mask_B1LS=None)
+    q[None, :, None], k[None, :, None], v[None, :, None], mask_B1LS=None
+  )
   # Eq. 1 by hand: logits = q k^T / sqrt(4).
   logits = np.array([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
   expected_w = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
@@ -33,12 +34,15 @@ def test_masked_keys_get_zero_weight_and_do_not_change_output():
 def test_segment_mask_is_padding_mask_and_separates_packed_examples():
   segments = jnp.array([[1, 1, 2, 0]])
   mask = np.asarray(attention.segment_mask(segments, segments))[0, 0]
-  expected = np.array([
-    [1, 1, 0, 0],
-    [1, 1, 0, 0],
-    [0, 0, 1, 0],
-    [0, 0, 0, 0],  # Padding attends nowhere (and is never attended).
-  ], dtype=bool)
+  expected = np.array(
+    [
+      [1, 1, 0, 0],
+      [1, 1, 0, 0],
+      [0, 0, 1, 0],
+      [0, 0, 0, 0],  # Padding attends nowhere (and is never attended).
+    ],
+    dtype=bool,
+  )
   np.testing.assert_array_equal(mask, expected)
 
 

@@ -22,8 +22,14 @@ PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 @functools.cache
 def _setup():
-  cfg = ModelConfig(vocab_size=VOCAB, num_layers=LAYERS, d_model=D_MODEL, num_heads=HEADS,
-                    d_ff=32, deterministic=True)
+  cfg = ModelConfig(
+    vocab_size=VOCAB,
+    num_layers=LAYERS,
+    d_model=D_MODEL,
+    num_heads=HEADS,
+    d_ff=32,
+    deterministic=True,
+  )
   tokens = jnp.ones((1, 4), jnp.int32)
   init = jax.jit(lambda key: Transformer(cfg).init(key, tokens, tokens)['params'])
   params = nn.meta.unbox(init(jax.random.key(1)))
@@ -103,13 +109,15 @@ def test_weights_are_the_models_own():
   np.testing.assert_allclose(
     weights['encoder_self_attention'][0],
     _first_layer_weights(params, params['encoder']['layer_0']['self_attention'], src, False),
-    atol=1e-5)
+    atol=1e-5,
+  )
   # The decoder reads [BOS] + target[:-1] (teacher forcing).
   tgt_in = [tokenizer_lib.BOS_ID, *tgt[:-1]]
   np.testing.assert_allclose(
     weights['decoder_self_attention'][0],
     _first_layer_weights(params, params['decoder']['layer_0']['self_attention'], tgt_in, True),
-    atol=1e-5)
+    atol=1e-5,
+  )
   # Deeper layers differ from layer 0 (they are separate modules' weights).
   assert not np.allclose(weights['encoder_self_attention'][0], weights['encoder_self_attention'][1])
 
@@ -155,7 +163,8 @@ def test_figure_has_a_panel_per_head_with_token_labels():
   widths = []
   for heads in (1, 3):
     fig = attention_maps.attention_figure(
-      np.full((heads, 2, 2), 0.5), ['a', 'b'], ['c', 'd'], f'{heads} heads')
+      np.full((heads, 2, 2), 0.5), ['a', 'b'], ['c', 'd'], f'{heads} heads'
+    )
     assert len(fig.axes) == heads + 1
     fig.canvas.draw()
     widths.append(fig.canvas.get_width_height()[0])
@@ -166,8 +175,11 @@ def test_plot_labels_decoder_columns_with_what_each_position_reads(tmp_path, mon
   src_labels, tgt_labels = _labels()
   figures = []
   original = attention_maps.attention_figure
-  monkeypatch.setattr(attention_maps, 'attention_figure',
-                      lambda *a, **k: figures.append(original(*a, **k)) or figures[-1])
+  monkeypatch.setattr(
+    attention_maps,
+    'attention_figure',
+    lambda *a, **k: figures.append(original(*a, **k)) or figures[-1],
+  )
   weights = {'decoder_self_attention': _weights()['decoder_self_attention'][:1]}
   attention_maps.plot_attention(weights, src_labels, tgt_labels, str(tmp_path))
   (fig,) = figures

@@ -11,8 +11,11 @@ from transformer import config as config_lib
 from transformer import inference
 from transformer.tools import sweeps
 
-CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parents[1] / 'configs').glob('*.py')
-                 if p.stem != '__init__')
+CONFIGS = sorted(
+  p.stem
+  for p in (pathlib.Path(__file__).parents[1] / 'configs').glob('*.py')
+  if p.stem != '__init__'
+)
 
 
 @pytest.mark.parametrize('name', CONFIGS)
@@ -21,26 +24,34 @@ def test_every_field_of_every_config_has_a_rule_and_is_valid(name):
   keys = sweeps.flatten_keys(config)
   assert not sorted(set(keys) - set(config_lib.CONFIG_RULES)), (
     f'configs/{name}.py has fields without a rule in config_lib.CONFIG_RULES: add one line '
-    'per field there.')
+    'per field there.'
+  )
   assert config_lib.config_errors(config) == []
 
 
-@pytest.mark.parametrize(('key', 'value', 'message'), [
-  ('model.dropout_rate', 1.0, 'config.model.dropout_rate=1.0 must be a finite number in [0, 1)'),
-  ('label_smoothing', -0.1, 'config.label_smoothing=-0.1 must be a finite number in [0, 1)'),
-  ('adam_b2', math.nan, 'config.adam_b2=nan must be a finite number in [0, 1)'),
-  ('lr_scale', 0.0, 'config.lr_scale=0.0 must be a finite positive number'),
-  ('adam_eps', math.inf, 'config.adam_eps=inf must be a finite positive number'),
-  ('warmup_steps', 0, 'config.warmup_steps=0 must be a positive integer'),
-  ('data.tokens_per_batch', -4096, 'config.data.tokens_per_batch=-4096 must be a positive'),
-  ('eval_bleu_sentences', -1, 'config.eval_bleu_sentences=-1 must be an integer >= 0'),
-  ('eval_bleu_decoder', 'sample', "config.eval_bleu_decoder='sample' is not one of"),
-  ('target_metric', 'bleu', "config.target_metric='bleu' is not one of ('eval_bleu', 'eval_loss')"),
-  ('data.dataset', 'multi31k', "config.data.dataset='multi31k' is not one of"),
-  ('dtype', 'float16', "config.dtype='float16' is not one of ('float32', 'bfloat16')"),
-  ('mesh.fsdp', 0, 'config.mesh.fsdp=0 must be a positive integer or -1'),
-  ('grad_clip_norm', -1.0, 'config.grad_clip_norm=-1.0 must be a finite number in [0, inf)'),
-])
+@pytest.mark.parametrize(
+  ('key', 'value', 'message'),
+  [
+    ('model.dropout_rate', 1.0, 'config.model.dropout_rate=1.0 must be a finite number in [0, 1)'),
+    ('label_smoothing', -0.1, 'config.label_smoothing=-0.1 must be a finite number in [0, 1)'),
+    ('adam_b2', math.nan, 'config.adam_b2=nan must be a finite number in [0, 1)'),
+    ('lr_scale', 0.0, 'config.lr_scale=0.0 must be a finite positive number'),
+    ('adam_eps', math.inf, 'config.adam_eps=inf must be a finite positive number'),
+    ('warmup_steps', 0, 'config.warmup_steps=0 must be a positive integer'),
+    ('data.tokens_per_batch', -4096, 'config.data.tokens_per_batch=-4096 must be a positive'),
+    ('eval_bleu_sentences', -1, 'config.eval_bleu_sentences=-1 must be an integer >= 0'),
+    ('eval_bleu_decoder', 'sample', "config.eval_bleu_decoder='sample' is not one of"),
+    (
+      'target_metric',
+      'bleu',
+      "config.target_metric='bleu' is not one of ('eval_bleu', 'eval_loss')",
+    ),
+    ('data.dataset', 'multi31k', "config.data.dataset='multi31k' is not one of"),
+    ('dtype', 'float16', "config.dtype='float16' is not one of ('float32', 'bfloat16')"),
+    ('mesh.fsdp', 0, 'config.mesh.fsdp=0 must be a positive integer or -1'),
+    ('grad_clip_norm', -1.0, 'config.grad_clip_norm=-1.0 must be a finite number in [0, inf)'),
+  ],
+)
 def test_a_value_outside_its_domain_is_named(key, value, message):
   config = sweeps.apply_overrides(tiny.get_config(), {key: value})
   with pytest.raises(config_lib.ConfigError, match='Invalid config') as error:
@@ -49,21 +60,29 @@ def test_a_value_outside_its_domain_is_named(key, value, message):
 
 
 def test_every_error_is_listed_at_once():
-  config = sweeps.apply_overrides(default.get_config(), {'lr_scale': -1.0, 'seed': -3,
-                                                         'model.num_heads': 0})
+  config = sweeps.apply_overrides(
+    default.get_config(), {'lr_scale': -1.0, 'seed': -3, 'model.num_heads': 0}
+  )
   errors = config_lib.config_errors(config)
-  assert errors == ['config.seed=-3 must be an integer >= 0.',
-                    'config.lr_scale=-1.0 must be a finite positive number.',
-                    'config.model.num_heads=0 must be a positive integer.']
+  assert errors == [
+    'config.seed=-3 must be an integer >= 0.',
+    'config.lr_scale=-1.0 must be a finite positive number.',
+    'config.model.num_heads=0 must be a positive integer.',
+  ]
 
 
-@pytest.mark.parametrize(('overrides', 'message'), [
-  ({'data.max_len': 48, 'data.tokens_per_batch': 100},
-   'config.data.tokens_per_batch=100 must be a positive multiple of config.data.max_len=48'),
-  ({'data.max_eval_len': 600}, 'must not exceed config.model.max_len=512'),
-  ({'data.source_lang': 'de'}, "config.data.source_lang and target_lang are both 'de'"),
-  ({'model.position': 'rope', 'model.d_model': 24, 'model.num_heads': 8}, 'must be even'),
-])
+@pytest.mark.parametrize(
+  ('overrides', 'message'),
+  [
+    (
+      {'data.max_len': 48, 'data.tokens_per_batch': 100},
+      'config.data.tokens_per_batch=100 must be a positive multiple of config.data.max_len=48',
+    ),
+    ({'data.max_eval_len': 600}, 'must not exceed config.model.max_len=512'),
+    ({'data.source_lang': 'de'}, "config.data.source_lang and target_lang are both 'de'"),
+    ({'model.position': 'rope', 'model.d_model': 24, 'model.num_heads': 8}, 'must be even'),
+  ],
+)
 def test_rules_across_keys(overrides, message):
   errors = config_lib.config_errors(sweeps.apply_overrides(default.get_config(), overrides))
   assert any(message in e for e in errors), errors
@@ -75,21 +94,24 @@ def test_a_language_model_config_is_checked_as_one():
   assert "config.model.architecture='decoder_only' does not fit" in error
 
 
-@pytest.mark.parametrize(('flag', 'value', 'message'), [
-  ('alpha', math.nan, '--alpha=nan must be a finite number in [0, inf)'),
-  ('alpha', -0.6, '--alpha=-0.6 must be a finite number'),
-  ('temperature', -1.0, '--temperature=-1.0 must be a finite number'),
-  ('temperature', math.inf, '--temperature=inf must be a finite number'),
-  ('top_k', -5, '--top_k=-5 must be an integer >= 0'),
-  ('top_p', 0.0, '--top_p=0.0 must be a finite number in (0, 1]'),
-  ('top_p', 1.5, '--top_p=1.5 must be a finite number in (0, 1]'),
-  ('beam_size', 0, '--beam_size=0 must be a positive integer'),
-  ('max_extra_len', -1, '--max_extra_len=-1 must be a positive integer'),
-  ('batch_size', 0, '--batch_size=0 must be a positive integer'),
-  ('poll_seconds', 0.0, '--poll_seconds=0.0 must be a finite positive number'),
-  ('lengths', ['64', '0'], "--lengths=['64', '0'] must be None or positive integers"),
-  ('lengths', ['64', 'x'], "--lengths=['64', 'x'] must be None or positive integers"),
-])
+@pytest.mark.parametrize(
+  ('flag', 'value', 'message'),
+  [
+    ('alpha', math.nan, '--alpha=nan must be a finite number in [0, inf)'),
+    ('alpha', -0.6, '--alpha=-0.6 must be a finite number'),
+    ('temperature', -1.0, '--temperature=-1.0 must be a finite number'),
+    ('temperature', math.inf, '--temperature=inf must be a finite number'),
+    ('top_k', -5, '--top_k=-5 must be an integer >= 0'),
+    ('top_p', 0.0, '--top_p=0.0 must be a finite number in (0, 1]'),
+    ('top_p', 1.5, '--top_p=1.5 must be a finite number in (0, 1]'),
+    ('beam_size', 0, '--beam_size=0 must be a positive integer'),
+    ('max_extra_len', -1, '--max_extra_len=-1 must be a positive integer'),
+    ('batch_size', 0, '--batch_size=0 must be a positive integer'),
+    ('poll_seconds', 0.0, '--poll_seconds=0.0 must be a finite positive number'),
+    ('lengths', ['64', '0'], "--lengths=['64', '0'] must be None or positive integers"),
+    ('lengths', ['64', 'x'], "--lengths=['64', 'x'] must be None or positive integers"),
+  ],
+)
 def test_eval_flags_outside_their_domains_are_named(flag, value, message):
   [error] = config_lib.eval_flag_errors({flag: value})
   assert error.startswith(message), error

@@ -28,9 +28,9 @@ def test_parallel_text_splits_counts_and_val_renamed(tmp_path, write_parallel_co
   builder = datasets.prepare(config.data)
 
   assert {s: builder.info.splits[s].num_examples for s in builder.info.splits} == {
-      'train': 40,
-      'validation': 9,
-      'test': 7,
+    'train': 40,
+    'validation': 9,
+    'test': 7,
   }
   assert datasets.sources.languages(builder) == ['de', 'en']
   test = datasets.get_data_source(config.data, 'test')
@@ -41,8 +41,9 @@ def test_parallel_text_splits_counts_and_val_renamed(tmp_path, write_parallel_co
   assert datasets.split_num_lines(config.data, 'validation') == 9
 
 
-def test_differing_line_counts_name_both_files_and_counts(tmp_path, write_parallel_corpus,
-                                                          config_for):
+def test_differing_line_counts_name_both_files_and_counts(
+  tmp_path, write_parallel_corpus, config_for
+):
   corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 12, 'val': 5})
   write_lines(corpus / 'train.de', (corpus / 'train.de').read_text().splitlines()[:11])
   config = config_for(tmp_path / 'tfds', corpus)
@@ -106,7 +107,7 @@ def test_empty_pairs_are_dropped_and_counted(tmp_path, config_for, caplog):
 
 
 def test_fingerprint_reuses_unchanged_files_and_prepares_changed_ones(
-    tmp_path, write_parallel_corpus, config_for, monkeypatch
+  tmp_path, write_parallel_corpus, config_for, monkeypatch
 ):
   corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 8, 'val': 4})
   config = config_for(tmp_path / 'tfds', corpus)
@@ -133,8 +134,7 @@ def test_fingerprint_reuses_unchanged_files_and_prepares_changed_ones(
 
 
 def test_languages_are_validated(tmp_path, write_parallel_corpus, config_for):
-  corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 5, 'val': 2},
-                                 langs=('en', 'de', 'fr'))
+  corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 5, 'val': 2}, langs=('en', 'de', 'fr'))
   config = config_for(tmp_path / 'tfds', corpus, source_lang='fr', target_lang='en')
   source = datasets.get_data_source(config.data, 'train')
   assert datasets.translation_pair(source[0], 'fr', 'en')[0].startswith('fr: ')
@@ -166,10 +166,10 @@ def test_unknown_split_and_dataset(tmp_path, write_parallel_corpus, config_for):
     datasets.prepare(config.data)
 
 
-def test_split_with_a_missing_language_keeps_empty_strings(tmp_path, write_parallel_corpus,
-                                                           config_for):
-  corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 5, 'val': 2},
-                                 langs=('en', 'de', 'fr'))
+def test_split_with_a_missing_language_keeps_empty_strings(
+  tmp_path, write_parallel_corpus, config_for
+):
+  corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 5, 'val': 2}, langs=('en', 'de', 'fr'))
   write_lines(corpus / 'test.en', ['a', 'b'])
   write_lines(corpus / 'test.fr', ['c', 'd'])
   config = config_for(tmp_path / 'tfds', corpus)
@@ -188,8 +188,10 @@ def test_multi30k_real_corpus(multi30k_data_dir, multi30k_dir, config_for):
   assert datasets.sources.languages(builder) == ['cs', 'de', 'en', 'fr']
   test = datasets.get_data_source(config.data, 'test_2016_flickr')
   first = next(ex for ex in test if ex['index'] == 0)
-  assert first['translation']['en'].decode() == text_files.read_lines(
-      str(multi30k_dir / 'test_2016_flickr.en.gz')).__next__()
+  assert (
+    first['translation']['en'].decode()
+    == text_files.read_lines(str(multi30k_dir / 'test_2016_flickr.en.gz')).__next__()
+  )
 
 
 def _fake_release(directory: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -203,7 +205,8 @@ def _fake_release(directory: pathlib.Path) -> dict[str, pathlib.Path]:
       files[f'{split}.{lang}.gz'] = write_lines(directory / f'{split}.{lang}.gz', text)
   for lang in ('en', 'de', 'fr'):  # 2017 has no Czech; 2018 only English here.
     files[f'test_2017_flickr.{lang}.gz'] = write_lines(
-        directory / f'test_2017_flickr.{lang}.gz', [f'{lang} x', f'{lang} y'])
+      directory / f'test_2017_flickr.{lang}.gz', [f'{lang} x', f'{lang} y']
+    )
   files['test_2018_flickr.en.gz'] = write_lines(directory / 'test_2018_flickr.en.gz', ['z'])
   return files
 
@@ -218,7 +221,8 @@ def test_multi30k_download_path_with_fake_download(tmp_path, config_for, monkeyp
     def one(url):
       requested.append(url)
       assert url.startswith(
-          'https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/')
+        'https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/'
+      )
       name = url.rsplit('/', 1)[1]
       if name not in files:
         raise OSError(f'404 Not Found: {url}')
@@ -241,7 +245,9 @@ def test_multi30k_download_path_with_fake_download(tmp_path, config_for, monkeyp
   assert any("skipping split 'test_2018_flickr'" in r.getMessage() for r in caplog.records)
   source = datasets.get_data_source(config.data, 'test_2017_flickr')
   assert sorted(datasets.translation_pair(ex, 'en', 'de') for ex in source) == [
-      ('en x', 'de x'), ('en y', 'de y')]
+    ('en x', 'de x'),
+    ('en y', 'de y'),
+  ]
   # The key of downloaded data is the URLs: preparing again downloads nothing.
   requested.clear()
   datasets.prepare(config.data)

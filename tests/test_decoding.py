@@ -40,9 +40,9 @@ def make_table(seed, num_steps, vocab_size, *, eos_bias=0.0, scale=2.0):
 
 def toy_state(source_B, max_decode_len):
   return {
-      'step': jnp.array(0, jnp.int32),  # Shared scalar leaf.
-      'source': jnp.asarray(source_B, jnp.int32),  # int32[B]
-      'history': jnp.full((len(source_B), max_decode_len), -1, jnp.int32),  # Tokens fed.
+    'step': jnp.array(0, jnp.int32),  # Shared scalar leaf.
+    'source': jnp.asarray(source_B, jnp.int32),  # int32[B]
+    'history': jnp.full((len(source_B), max_decode_len), -1, jnp.int32),  # Tokens fed.
   }
 
 
@@ -64,7 +64,7 @@ def toy_logits_fn(table):
 def oracle_log_probs(table, source, fed):
   """log softmax of the toy model's logits after being fed `fed` (BOS first)."""
   fed = np.asarray(fed)
-  code = (source + np.sum((fed + 1) * HASH_WEIGHTS[:len(fed)])) % NUM_BUCKETS
+  code = (source + np.sum((fed + 1) * HASH_WEIGHTS[: len(fed)])) % NUM_BUCKETS
   logits = table[len(fed) - 1, code].astype(np.float64)
   finite = logits[np.isfinite(logits)]
   return logits - (finite.max() + np.log(np.sum(np.exp(finite - finite.max()))))
@@ -112,7 +112,7 @@ def exhaustive_ranking(table, source, limit, alpha):
 def strip(row):
   """Output row -> list of tokens before padding."""
   row = list(np.asarray(row))
-  return row[:len(row) - next((i for i, t in enumerate(row[::-1]) if t != PAD), len(row))]
+  return row[: len(row) - next((i for i, t in enumerate(row[::-1]) if t != PAD), len(row))]
 
 
 def assert_well_formed(row, limit):
@@ -134,25 +134,45 @@ def assert_well_formed(row, limit):
 @functools.partial(jax.jit, static_argnames=('max_decode_len',))
 def run_greedy(table, source_B, max_lengths_B, *, max_decode_len):
   return decoding.greedy_decode(
-      toy_logits_fn(table), toy_state(source_B, max_decode_len), batch_size=source_B.shape[0],
-      max_decode_len=max_decode_len, max_lengths=max_lengths_B, bos_id=BOS, eos_id=EOS)
+    toy_logits_fn(table),
+    toy_state(source_B, max_decode_len),
+    batch_size=source_B.shape[0],
+    max_decode_len=max_decode_len,
+    max_lengths=max_lengths_B,
+    bos_id=BOS,
+    eos_id=EOS,
+  )
 
 
 @functools.partial(jax.jit, static_argnames=('max_decode_len', 'top_k'))
-def run_sample(table, source_B, max_lengths_B, rng, temperature, top_p, *, max_decode_len,
-               top_k=0):
+def run_sample(table, source_B, max_lengths_B, rng, temperature, top_p, *, max_decode_len, top_k=0):
   return decoding.sample_decode(
-      toy_logits_fn(table), toy_state(source_B, max_decode_len), rng,
-      batch_size=source_B.shape[0], max_decode_len=max_decode_len, max_lengths=max_lengths_B,
-      bos_id=BOS, eos_id=EOS, temperature=temperature, top_k=top_k, top_p=top_p)
+    toy_logits_fn(table),
+    toy_state(source_B, max_decode_len),
+    rng,
+    batch_size=source_B.shape[0],
+    max_decode_len=max_decode_len,
+    max_lengths=max_lengths_B,
+    bos_id=BOS,
+    eos_id=EOS,
+    temperature=temperature,
+    top_k=top_k,
+    top_p=top_p,
+  )
 
 
 @functools.partial(jax.jit, static_argnames=('beam_size', 'max_decode_len'))
 def run_beam(table, source_B, max_lengths_B, alpha, *, beam_size, max_decode_len):
   return decoding.beam_search(
-      toy_logits_fn(table), toy_state(source_B, max_decode_len), beam_size=beam_size,
-      alpha=alpha, max_decode_len=max_decode_len, max_lengths=max_lengths_B, bos_id=BOS,
-      eos_id=EOS)
+    toy_logits_fn(table),
+    toy_state(source_B, max_decode_len),
+    beam_size=beam_size,
+    alpha=alpha,
+    max_decode_len=max_decode_len,
+    max_lengths=max_lengths_B,
+    bos_id=BOS,
+    eos_id=EOS,
+  )
 
 
 # Shared setting for the greedy / beam-1 / sampling tests: 8 sentences, V = 6, L = 8.
@@ -268,7 +288,7 @@ def test_wide_beam_matches_exhaustive_search(alpha):
   for b in range(4):
     ranked = exhaustive_ranking(table, source[b], limits[b], alpha)[:beam_size]
     found = len(ranked)
-    assert tokens[b, 0].tolist()[:len(ranked[0][1])] == list(ranked[0][1])
+    assert tokens[b, 0].tolist()[: len(ranked[0][1])] == list(ranked[0][1])
     np.testing.assert_allclose(scores[b, :found], [s for s, _ in ranked], rtol=1e-5)
     assert np.all(scores[b, :-1] >= scores[b, 1:])  # Best first.
     # Slots without a hypothesis: -inf and padding.
@@ -307,17 +327,17 @@ def test_beam_hypotheses_are_finished_once_and_rescore_exactly():
 
 
 @pytest.mark.parametrize(
-    'alpha, eos_probs',
-    [
-        # alpha > 0: after step 1 the finished set is full and the alive "2 2"
-        # divided by lp(3) cannot beat it, but "2 2 2 2 2 2 2 2" (truncated at
-        # 8) divided by lp(8) can: a bound using the next length stops too soon.
-        (2.0, [0.5, 0.9] + [0.001] * 6),
-        # alpha < 0: lp shrinks with length, so the best reachable score is at
-        # the next length; "2 2 EOS" enters the top 2, which a bound using
-        # lp(max length) would have cut off.
-        (-1.0, [0.5, 0.3] + [0.999] * 6),
-    ],
+  'alpha, eos_probs',
+  [
+    # alpha > 0: after step 1 the finished set is full and the alive "2 2"
+    # divided by lp(3) cannot beat it, but "2 2 2 2 2 2 2 2" (truncated at
+    # 8) divided by lp(8) can: a bound using the next length stops too soon.
+    (2.0, [0.5, 0.9] + [0.001] * 6),
+    # alpha < 0: lp shrinks with length, so the best reachable score is at
+    # the next length; "2 2 EOS" enters the top 2, which a bound using
+    # lp(max length) would have cut off.
+    (-1.0, [0.5, 0.3] + [0.999] * 6),
+  ],
 )
 def test_early_stopping_bound_is_exact_for_both_signs_of_alpha(alpha, eos_probs):
   # V = 3 with PAD impossible: one non-EOS token, so K = 2 admits every
@@ -326,8 +346,9 @@ def test_early_stopping_bound_is_exact_for_both_signs_of_alpha(alpha, eos_probs)
   with np.errstate(divide='ignore'):
     base = np.log(np.stack([np.zeros_like(eos_probs), eos_probs, 1 - eos_probs], axis=1))
   table = step_only_table(base)
-  tokens, scores = run_beam(table, np.array([0], np.int32), np.array([8], np.int32), alpha,
-                            beam_size=2, max_decode_len=8)
+  tokens, scores = run_beam(
+    table, np.array([0], np.int32), np.array([8], np.int32), alpha, beam_size=2, max_decode_len=8
+  )
   ranked = exhaustive_ranking(table, 0, 8, alpha)[:2]
   assert [tuple(strip(row)) for row in np.asarray(tokens[0])] == [seq for _, seq in ranked]
   np.testing.assert_allclose(scores[0], [score for score, _ in ranked], rtol=1e-5)
@@ -353,8 +374,15 @@ def test_beam_search_stops_early():
       return inner(tokens_N1, state)
 
     return decoding.beam_search(
-        counting_logits_fn, toy_state(source, max_decode_len), beam_size=2, alpha=0.6,
-        max_decode_len=max_decode_len, max_lengths=limits, bos_id=BOS, eos_id=EOS)
+      counting_logits_fn,
+      toy_state(source, max_decode_len),
+      beam_size=2,
+      alpha=0.6,
+      max_decode_len=max_decode_len,
+      max_lengths=limits,
+      bos_id=BOS,
+      eos_id=EOS,
+    )
 
   tokens, scores = jax.block_until_ready(run(table))
   assert 2 <= len(calls) <= 4, calls
@@ -384,8 +412,15 @@ def test_top_k_samples_only_the_k_most_likely():
   base = np.random.default_rng(11).normal(size=(steps, 8)) * 1.5
   base[:, [PAD, EOS]] = -np.inf  # No row ends early: every position is a sample.
   tokens = run_sample(
-      step_only_table(base), np.zeros(num_rows, np.int32), np.full(num_rows, steps, np.int32),
-      jax.random.key(0), 1.0, 1.0, max_decode_len=steps, top_k=top_k)
+    step_only_table(base),
+    np.zeros(num_rows, np.int32),
+    np.full(num_rows, steps, np.int32),
+    jax.random.key(0),
+    1.0,
+    1.0,
+    max_decode_len=steps,
+    top_k=top_k,
+  )
   tokens = np.asarray(tokens)
   for step in range(steps):
     allowed = np.argsort(-base[step])[:top_k]
@@ -403,8 +438,9 @@ def test_top_p_samples_only_the_nucleus():
   source = np.zeros(num_rows, np.int32)
   limits = np.ones(num_rows, np.int32)
   for top_p, nucleus in [(0.75, [2, 3]), (0.85, [2, 3, 4]), (1.0, [2, 3, 4, 5])]:
-    tokens = np.asarray(run_sample(
-        table, source, limits, jax.random.key(1), 1.0, top_p, max_decode_len=1))[:, 0]
+    tokens = np.asarray(
+      run_sample(table, source, limits, jax.random.key(1), 1.0, top_p, max_decode_len=1)
+    )[:, 0]
     assert set(np.unique(tokens)) == set(nucleus), top_p
     freq = np.array([np.mean(tokens == t) for t in nucleus])
     np.testing.assert_allclose(freq, probs[nucleus] / probs[nucleus].sum(), atol=0.04)
@@ -414,15 +450,24 @@ def test_top_p_samples_only_the_nucleus():
 def test_temperature_to_zero_is_greedy(temperature):
   greedy = run_greedy(TABLE8, SOURCE8, LIMITS8, max_decode_len=L8)
   sampled = run_sample(
-      TABLE8, SOURCE8, LIMITS8, jax.random.key(2), temperature, 1.0, max_decode_len=L8)
+    TABLE8, SOURCE8, LIMITS8, jax.random.key(2), temperature, 1.0, max_decode_len=L8
+  )
   np.testing.assert_array_equal(sampled, greedy)
 
 
 def test_static_zero_temperature_is_greedy():
   greedy = run_greedy(TABLE8, SOURCE8, LIMITS8, max_decode_len=L8)
   sampled = decoding.sample_decode(
-      toy_logits_fn(TABLE8), toy_state(SOURCE8, L8), jax.random.key(3), batch_size=8,
-      max_decode_len=L8, max_lengths=LIMITS8, bos_id=BOS, eos_id=EOS, temperature=0.0)
+    toy_logits_fn(TABLE8),
+    toy_state(SOURCE8, L8),
+    jax.random.key(3),
+    batch_size=8,
+    max_decode_len=L8,
+    max_lengths=LIMITS8,
+    bos_id=BOS,
+    eos_id=EOS,
+    temperature=0.0,
+  )
   np.testing.assert_array_equal(sampled, greedy)
 
 
@@ -430,8 +475,9 @@ def test_sampling_is_reproducible_per_key_and_well_formed():
   table = make_table(4, L8, 6, scale=0.5)  # Flat-ish: samples vary a lot.
   source = np.arange(16, dtype=np.int32)
   limits = np.full(16, L8, np.int32)
-  sample = functools.partial(run_sample, table, source, limits, temperature=1.0, top_p=1.0,
-                             max_decode_len=L8)
+  sample = functools.partial(
+    run_sample, table, source, limits, temperature=1.0, top_p=1.0, max_decode_len=L8
+  )
   first, again, other = (np.asarray(sample(rng=jax.random.key(s))) for s in (7, 7, 8))
   np.testing.assert_array_equal(first, again)
   assert np.mean(first != other) > 0.3
@@ -442,5 +488,12 @@ def test_sampling_is_reproducible_per_key_and_well_formed():
 def test_sampling_rejects_legacy_keys():
   with pytest.raises(TypeError, match='jax.random.key'):
     decoding.sample_decode(
-        toy_logits_fn(TABLE8), toy_state(SOURCE8, L8), jax.random.PRNGKey(0), batch_size=8,
-        max_decode_len=L8, max_lengths=LIMITS8, bos_id=BOS, eos_id=EOS)
+      toy_logits_fn(TABLE8),
+      toy_state(SOURCE8, L8),
+      jax.random.PRNGKey(0),
+      batch_size=8,
+      max_decode_len=L8,
+      max_lengths=LIMITS8,
+      bos_id=BOS,
+      eos_id=EOS,
+    )

@@ -15,14 +15,14 @@ import pytest
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [REPO_ROOT / 'README.md', *sorted((REPO_ROOT / 'docs').glob('*.md'))]
-CONFIG_FILES = sorted([*(REPO_ROOT / 'configs').glob('*.py'),
-                       *(REPO_ROOT / 'configs' / 'sweeps').glob('*.py')])
+CONFIG_FILES = sorted(
+  [*(REPO_ROOT / 'configs').glob('*.py'), *(REPO_ROOT / 'configs' / 'sweeps').glob('*.py')]
+)
 # Markdown links and images: [text](target) and ![alt](target).
 _LINK = re.compile(r'!?\[[^\]]*\]\(([^)\s]+)\)')
 _FENCE = re.compile(r'^```(\w*)\n(.*?)^```', re.MULTILINE | re.DOTALL)
 _COMMAND = re.compile(r'python (\S+\.py)\b(.*)')
-_DEFINED_FLAG = re.compile(
-  r"""(?:DEFINE_\w+|add_argument)\(\s*['"]-{0,2}([A-Za-z_]\w*)['"]""")
+_DEFINED_FLAG = re.compile(r"""(?:DEFINE_\w+|add_argument)\(\s*['"]-{0,2}([A-Za-z_]\w*)['"]""")
 
 
 def _rel(path: pathlib.Path) -> str:
@@ -114,20 +114,29 @@ def test_commands_were_found():
   assert {'train.py', 'eval.py', 'sweep.py', 'compare.py'} <= scripts, scripts
 
 
-@pytest.mark.parametrize(('where', 'script', 'args'), COMMANDS,
-                         ids=[f'{w}:{s}:{i}' for i, (w, s, _) in enumerate(COMMANDS)])
+@pytest.mark.parametrize(
+  ('where', 'script', 'args'),
+  COMMANDS,
+  ids=[f'{w}:{s}:{i}' for i, (w, s, _) in enumerate(COMMANDS)],
+)
 def test_commands_use_real_flags_and_config_keys(where, script, args):
   assert (REPO_ROOT / script).exists(), f'{where}: `python {script}`: there is no {script}'
   flags = [a.strip('[]').lstrip('-').partition('=')[0] for a in args if a.strip('[]')[:2] == '--']
   defined = _defined_flags(script)
-  unknown = [f for f in flags if f not in defined and not (f.startswith('no') and f[2:] in defined)
-             and not (f.startswith('config.') and 'config' in defined)]
+  unknown = [
+    f
+    for f in flags
+    if f not in defined
+    and not (f.startswith('no') and f[2:] in defined)
+    and not (f.startswith('config.') and 'config' in defined)
+  ]
   assert not unknown, f'{where}: `python {script}` passes flags it does not define: {unknown}'
-  overrides = [f[len('config.'):] for f in flags if f.startswith('config.')]
+  overrides = [f[len('config.') :] for f in flags if f.startswith('config.')]
   if not overrides:
     return
-  config_file = next((a.partition('=')[2] for a in args if a.startswith('--config=')),
-                     'configs/default.py')
+  config_file = next(
+    (a.partition('=')[2] for a in args if a.startswith('--config=')), 'configs/default.py'
+  )
   config = _load_config(config_file)
   missing = []
   for key in overrides:
@@ -143,10 +152,14 @@ def test_commands_use_real_flags_and_config_keys(where, script, args):
 def test_readme_quotes_the_default_config_result_verbatim():
   """The quickstart's measured result is owned by configs/default.py's docstring."""
   readme = (REPO_ROOT / 'README.md').read_text(encoding='utf-8')
-  quotes = [block for lang, block in _FENCE.findall(readme) if lang == 'text'
-            and block.startswith('Expected')]
+  quotes = [
+    block
+    for lang, block in _FENCE.findall(readme)
+    if lang == 'text' and block.startswith('Expected')
+  ]
   assert len(quotes) == 1, 'README.md should quote one "Expected ..." block of configs/default.py'
   docstring = _docstring(REPO_ROOT / 'configs' / 'default.py')
   assert quotes[0].strip('\n') in docstring, (
     'The README quickstart quotes configs/default.py, whose docstring owns the figures; copy '
-    'the changed lines of the docstring into the README quote, verbatim.')
+    'the changed lines of the docstring into the README quote, verbatim.'
+  )

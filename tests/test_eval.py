@@ -31,8 +31,14 @@ def run(tmp_path_factory, synthetic_multi30k_dir, synthetic_multi30k_data_dir):
 
 
 def _eval_py(*args):
-  return subprocess.run([sys.executable, 'eval.py', *args], cwd=REPO, capture_output=True,
-                        text=True, timeout=600, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  return subprocess.run(
+    [sys.executable, 'eval.py', *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+  )
 
 
 def test_beam_eval_writes_translations_and_bleu_equal_to_sacrebleu_by_hand(run):
@@ -44,13 +50,19 @@ def test_beam_eval_writes_translations_and_bleu_equal_to_sacrebleu_by_hand(run):
   hypotheses = (out / 'step_60-validation.txt').read_text(encoding='utf-8').split('\n')[:-1]
   with open(Path(config.data.manual_dir) / 'val.de.gz', 'rb') as f:
     import gzip
+
     references = gzip.decompress(f.read()).decode('utf-8').rstrip('\n').split('\n')
   assert len(hypotheses) == len(references) == scores['num_sentences'] == 200
   by_hand = sacrebleu.corpus_bleu(hypotheses, [references])
   assert scores['bleu'] == pytest.approx(by_hand.score, abs=1e-9)
   assert scores['bleu_signature'].startswith('nrefs:1|bs:1000|seed:12345|case:mixed|eff:no|tok:13a')
-  for key in ('chrf', 'length_ratio', 'sentences_per_sec', 'tokens_per_sec',
-              'bleu_tokenized_compound_split'):
+  for key in (
+    'chrf',
+    'length_ratio',
+    'sentences_per_sec',
+    'tokens_per_sec',
+    'bleu_tokenized_compound_split',
+  ):
     assert np.isfinite(scores[key]), key
   assert scores['checkpoint'] == 'step_60' and scores['decoder'] == 'beam'
   # Bootstrap 95% intervals (sacreBLEU's, seeded) on every score, and on the console.
@@ -58,12 +70,14 @@ def test_beam_eval_writes_translations_and_bleu_equal_to_sacrebleu_by_hand(run):
   assert scores['bleu_ci'] == pytest.approx(by_hand._ci, abs=1e-9)
   for key in ('bleu', 'chrf', 'bleu_tokenized_compound_split'):
     assert 0 < scores[f'{key}_ci'] < 5, key
-  assert (f"step_60 validation (200 sentences): BLEU {scores['bleu']:.2f} ± "
-          f"{scores['bleu_ci']:.2f}, chrF {scores['chrf']:.2f} ± {scores['chrf_ci']:.2f}") in (
-    result.stdout)
+  assert (
+    f'step_60 validation (200 sentences): BLEU {scores["bleu"]:.2f} ± '
+    f'{scores["bleu_ci"]:.2f}, chrF {scores["chrf"]:.2f} ± {scores["chrf_ci"]:.2f}'
+  ) in (result.stdout)
   # The references scored against lie beside the results, for compare.py and sacreBLEU's CLI.
   assert (out / 'references-validation.txt').read_text(encoding='utf-8').split('\n')[:-1] == (
-    references)
+    references
+  )
   assert scores['unscored_lines'] == []
 
 
@@ -80,8 +94,13 @@ def test_checkpoint_averaging_averages_parameters(run):
 
 def test_greedy_results_do_not_overwrite_beam_results(run):
   workdir, _ = run
-  result = _eval_py(f'--workdir={workdir}', '--split=validation', '--batch_size=256',
-                    '--decoder=greedy', '--checkpoint=30')
+  result = _eval_py(
+    f'--workdir={workdir}',
+    '--split=validation',
+    '--batch_size=256',
+    '--decoder=greedy',
+    '--checkpoint=30',
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   scores = json.loads((Path(workdir) / 'eval' / 'step_30-validation-greedy.json').read_text())
   assert scores['decoder'] == 'greedy' and scores['checkpoint'] == 'step_30'
@@ -126,12 +145,19 @@ def test_invalid_utf8_input_names_the_line(tmp_path):
 def test_attention_plot_writes_one_png_per_kind_and_layer(run, tmp_path):
   workdir, _ = run
   out = tmp_path / 'maps'
-  result = _eval_py(f'--workdir={workdir}', f'--attention_plot={out}', '--decoder=greedy',
-                    '--input_text=A dog runs on the beach.')
+  result = _eval_py(
+    f'--workdir={workdir}',
+    f'--attention_plot={out}',
+    '--decoder=greedy',
+    '--input_text=A dog runs on the beach.',
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   names = sorted(p.name for p in out.iterdir())
-  assert names == ['cross_attention_layer0.png', 'decoder_self_attention_layer0.png',
-                   'encoder_self_attention_layer0.png']
+  assert names == [
+    'cross_attention_layer0.png',
+    'decoder_self_attention_layer0.png',
+    'encoder_self_attention_layer0.png',
+  ]
   assert all((out / n).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' for n in names)
 
 
@@ -147,26 +173,48 @@ def _ensure_eval(workdir, result, *flags):
 def test_two_checkpoints_compare_as_sacrebleus_command_line_does(run, tmp_path):
   workdir, _ = run
   beam_60 = _ensure_eval(workdir, 'step_60-validation.json')
-  greedy_30 = _ensure_eval(workdir, 'step_30-validation-greedy.json', '--decoder=greedy',
-                           '--checkpoint=30')
+  greedy_30 = _ensure_eval(
+    workdir, 'step_30-validation-greedy.json', '--decoder=greedy', '--checkpoint=30'
+  )
   out = tmp_path / 'comparison.json'
   env = {**os.environ, 'SACREBLEU_SEED': '12345'}
-  result = subprocess.run([sys.executable, 'compare.py', str(greedy_30), str(beam_60),
-                           f'--output={out}'], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+  result = subprocess.run(
+    [sys.executable, 'compare.py', str(greedy_30), str(beam_60), f'--output={out}'],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   comparison = json.loads(out.read_text())
   references = Path(workdir) / 'eval' / 'references-validation.txt'
   cli = subprocess.run(
-    ['sacrebleu', str(references), '-i', str(greedy_30).replace('.json', '.txt'),
-     str(beam_60).replace('.json', '.txt'), '--paired-bs', '-m', 'bleu', '-f', 'json'],
-    env=env, capture_output=True, text=True, timeout=300)
+    [
+      'sacrebleu',
+      str(references),
+      '-i',
+      str(greedy_30).replace('.json', '.txt'),
+      str(beam_60).replace('.json', '.txt'),
+      '--paired-bs',
+      '-m',
+      'bleu',
+      '-f',
+      'json',
+    ],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert cli.returncode == 0, cli.stderr[-3000:]
   [cli_base, cli_other] = json.loads(cli.stdout)
   [base, other] = comparison['systems']
-  assert other['scores']['BLEU']['p_value'] == pytest.approx(cli_other['BLEU']['p_value'],
-                                                             abs=1e-12)
+  assert other['scores']['BLEU']['p_value'] == pytest.approx(
+    cli_other['BLEU']['p_value'], abs=1e-12
+  )
   assert base['scores']['BLEU']['ci'] == pytest.approx(cli_base['BLEU']['ci'], abs=1e-9)
   assert base['scores']['BLEU']['ci'] == pytest.approx(
-    json.loads(greedy_30.read_text())['bleu_ci'], abs=1e-9)
+    json.loads(greedy_30.read_text())['bleu_ci'], abs=1e-9
+  )
   assert 'against the baseline, p = ' in result.stdout

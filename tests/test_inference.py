@@ -19,8 +19,9 @@ VOCAB = 24
 
 @functools.cache
 def _setup():
-  cfg = ModelConfig(vocab_size=VOCAB, num_layers=2, d_model=16, num_heads=2, d_ff=32,
-                    deterministic=True)
+  cfg = ModelConfig(
+    vocab_size=VOCAB, num_layers=2, d_model=16, num_heads=2, d_ff=32, deterministic=True
+  )
   tokens = jnp.ones((1, 4), jnp.int32)
   params = nn.meta.unbox(Transformer(cfg).init(jax.random.key(3), tokens, tokens)['params'])
   src = np.random.default_rng(0).integers(4, VOCAB, size=(3, 6)).astype(np.int32)
@@ -43,25 +44,30 @@ def test_greedy_equals_argmax_of_full_forward_pass():
   model = Transformer(cfg)
   for row in range(3):
     tokens = list(out[row])
-    length = tokens.index(tokenizer_lib.EOS_ID) + 1 if tokenizer_lib.EOS_ID in tokens else len(
-      [t for t in tokens if t])
+    length = (
+      tokens.index(tokenizer_lib.EOS_ID) + 1
+      if tokenizer_lib.EOS_ID in tokens
+      else len([t for t in tokens if t])
+    )
     assert length <= int((src[row] != 0).sum()) + 5  # Per-row limit: source length + 5.
-    tgt_in = jnp.asarray([[tokenizer_lib.BOS_ID] + tokens[:length - 1]])
-    logits = model.apply({'params': params}, src[row:row + 1], tgt_in)
+    tgt_in = jnp.asarray([[tokenizer_lib.BOS_ID] + tokens[: length - 1]])
+    logits = model.apply({'params': params}, src[row : row + 1], tgt_in)
     np.testing.assert_array_equal(np.argmax(logits[0], -1), tokens[:length])
     assert not any(tokens[length:])  # Padding after EOS.
 
 
 def test_beam_of_one_equals_greedy():
-  np.testing.assert_array_equal(_translate(decoder='beam', beam_size=1),
-                                _translate(decoder='greedy'))
+  np.testing.assert_array_equal(
+    _translate(decoder='beam', beam_size=1), _translate(decoder='greedy')
+  )
 
 
 def test_beam_search_runs_and_sampling_is_seeded():
   beam = _translate(decoder='beam', beam_size=3)
   assert beam.shape == (3, 11) and beam.dtype == np.int32
-  np.testing.assert_array_equal(_translate(decoder='sample', top_k=5),
-                                _translate(decoder='sample', top_k=5))
+  np.testing.assert_array_equal(
+    _translate(decoder='sample', top_k=5), _translate(decoder='sample', top_k=5)
+  )
 
 
 def test_unknown_decoder_is_rejected():
@@ -83,8 +89,14 @@ def test_length_sorted_batches_keep_every_row_once_in_few_shapes():
   for i, n in enumerate(lengths):
     tokens[i, :n] = rng.integers(3, VOCAB, size=n)
   valid = lengths > 0  # Empty rows stand for padding rows of the input batches.
-  batches = [{'src_tokens': tokens[i:i + 16], 'index': np.arange(i, i + 16)[:len(tokens[i:i + 16])],
-              'valid': valid[i:i + 16]} for i in range(0, 50, 16)]
+  batches = [
+    {
+      'src_tokens': tokens[i : i + 16],
+      'index': np.arange(i, i + 16)[: len(tokens[i : i + 16])],
+      'valid': valid[i : i + 16],
+    }
+    for i in range(0, 50, 16)
+  ]
   out = inference.length_sorted_batches(batches, max_tokens=128, max_rows=8, max_len=64)
   seen = []
   for batch in out:
@@ -108,7 +120,7 @@ def test_translation_does_not_depend_on_batch_or_padding(decoder):
   fn = translation.make_translate_fn(cfg, inference.DecodeOptions(decoder=decoder, max_extra_len=5))
   together = np.asarray(fn(params, src, jax.random.key(0)))
   for i in range(src.shape[0]):
-    alone = np.asarray(fn(params, jnp.pad(src[i:i + 1], ((0, 1), (0, 4))), jax.random.key(0)))
-    np.testing.assert_array_equal(alone[0, :together.shape[1]], together[i])
-    assert not alone[0, together.shape[1]:].any()
+    alone = np.asarray(fn(params, jnp.pad(src[i : i + 1], ((0, 1), (0, 4))), jax.random.key(0)))
+    np.testing.assert_array_equal(alone[0, : together.shape[1]], together[i])
+    assert not alone[0, together.shape[1] :].any()
     assert np.count_nonzero(alone[1]) <= 1  # The all-PAD row ends after one step.

@@ -22,8 +22,9 @@ def small(tmp_path_factory):
   root = tmp_path_factory.mktemp('pipeline')
   corpus = root / 'raw'
   train = synthetic_pairs(300, seed=1, max_words=16)
-  val = synthetic_pairs(37, seed=2) + synthetic_pairs(2, seed=3, min_words=LONG_VAL_WORDS,
-                                                      max_words=LONG_VAL_WORDS)
+  val = synthetic_pairs(37, seed=2) + synthetic_pairs(
+    2, seed=3, min_words=LONG_VAL_WORDS, max_words=LONG_VAL_WORDS
+  )
   test = synthetic_pairs(12, seed=4)
   test[5] = ('', test[5][1])  # An empty source line: dropped when preparing.
   for split, pairs in (('train', train), ('val', val), ('test', test)):
@@ -36,17 +37,22 @@ def small(tmp_path_factory):
 def _segments(tokens: np.ndarray, segments: np.ndarray) -> list[tuple[int, ...]]:
   """The token sequences of every segment of every row."""
   return [
-      tuple(tokens[row][segments[row] == s])
-      for row in range(tokens.shape[0])
-      for s in np.unique(segments[row])
-      if s
+    tuple(tokens[row][segments[row] == s])
+    for row in range(tokens.shape[0])
+    for s in np.unique(segments[row])
+    if s
   ]
 
 
 def _pairs(batch) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
   """(source, target) token sequences of a batch, in segment order."""
-  return list(zip(_segments(batch['src_tokens'], batch['src_segments']),
-                  _segments(batch['tgt_tokens'], batch['tgt_segments']), strict=True))
+  return list(
+    zip(
+      _segments(batch['src_tokens'], batch['src_segments']),
+      _segments(batch['tgt_tokens'], batch['tgt_segments']),
+      strict=True,
+    )
+  )
 
 
 def _encoded(config, tok, split, limit=None):
@@ -55,7 +61,7 @@ def _encoded(config, tok, split, limit=None):
   for ex in datasets.get_data_source(config.data, split):
     src, tgt = (tok.encode(t) for t in datasets.translation_pair(ex, 'en', 'de'))
     if limit and (len(src) >= limit or len(tgt) >= limit):
-      src, tgt = src[:limit - 1], tgt[:limit - 1]
+      src, tgt = src[: limit - 1], tgt[: limit - 1]
     out.append((tuple(src + [EOS_ID]), tuple(tgt + [EOS_ID])))
   return out
 
@@ -77,8 +83,9 @@ def _check_batch(batch, rows: int, length: int) -> None:
         np.testing.assert_array_equal(positions[row, where], np.arange(len(where)))
       assert np.all(positions[row][segments[row] == 0] == 0)
   for row in range(rows):  # Packed jointly: the same examples on both sides.
-    src_ids, tgt_ids = (set(np.unique(batch[k][row])) - {0} for k in ('src_segments',
-                                                                       'tgt_segments'))
+    src_ids, tgt_ids = (
+      set(np.unique(batch[k][row])) - {0} for k in ('src_segments', 'tgt_segments')
+    )
     assert src_ids == tgt_ids
   for src, tgt in _pairs(batch):
     assert src[-1] == EOS_ID and EOS_ID not in src[:-1]
@@ -99,8 +106,7 @@ def test_train_batches_shapes_and_packing(small):
 
 def test_train_epoch_drops_only_long_pairs(small):
   config, tok = small
-  short = {p for p in _encoded(config, tok, 'train')
-           if max(map(len, p)) <= config.data.max_len}
+  short = {p for p in _encoded(config, tok, 'train') if max(map(len, p)) <= config.data.max_len}
   assert 0 < len(short) < 300  # Some pairs are too long: the filter is exercised.
   it = translation.train_iterator(config, tok)
   seen = collections.Counter(p for _ in range(60) for p in _pairs(next(it)))
@@ -132,8 +138,7 @@ def test_workers_read_each_pair_once_an_epoch(small):
   config, tok = small
   config = config.copy_and_resolve_references()
   config.data.num_workers = 2
-  short = {p for p in _encoded(config, tok, 'train')
-           if max(map(len, p)) <= config.data.max_len}
+  short = {p for p in _encoded(config, tok, 'train') if max(map(len, p)) <= config.data.max_len}
   it = translation.train_iterator(config, tok)
   seen = collections.Counter(p for _ in range(60) for p in _pairs(next(it)))
   it.close()
@@ -149,8 +154,11 @@ def test_a_dying_worker_stops_the_iterator(small):
   before = set(psutil.Process().children())
   it = translation.train_iterator(config, tok)
   next(it)
-  (worker,) = [p for p in set(psutil.Process().children()) - before
-               if 'resource_tracker' not in ' '.join(p.cmdline())]
+  (worker,) = [
+    p
+    for p in set(psutil.Process().children()) - before
+    if 'resource_tracker' not in ' '.join(p.cmdline())
+  ]
   worker.kill()  # Not reaped here: the iterator must notice by itself.
   with pytest.raises(RuntimeError, match='terminated unexpectedly'):
     for _ in range(1000):  # The batches it had prefetched, then the error (never a hang).
@@ -240,14 +248,27 @@ def test_translation_batches_in_input_order(small):
 
 def test_bucket_lengths():
   assert [input_pipeline.bucket_length(n, 256) for n in (1, 8, 9, 17, 100, 256)] == [
-      8, 8, 16, 32, 128, 256]
+    8,
+    8,
+    16,
+    32,
+    128,
+    256,
+  ]
   assert input_pipeline.bucket_length(70, 70) == 72
 
 
 @pytest.mark.full_data  # Packing of the real corpus' length distribution.
 def test_real_tokens_share_on_multi30k(multi30k_data_dir, multi30k_dir):
-  config = make_config(multi30k_data_dir, multi30k_dir, 'multi30k', vocab_size=1000,
-                       spm_train_sentences=10_000, max_len=64, tokens_per_batch=4096)
+  config = make_config(
+    multi30k_data_dir,
+    multi30k_dir,
+    'multi30k',
+    vocab_size=1000,
+    spm_train_sentences=10_000,
+    max_len=64,
+    tokens_per_batch=4096,
+  )
   tok = tokenizer_lib.get_tokenizer(config)
   it = translation.train_iterator(config, tok)
   batches = [next(it) for _ in range(20)]

@@ -56,8 +56,10 @@ def _lm_config(data_dir, manual_dir, dataset='text_lines', **data):
 def small(tmp_path_factory):
   """(config, tokenizer, {split: lines}) of English text: train 200 lines, val 30 (one blank)."""
   root = tmp_path_factory.mktemp('lm')
-  lines = {'train': [en for en, _ in synthetic_pairs(200, seed=5, max_words=30)],
-           'val': [en for en, _ in synthetic_pairs(30, seed=6, max_words=30)]}
+  lines = {
+    'train': [en for en, _ in synthetic_pairs(200, seed=5, max_words=30)],
+    'val': [en for en, _ in synthetic_pairs(30, seed=6, max_words=30)],
+  }
   lines['val'][7] = '   '  # Dropped when preparing.
   for split, split_lines in lines.items():
     write_lines(root / 'raw' / f'{split}.en', split_lines)
@@ -93,8 +95,10 @@ def _windows(tokenizer, texts, length):
   for text in texts:
     ids = tokenizer.encode(text)
     tgt_in, tgt = [BOS_ID] + ids, ids + [EOS_ID]
-    out += [(tuple(tgt_in[i:i + length]), tuple(tgt[i:i + length]))
-            for i in range(0, len(tgt), length)]
+    out += [
+      (tuple(tgt_in[i : i + length]), tuple(tgt[i : i + length]))
+      for i in range(0, len(tgt), length)
+    ]
   return out
 
 
@@ -120,8 +124,9 @@ def test_eval_batches_predict_every_token_once(small, lines_per_document):
   config = config.copy_and_resolve_references()
   config.data.lines_per_document = lines_per_document
   kept = [line for line in lines['val'] if line.strip()]
-  docs = [' '.join(kept[i:i + lines_per_document])
-          for i in range(0, len(kept), lines_per_document)]
+  docs = [
+    ' '.join(kept[i : i + lines_per_document]) for i in range(0, len(kept), lines_per_document)
+  ]
   assert list(language_model.documents(config, 'validation')) == docs
   for length in (config.data.max_eval_len, 64):
     batches = list(language_model.eval_batches(config, tok, 'validation', length))
@@ -171,20 +176,30 @@ def test_prompt_batches_keep_order_and_pad_right(small):
 
 def test_lm1b_prepares_a_local_release_without_tensorflow(tmp_path):
   top = tmp_path / 'raw' / lm1b.TOP_LEVEL_DIR
-  write_lines(top / 'training-monolingual.tokenized.shuffled' / 'news.en-00001-of-00100',
-              ['The first sentence .', 'A second one .'])
-  write_lines(top / 'training-monolingual.tokenized.shuffled' / 'news.en-00002-of-00100',
-              ['And a third .'])
-  write_lines(top / 'heldout-monolingual.tokenized.shuffled' / 'news.en.heldout-00000-of-00050',
-              ['A held-out sentence .'])
+  write_lines(
+    top / 'training-monolingual.tokenized.shuffled' / 'news.en-00001-of-00100',
+    ['The first sentence .', 'A second one .'],
+  )
+  write_lines(
+    top / 'training-monolingual.tokenized.shuffled' / 'news.en-00002-of-00100', ['And a third .']
+  )
+  write_lines(
+    top / 'heldout-monolingual.tokenized.shuffled' / 'news.en.heldout-00000-of-00050',
+    ['A held-out sentence .'],
+  )
   config = _lm_config(tmp_path / 'tfds', tmp_path / 'raw', 'lm1b', eval_split='test')
   builder = datasets.prepare(config.data)
   assert builder.data_dir.endswith('lm1b/1.1.0')
   assert {s: builder.info.splits[s].num_examples for s in builder.info.splits} == {
-    'train': 3, 'test': 1}
+    'train': 3,
+    'test': 1,
+  }
   train = datasets.get_data_source(config.data, 'train')
   assert sorted(datasets.document_text(ex) for ex in train) == [
-    'A second one .', 'And a third .', 'The first sentence .']
+    'A second one .',
+    'And a third .',
+    'The first sentence .',
+  ]
   assert config_lib.config_errors(config) == []
 
 
@@ -199,7 +214,8 @@ def test_config_errors_name_the_keys():
     config_lib.validate(config, num_devices=1)
   message = str(error.value)
   assert "config.model.architecture='decoder_only' does not fit config.data.dataset='multi30k'" in (
-    message)
+    message
+  )
   assert 'config.eval_bleu_sentences=8 must be 0' in message
   config = lm_default.get_config()
   config.model.architecture = 'encoder_decoder'
@@ -225,8 +241,15 @@ VOCAB = 24
 @functools.cache
 def _tiny_model():
   """A random 2-layer decoder-only model and three prompts (5 tokens, empty, 2 tokens)."""
-  cfg = ModelConfig(vocab_size=VOCAB, architecture='decoder_only', num_layers=2, d_model=16,
-                    num_heads=2, d_ff=32, deterministic=True)
+  cfg = ModelConfig(
+    vocab_size=VOCAB,
+    architecture='decoder_only',
+    num_layers=2,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    deterministic=True,
+  )
   tokens = jnp.ones((1, 4), jnp.int32)
   init = jax.jit(lambda key: Transformer(cfg).init(key, None, tokens)['params'])
   params = nn.meta.unbox(init(jax.random.key(3)))
@@ -261,8 +284,9 @@ def test_greedy_continuation_is_the_argmax_of_the_full_forward_pass():
     assert tokens[:prompt_length] == prompts[row, :prompt_length].tolist()  # Prompt kept.
     length = tokens.index(EOS_ID) + 1 if EOS_ID in tokens else prompt_length + 6
     assert length > prompt_length and not any(tokens[length:])
-    np.testing.assert_array_equal(np.argmax(logits[row], -1)[prompt_length:length],
-                                  tokens[prompt_length:length])
+    np.testing.assert_array_equal(
+      np.argmax(logits[row], -1)[prompt_length:length], tokens[prompt_length:length]
+    )
 
 
 def test_sampling_is_reproducible_with_a_fixed_seed():
@@ -313,10 +337,23 @@ def test_lm_tiny_trains_and_eval_scores_and_generates(lm_run):
   assert 'config.model.max_len' in skipped['256']['skipped']
 
   result = subprocess.run(
-    [sys.executable, 'eval.py', f'--workdir={workdir}', f'--prompt={PROMPT}',
-     '--prompt=', '--decoder=sample', '--top_k=20', '--seed=1', '--max_extra_len=12'],
-    cwd=REPO, capture_output=True, text=True, timeout=300,
-    env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+    [
+      sys.executable,
+      'eval.py',
+      f'--workdir={workdir}',
+      f'--prompt={PROMPT}',
+      '--prompt=',
+      '--decoder=sample',
+      '--top_k=20',
+      '--seed=1',
+      '--max_extra_len=12',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   lines = result.stdout.split('\n')
   assert len(lines) == 3 and lines[2] == ''

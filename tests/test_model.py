@@ -17,8 +17,15 @@ VOCAB = 40
 
 
 def _config(**overrides) -> ModelConfig:
-  base = dict(vocab_size=VOCAB, num_layers=2, d_model=16, num_heads=2, d_ff=32,
-              dropout_rate=0.1, deterministic=True)
+  base = dict(
+    vocab_size=VOCAB,
+    num_layers=2,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    dropout_rate=0.1,
+    deterministic=True,
+  )
   return ModelConfig(**{**base, **overrides})
 
 
@@ -37,7 +44,8 @@ def test_dropout_is_active_in_training_and_keyed():
   model = Transformer(_config(deterministic=False))
   _, params = _model_and_params('post_ln')
   src, tgt = _random_tokens(12, (1, 5)), _random_tokens(13, (1, 5))
-  run = lambda seed: model.apply({'params': params}, src, tgt,
-                                 rngs={'dropout': jax.random.key(seed)})
+  run = lambda seed: model.apply(
+    {'params': params}, src, tgt, rngs={'dropout': jax.random.key(seed)}
+  )
   np.testing.assert_array_equal(run(0), run(0))
   assert not np.allclose(run(0), run(1))

@@ -13,17 +13,21 @@ from configs import default
 from transformer import losses, optim
 
 
-@pytest.mark.parametrize(('count', 'expected'), [
-  (0, 512**-0.5 * 1 * 4000**-1.5),  # Step 1: linear warmup, tiny.
-  (1999, 512**-0.5 * 2000 * 4000**-1.5),  # Halfway through warmup.
-  (3999, 512**-0.5 * 4000**-0.5),  # The peak, at step = warmup_steps.
-  (15999, 512**-0.5 * 16000**-0.5),  # Inverse square root decay afterwards.
-])
+@pytest.mark.parametrize(
+  ('count', 'expected'),
+  [
+    (0, 512**-0.5 * 1 * 4000**-1.5),  # Step 1: linear warmup, tiny.
+    (1999, 512**-0.5 * 2000 * 4000**-1.5),  # Halfway through warmup.
+    (3999, 512**-0.5 * 4000**-0.5),  # The peak, at step = warmup_steps.
+    (15999, 512**-0.5 * 16000**-0.5),  # Inverse square root decay afterwards.
+  ],
+)
 def test_paper_schedule(count, expected):
   schedule = optim.paper_schedule(d_model=512, warmup_steps=4000)
   assert math.isclose(float(schedule(count)), expected, rel_tol=1e-5)
-  assert math.isclose(float(optim.paper_schedule(512, 4000, scale=2.0)(count)), 2 * expected,
-                      rel_tol=1e-5)
+  assert math.isclose(
+    float(optim.paper_schedule(512, 4000, scale=2.0)(count)), 2 * expected, rel_tol=1e-5
+  )
 
 
 def test_schedule_peaks_at_warmup():
@@ -53,11 +57,14 @@ def test_no_smoothing_is_cross_entropy():
   assert math.isclose(float(loss), expected, rel_tol=1e-6)
 
 
-@pytest.mark.parametrize(('clip_norm', 'first_moment_norm'), [
-  (0.0, 0.1 * 50.0),  # Off: Adam's first moment after one step is (1 - b1) * g, |g| = 50.
-  (2.0, 0.1 * 2.0),  # The gradient is rescaled to norm 2 before Adam sees it.
-  (100.0, 0.1 * 50.0),  # Below the threshold nothing changes.
-])
+@pytest.mark.parametrize(
+  ('clip_norm', 'first_moment_norm'),
+  [
+    (0.0, 0.1 * 50.0),  # Off: Adam's first moment after one step is (1 - b1) * g, |g| = 50.
+    (2.0, 0.1 * 2.0),  # The gradient is rescaled to norm 2 before Adam sees it.
+    (100.0, 0.1 * 50.0),  # Below the threshold nothing changes.
+  ],
+)
 def test_gradient_clipping_by_global_norm(clip_norm, first_moment_norm):
   config = default.get_config()
   config.grad_clip_norm = clip_norm
@@ -82,11 +89,17 @@ def test_label_smoothed_loss_matches_optax_one_hot_form():
   smoothed, nll = losses.token_losses(logits, targets, 0.1)
   onehot = jax.nn.one_hot(targets, 11)
   np.testing.assert_allclose(
-    smoothed, optax.losses.softmax_cross_entropy(logits, optax.smooth_labels(onehot, 0.1)),
-    rtol=1e-5, atol=1e-6)
+    smoothed,
+    optax.losses.softmax_cross_entropy(logits, optax.smooth_labels(onehot, 0.1)),
+    rtol=1e-5,
+    atol=1e-6,
+  )
   np.testing.assert_allclose(
-    nll, optax.losses.softmax_cross_entropy_with_integer_labels(logits, targets), rtol=1e-5,
-    atol=1e-6)
+    nll,
+    optax.losses.softmax_cross_entropy_with_integer_labels(logits, targets),
+    rtol=1e-5,
+    atol=1e-6,
+  )
   _, sums = losses.loss_and_metrics(logits, targets, 0.1)
   correct = (jnp.argmax(logits, -1) == targets) & (targets != 0)
   assert float(sums['correct_sum']) == float(correct.sum())

@@ -30,7 +30,7 @@ def test_ids_are_the_tokenizer_encoding_of_every_example(prepared):
   ids, starts, lengths = split.read(range(len(source)))
   for i, example in enumerate(source):
     for side, text in enumerate(datasets.translation_pair(example, 'en', 'de')):
-      got = ids[starts[i, side]:starts[i, side] + lengths[i, side]]
+      got = ids[starts[i, side] : starts[i, side] + lengths[i, side]]
       assert got.tolist() == tok.encode(text)
 
 
@@ -42,8 +42,9 @@ def test_a_reused_vocabulary_never_encodes_again_a_new_one_does(prepared, tmp_pa
   other_config = config.copy_and_resolve_references()
   other_config.vocab_size = 200
   other_config.data.vocab_path = str(tmp_path / 'other.model')
-  other = translation.encoded_pairs(other_config, tokenizer_lib.get_tokenizer(other_config),
-                                       'train')
+  other = translation.encoded_pairs(
+    other_config, tokenizer_lib.get_tokenizer(other_config), 'train'
+  )
   assert os.path.dirname(other.path) != os.path.dirname(split.path)  # Keyed by the hash.
 
 

@@ -35,8 +35,8 @@ def test_resuming_under_other_code_or_packages_warns(tmp_path, caplog):
   with caplog.at_level(logging.INFO):
     entry = provenance.record(str(tmp_path))
   [warning] = _warnings(caplog)
-  assert f"git commit {'f' * 40} -> {entry['git']['commit']}" in warning
-  assert f"optax 0.0.1 -> {entry['packages']['optax']}" in warning
+  assert f'git commit {"f" * 40} -> {entry["git"]["commit"]}' in warning
+  assert f'optax 0.0.1 -> {entry["packages"]["optax"]}' in warning
   assert len(provenance.read(str(tmp_path))) == 2  # The earlier entry is kept.
 
 
@@ -44,7 +44,8 @@ def test_same_commit_with_other_uncommitted_changes_is_a_difference():
   entry = provenance.current()
   edited = {**entry, 'git': {**entry['git'], 'diff_sha256': 'other'}}
   assert provenance.differences(edited, entry) == [
-    'uncommitted changes to the code differ (git diff HEAD)']
+    'uncommitted changes to the code differ (git diff HEAD)'
+  ]
   assert provenance.differences(entry, entry) == []
 
 
@@ -57,6 +58,8 @@ def test_resumed_config_changes_warn_unless_resumable(tmp_path, caplog):
     training.write_config(config, str(tmp_path))
   [warning] = _warnings(caplog)
   assert 'Config key lr_scale changed since the last run: 1.0 -> 2.0' in warning
-  assert any('num_train_steps changed' in r.getMessage() and r.levelno == logging.INFO
-             for r in caplog.records)
+  assert any(
+    'num_train_steps changed' in r.getMessage() and r.levelno == logging.INFO
+    for r in caplog.records
+  )
   assert json.loads((tmp_path / 'config.json').read_text())['lr_scale'] == 2.0

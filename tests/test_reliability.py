@@ -45,8 +45,13 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 # The run every test compares with: 6 steps, checkpoints at 2, 4 and 6, a train row per step.
-OVERRIDES = {'num_train_steps': 6, 'checkpoint_every_steps': 2, 'eval_every_steps': 6,
-             'log_every_steps': 1, 'eval_bleu_sentences': 0}
+OVERRIDES = {
+  'num_train_steps': 6,
+  'checkpoint_every_steps': 2,
+  'eval_every_steps': 6,
+  'log_every_steps': 1,
+  'eval_bleu_sentences': 0,
+}
 _TIMING = ('steps_per_sec', 'tokens_per_sec')
 
 
@@ -57,22 +62,40 @@ def train(synthetic_multi30k_dir, synthetic_multi30k_data_dir, tmp_path_factory)
   With `fault` ('<point>:<step>'), tests/fault_driver.py runs instead: train.py with a hook that
   SIGKILLs the process at that point.
   """
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu',
-         'JAX_COMPILATION_CACHE_DIR': str(tmp_path_factory.mktemp('jax_cache')),
-         'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
-         'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '-1'}
+  env = {
+    **os.environ,
+    'JAX_PLATFORMS': 'cpu',
+    'JAX_COMPILATION_CACHE_DIR': str(tmp_path_factory.mktemp('jax_cache')),
+    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+    'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '-1',
+  }
 
   def command(workdir, *flags, fault=None, **overrides):
-    settings = {'data.manual_dir': synthetic_multi30k_dir,
-                'data.data_dir': synthetic_multi30k_data_dir,
-                **OVERRIDES, **overrides}
+    settings = {
+      'data.manual_dir': synthetic_multi30k_dir,
+      'data.data_dir': synthetic_multi30k_data_dir,
+      **OVERRIDES,
+      **overrides,
+    }
     script = ['tests/fault_driver.py', f'--fault={fault}'] if fault else ['train.py']
-    return [sys.executable, *script, '--config=configs/tiny.py', f'--workdir={workdir}',
-            *(f'--config.{key}={value}' for key, value in settings.items()), *flags]
+    return [
+      sys.executable,
+      *script,
+      '--config=configs/tiny.py',
+      f'--workdir={workdir}',
+      *(f'--config.{key}={value}' for key, value in settings.items()),
+      *flags,
+    ]
 
   def run(workdir, *flags, fault=None, **overrides):
-    return subprocess.run(command(workdir, *flags, fault=fault, **overrides), cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+      command(workdir, *flags, fault=fault, **overrides),
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
 
   run.command, run.env = command, env
   return run
@@ -110,8 +133,10 @@ def _state(workdir, step):
 
 
 def _assert_same_state(workdir_a, workdir_b, step):
-  leaves_a, leaves_b = jax.tree.leaves(_state(workdir_a, step)), jax.tree.leaves(
-    _state(workdir_b, step))
+  leaves_a, leaves_b = (
+    jax.tree.leaves(_state(workdir_a, step)),
+    jax.tree.leaves(_state(workdir_b, step)),
+  )
   assert len(leaves_a) == len(leaves_b)
   for a, b in zip(leaves_a, leaves_b, strict=True):
     np.testing.assert_array_equal(a, b)
@@ -125,8 +150,10 @@ def _rows(workdir):
 def _snapshot(workdir) -> dict[str, bytes | None]:
   """Every path under `workdir` with a digest of its bytes (None for folders)."""
   root = Path(workdir)
-  return {str(p.relative_to(root)): None if p.is_dir() else hashlib.sha256(p.read_bytes()).digest()
-          for p in sorted(root.rglob('*'))}
+  return {
+    str(p.relative_to(root)): None if p.is_dir() else hashlib.sha256(p.read_bytes()).digest()
+    for p in sorted(root.rglob('*'))
+  }
 
 
 def test_killed_at_named_points_resumes_to_the_uninterrupted_result(train, reference, tmp_path):
@@ -183,8 +210,10 @@ def test_sigterm_checkpoints_the_last_completed_step_and_exits_0(train, tmp_path
   assert max(int(e) for e in _entries(workdir)) == last_step
   assert all(e.isdigit() for e in _entries(workdir))  # Committed, nothing half-written.
   assert int(_state(workdir, last_step)['step']) == last_step
-  assert (f'Stopped by SIGTERM after step {last_step}; checkpoint {workdir}/checkpoints/'
-          f'{last_step} is committed') in log
+  assert (
+    f'Stopped by SIGTERM after step {last_step}; checkpoint {workdir}/checkpoints/'
+    f'{last_step} is committed'
+  ) in log
 
 
 def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(train, tmp_path):
@@ -194,14 +223,31 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(train, tmp_
     s.bind(('localhost', 0))
     port = s.getsockname()[1]
   command = train.command(
-    workdir, f'--coordinator_address=localhost:{port}', '--num_processes=2',
-    num_train_steps=1000, eval_every_steps=1000, checkpoint_every_steps=1000)
+    workdir,
+    f'--coordinator_address=localhost:{port}',
+    '--num_processes=2',
+    num_train_steps=1000,
+    eval_every_steps=1000,
+    checkpoint_every_steps=1000,
+  )
   with open(tmp_path / 'process_1.log', 'w') as log_1:
     processes = [
-      subprocess.Popen([*command, '--process_id=0'], cwd=REPO, env=train.env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
-      subprocess.Popen([*command, '--process_id=1'], cwd=REPO, env=train.env, stdout=log_1,
-                       stderr=subprocess.STDOUT)]
+      subprocess.Popen(
+        [*command, '--process_id=0'],
+        cwd=REPO,
+        env=train.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+      ),
+      subprocess.Popen(
+        [*command, '--process_id=1'],
+        cwd=REPO,
+        env=train.env,
+        stdout=log_1,
+        stderr=subprocess.STDOUT,
+      ),
+    ]
     log = []
     for line in processes[0].stdout:  # Only process 0 logs steps.
       log.append(line)
@@ -237,9 +283,11 @@ def test_divergence_stops_with_the_step_and_writes_no_bad_checkpoint(train, tmp_
   # Adam moves each weight by about the learning rate: ~1e12 at step 1, so step 2 overflows.
   result = train(tmp_path, lr_scale=1e15, checkpoint_every_steps=1)
   assert result.returncode == 1, result.stderr[-3000:]
-  expected = (f'NonFiniteError: Training diverged at step 2: train loss = nan and gradient norm '
-              f'= nan. No checkpoint was written from this state; the last good checkpoint is '
-              f'step 1 ({tmp_path}/checkpoints/1), and a rerun resumes from it.')
+  expected = (
+    f'NonFiniteError: Training diverged at step 2: train loss = nan and gradient norm '
+    f'= nan. No checkpoint was written from this state; the last good checkpoint is '
+    f'step 1 ({tmp_path}/checkpoints/1), and a rerun resumes from it.'
+  )
   assert expected in result.stderr, result.stderr[-3000:]
   assert _entries(tmp_path) == ['1']
   assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(_state(tmp_path, 1)))
@@ -247,8 +295,9 @@ def test_divergence_stops_with_the_step_and_writes_no_bad_checkpoint(train, tmp_
 
 
 def test_skip_nonfinite_steps_skips_and_counts(train, tmp_path):
-  result = train(tmp_path, lr_scale=1e15, checkpoint_every_steps=1, keep_checkpoints=6,
-                 skip_nonfinite_steps=True)
+  result = train(
+    tmp_path, lr_scale=1e15, checkpoint_every_steps=1, keep_checkpoints=6, skip_nonfinite_steps=True
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   rows = [r for r in _rows(tmp_path) if 'train_loss' in r]
   assert [r['train_skipped_steps'] for r in rows] == [0, 1, 1, 1, 1, 1]
@@ -256,8 +305,11 @@ def test_skip_nonfinite_steps_skips_and_counts(train, tmp_path):
   assert all(math.isnan(r['train_loss']) for r in rows[1:])  # A mean over no tokens.
   after_1, after_6 = _state(tmp_path, 1), _state(tmp_path, 6)
   assert int(after_6['step']) == 6  # The data position and dropout keys still advance...
-  for a, b in zip(jax.tree.leaves((after_1['params'], after_1['opt_state'])),
-                  jax.tree.leaves((after_6['params'], after_6['opt_state'])), strict=True):
+  for a, b in zip(
+    jax.tree.leaves((after_1['params'], after_1['opt_state'])),
+    jax.tree.leaves((after_6['params'], after_6['opt_state'])),
+    strict=True,
+  ):
     np.testing.assert_array_equal(a, b)  # ...but no update was applied after step 1.
 
 
@@ -307,15 +359,18 @@ def _truncate_largest_file(directory):
 
 
 def test_unreadable_checkpoint_stops_unless_fallback(
-    train, reference, synthetic_multi30k_dir, synthetic_multi30k_data_dir, tmp_path):
+  train, reference, synthetic_multi30k_dir, synthetic_multi30k_data_dir, tmp_path
+):
   workdir = tmp_path / 'run'
   shutil.copytree(reference, workdir)
   _truncate_largest_file(workdir / 'checkpoints' / '6' / 'state')
   before = _snapshot(workdir)
   config = _config(synthetic_multi30k_dir, synthetic_multi30k_data_dir, num_train_steps=8)
-  with pytest.raises(checkpoints.CorruptCheckpointError,
-                     match=r'(?s)Checkpoint 6 \(\S+/checkpoints/6\) cannot be restored: .*'
-                           r'Nothing was changed.*--restore_fallback'):
+  with pytest.raises(
+    checkpoints.CorruptCheckpointError,
+    match=r'(?s)Checkpoint 6 \(\S+/checkpoints/6\) cannot be restored: .*'
+    r'Nothing was changed.*--restore_fallback',
+  ):
     training.train_and_evaluate(config, str(workdir))
   assert _snapshot(workdir) == before
 
@@ -328,26 +383,36 @@ def test_unreadable_checkpoint_stops_unless_fallback(
 
 
 def test_bad_inputs_are_named_and_leave_the_workdir_untouched(
-    reference, synthetic_multi30k_dir, synthetic_multi30k_data_dir, write_parallel_corpus,
-    tmp_path):
+  reference, synthetic_multi30k_dir, synthetic_multi30k_data_dir, write_parallel_corpus, tmp_path
+):
   workdir = tmp_path / 'run'
   shutil.copytree(reference, workdir)
   before = _snapshot(workdir)
 
   corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 20, 'val': 5})
   write_lines(corpus / 'train.de', b'gut\nauch gut\nkaputt \xff\xfe\n' + b'gut\n' * 17)
-  config = _config(synthetic_multi30k_dir, synthetic_multi30k_data_dir, **{
-    'data.dataset': 'parallel_text', 'data.manual_dir': str(corpus),
-    'data.data_dir': str(tmp_path / 'tfds')})
+  config = _config(
+    synthetic_multi30k_dir,
+    synthetic_multi30k_data_dir,
+    **{
+      'data.dataset': 'parallel_text',
+      'data.manual_dir': str(corpus),
+      'data.data_dir': str(tmp_path / 'tfds'),
+    },
+  )
   with pytest.raises(ValueError, match=re.escape(f'{corpus / "train.de"}: line 3 is not valid')):
     training.train_and_evaluate(config, str(workdir))
   assert _snapshot(workdir) == before
 
   vocab = tmp_path / 'spm300.model'
-  vocab.write_bytes(tokenizer_lib.train_tokenizer(
-    [s for pair in synthetic_pairs(400) for s in pair], 300).serialized_model())
-  config = _config(synthetic_multi30k_dir, synthetic_multi30k_data_dir,
-                   **{'data.vocab_path': str(vocab)})
+  vocab.write_bytes(
+    tokenizer_lib.train_tokenizer(
+      [s for pair in synthetic_pairs(400) for s in pair], 300
+    ).serialized_model()
+  )
+  config = _config(
+    synthetic_multi30k_dir, synthetic_multi30k_data_dir, **{'data.vocab_path': str(vocab)}
+  )
   with pytest.raises(ValueError, match=f'{vocab} has vocab size 300 but config.vocab_size is 512'):
     training.train_and_evaluate(config, str(workdir))
   assert _snapshot(workdir) == before
@@ -360,7 +425,8 @@ def test_config_override_of_the_wrong_type_is_named(train, reference, tmp_path):
   result = train(workdir, num_train_steps='ten')
   assert result.returncode != 0
   assert "flag --config.num_train_steps=ten: invalid literal for int() with base 10: 'ten'" in (
-    result.stderr)
+    result.stderr
+  )
   assert _snapshot(workdir) == before
 
 
@@ -374,21 +440,32 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(train, reference,
   mount_point.mkdir()
   # A mount namespace of our own (root, or an unprivileged user namespace) so nothing leaks.
   wrapper = ['unshare', '--user', '--map-root-user', '--mount', '--']
-  probe = subprocess.run([*wrapper, 'mount', '-t', 'tmpfs', 'tmpfs', str(mount_point)],
-                         capture_output=True, text=True)
+  probe = subprocess.run(
+    [*wrapper, 'mount', '-t', 'tmpfs', 'tmpfs', str(mount_point)], capture_output=True, text=True
+  )
   if probe.returncode:
     pytest.skip(f'Cannot mount a tmpfs in a private mount namespace here: {probe.stderr.strip()}')
   size_kib = _kib_on_disk(reference / 'checkpoints' / '2') * 3 // 2 + 100
   command = shlex.join(train.command(mount_point / 'w'))
-  script = (f'mount -t tmpfs -o size={size_kib}k tmpfs {mount_point} || exit 99; {command}; '
-            f'status=$?; cp -a {mount_point / "w"} {copy}; exit $status')
-  result = subprocess.run([*wrapper, 'sh', '-c', script], cwd=REPO, env=train.env,
-                          capture_output=True, text=True, timeout=300)
+  script = (
+    f'mount -t tmpfs -o size={size_kib}k tmpfs {mount_point} || exit 99; {command}; '
+    f'status=$?; cp -a {mount_point / "w"} {copy}; exit $status'
+  )
+  result = subprocess.run(
+    [*wrapper, 'sh', '-c', script],
+    cwd=REPO,
+    env=train.env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
   assert result.returncode not in (0, 99), result.stderr[-3000:]
-  message = (f'CheckpointSaveError: Saving checkpoint 4 to {mount_point}/w/checkpoints failed '
-             r'\(.*No space left on device.*\); the last committed checkpoint, '
-             f'{mount_point}/w/checkpoints/2, is intact')
+  message = (
+    f'CheckpointSaveError: Saving checkpoint 4 to {mount_point}/w/checkpoints failed '
+    r'\(.*No space left on device.*\); the last committed checkpoint, '
+    f'{mount_point}/w/checkpoints/2, is intact'
+  )
   assert re.search(message, result.stderr), result.stderr[-3000:]
   assert [e for e in _entries(copy) if e.isdigit()] == ['2']
   _assert_same_state(reference, copy, 2)  # Restores, bit for bit as written.
@@ -398,15 +475,20 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(train, reference,
 # These fail before anything compiles, except the one small training run they share.
 
 # Two steps, a checkpoint at step 2, no BLEU: the run that the misuse tests try to disturb.
-SMALL = {'num_train_steps': 2, 'checkpoint_every_steps': 2, 'eval_every_steps': 2,
-         'log_every_steps': 1, 'eval_bleu_sentences': 0, 'vocab_size': 300,
-         'data.dataset': 'parallel_text'}
+SMALL = {
+  'num_train_steps': 2,
+  'checkpoint_every_steps': 2,
+  'eval_every_steps': 2,
+  'log_every_steps': 1,
+  'eval_bleu_sentences': 0,
+  'vocab_size': 300,
+  'data.dataset': 'parallel_text',
+}
 
 
 def _small_config(corpus, data_dir, **overrides):
   config = tiny.get_config()
-  settings = {**SMALL, 'data.manual_dir': str(corpus), 'data.data_dir': str(data_dir),
-              **overrides}
+  settings = {**SMALL, 'data.manual_dir': str(corpus), 'data.data_dir': str(data_dir), **overrides}
   return sweeps.apply_overrides(config, settings)
 
 
@@ -434,14 +516,23 @@ def test_a_second_run_on_a_locked_workdir_is_refused(small_run, copied_run):
   _, corpus, data_dir = small_run
   # The first run: a live process holding the lock, as train.py does for its whole run.
   holder = subprocess.Popen(
-    [sys.executable, '-c', 'import sys, time; from transformer import workdir_lock; '
-     f'workdir_lock.WorkdirLock({str(workdir)!r}).acquire(); print(1, flush=True); time.sleep(60)'],
-    cwd=REPO, stdout=subprocess.PIPE, text=True)
+    [
+      sys.executable,
+      '-c',
+      'import sys, time; from transformer import workdir_lock; '
+      f'workdir_lock.WorkdirLock({str(workdir)!r}).acquire(); print(1, flush=True); time.sleep(60)',
+    ],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
   try:
     assert holder.stdout.readline() == '1\n'
     locked = _snapshot(workdir)
-    expected = (f'The workdir {workdir} is in use by another training run: pid {holder.pid} on '
-                f'host {socket.gethostname()} (started ')
+    expected = (
+      f'The workdir {workdir} is in use by another training run: pid {holder.pid} on '
+      f'host {socket.gethostname()} (started '
+    )
     with pytest.raises(workdir_lock.WorkdirLockedError, match=re.escape(expected)):
       training.train_and_evaluate(_small_config(corpus, data_dir, num_train_steps=4), str(workdir))
     assert _snapshot(workdir) == locked  # The first run's files, lock included, untouched.
@@ -460,8 +551,10 @@ def test_a_second_run_on_a_locked_workdir_is_refused(small_run, copied_run):
 def test_lock_of_another_host_is_never_broken(tmp_path):
   lock = tmp_path / workdir_lock.LOCK_FILE
   lock.write_text(json.dumps({'host': 'node-7', 'pid': 4242, 'started': '2026-01-01T00:00:00'}))
-  with pytest.raises(workdir_lock.WorkdirLockedError,
-                     match=r'pid 4242 on host node-7 .*check `ps -p 4242` there\), remove '):
+  with pytest.raises(
+    workdir_lock.WorkdirLockedError,
+    match=r'pid 4242 on host node-7 .*check `ps -p 4242` there\), remove ',
+  ):
     workdir_lock.WorkdirLock(str(tmp_path)).acquire()
   assert json.loads(lock.read_text())['host'] == 'node-7'
 
@@ -470,15 +563,22 @@ def test_resume_with_any_model_field_changed_is_refused(small_run, copied_run):
   workdir, before = copied_run
   _, corpus, data_dir = small_run
   # Same shapes, other functions: the checkpoint would restore and be read as another model.
-  config = _small_config(corpus, data_dir, num_train_steps=4, **{
-    'model.ffn_activation': 'gelu', 'model.position': 'rope', 'model.use_bias': False})
+  config = _small_config(
+    corpus,
+    data_dir,
+    num_train_steps=4,
+    **{'model.ffn_activation': 'gelu', 'model.position': 'rope', 'model.use_bias': False},
+  )
   with pytest.raises(ValueError) as error:
     training.train_and_evaluate(config, str(workdir))
   message = str(error.value)
   assert f'The checkpoints in {workdir}/checkpoints belong to another model' in message
-  for line in ("config.model.ffn_activation: 'relu' -> 'gelu'",
-               "config.model.position: 'sinusoidal' -> 'rope'",
-               'config.model.use_bias: True -> False', 'a new --workdir'):
+  for line in (
+    "config.model.ffn_activation: 'relu' -> 'gelu'",
+    "config.model.position: 'sinusoidal' -> 'rope'",
+    'config.model.use_bias: True -> False',
+    'a new --workdir',
+  ):
     assert line in message
   assert _snapshot(workdir) == before
 
@@ -504,7 +604,7 @@ def test_bad_data_is_named_and_leaves_no_trace(small_run, write_parallel_corpus,
   elif case == 'corrupt_gzip':
     write_parallel_corpus(raw, {'train': 400, 'val': 5}, compress=True)
     data = (raw / 'train.de.gz').read_bytes()
-    (raw / 'train.de.gz').write_bytes(data[:len(data) // 2])  # Cut short.
+    (raw / 'train.de.gz').write_bytes(data[: len(data) // 2])  # Cut short.
     overrides['data.data_dir'] = str(tmp_path / 'tfds')
   elif case == 'bad_vocab':
     (tmp_path / 'vocab.model').write_text('not a model')
@@ -529,32 +629,56 @@ def test_the_first_error_is_the_last_thing_printed(small_run, copied_run, tmp_pa
   empty.mkdir()
   settings = {**SMALL, 'num_train_steps': 4, 'data.manual_dir': empty, 'data.data_dir': data_dir}
   result = subprocess.run(
-    [sys.executable, 'train.py', '--config=configs/tiny.py', f'--workdir={workdir}',
-     *(f'--config.{key}={value}' for key, value in settings.items())],
-    cwd=REPO, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True,
-    timeout=300)
+    [
+      sys.executable,
+      'train.py',
+      '--config=configs/tiny.py',
+      f'--workdir={workdir}',
+      *(f'--config.{key}={value}' for key, value in settings.items()),
+    ],
+    cwd=REPO,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == (
     f'ValueError: {empty} (config.data.manual_dir) lacks required files: train.en, train.de, '
-    'val.en, val.de (each may also be gzipped, with a .gz suffix).'), result.stderr[-3000:]
+    'val.en, val.de (each may also be gzipped, with a .gz suffix).'
+  ), result.stderr[-3000:]
   assert 'Traceback' not in result.stderr.split('ValueError')[-1]
   assert _snapshot(workdir) == before
 
 
-def test_eval_flags_outside_their_domains_are_named_before_any_work(small_run, copied_run,
-                                                                   tmp_path):
+def test_eval_flags_outside_their_domains_are_named_before_any_work(
+  small_run, copied_run, tmp_path
+):
   workdir, before = copied_run
   (tmp_path / 'in.txt').write_text('A sentence.\n')
   result = subprocess.run(
-    [sys.executable, 'eval.py', f'--workdir={workdir}', '--alpha=nan', '--top_p=1.5',
-     '--beam_size=0', '--temperature=-1', f'--input_file={tmp_path / "in.txt"}',
-     f'--output_file={tmp_path / "missing" / "out.txt"}'],
-    cwd=REPO, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True, text=True,
-    timeout=300)
+    [
+      sys.executable,
+      'eval.py',
+      f'--workdir={workdir}',
+      '--alpha=nan',
+      '--top_p=1.5',
+      '--beam_size=0',
+      '--temperature=-1',
+      f'--input_file={tmp_path / "in.txt"}',
+      f'--output_file={tmp_path / "missing" / "out.txt"}',
+    ],
+    cwd=REPO,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert result.returncode == 1
   lines = result.stderr.strip().splitlines()[-6:]
   assert lines == [  # Every one at once, after eval.py's usage text.
-    'Invalid flags:', '  --beam_size=0 must be a positive integer.',
+    'Invalid flags:',
+    '  --beam_size=0 must be a positive integer.',
     '  --alpha=nan must be a finite number in [0, inf).',
     '  --temperature=-1.0 must be a finite number in [0, inf).',
     '  --top_p=1.5 must be a finite number in (0, 1].',
@@ -569,14 +693,23 @@ def _watch_config(workdir, num_train_steps):
   return config
 
 
-def test_watch_says_what_it_waits_for_and_stops_when_the_run_is_gone(small_run, copied_run,
-                                                                     tmp_path, caplog):
+def test_watch_says_what_it_waits_for_and_stops_when_the_run_is_gone(
+  small_run, copied_run, tmp_path, caplog
+):
   workdir, _ = copied_run
   options = inference.DecodeOptions(decoder='greedy')
+
   def watch(config, workdir, **kwargs):
-    return translation.watch(config, workdir, evaluation.abstract_state(config),
-                             split='validation', options=options, batch_size=16,
-                             poll_seconds=0.01, **kwargs)
+    return translation.watch(
+      config,
+      workdir,
+      evaluation.abstract_state(config),
+      split='validation',
+      options=options,
+      batch_size=16,
+      poll_seconds=0.01,
+      **kwargs,
+    )
 
   caplog.set_level('INFO')
   # A run still training (its lock held by this live process) before its first checkpoint.
@@ -585,13 +718,17 @@ def test_watch_says_what_it_waits_for_and_stops_when_the_run_is_gone(small_run, 
   shutil.copy(workdir / 'config.json', fresh)
   with workdir_lock.WorkdirLock(str(fresh)):
     assert watch(_watch_config(fresh, 4), str(fresh), timeout_seconds=0) == []
-  assert (f'Waiting for a checkpoint after none yet (the run ends at step 4; it is trained by '
-          f'pid {os.getpid()} on host {socket.gethostname()}') in caplog.text
+  assert (
+    f'Waiting for a checkpoint after none yet (the run ends at step 4; it is trained by '
+    f'pid {os.getpid()} on host {socket.gethostname()}'
+  ) in caplog.text
   # The run stopped at step 2 of 4 (no lock: it is gone): step 2 is evaluated, then it stops.
   assert watch(_watch_config(workdir, 4), str(workdir)) == [2]
-  assert (f'Stopped watching: the training run of {workdir} is no longer running (no train.lock '
-          'in it), so no new checkpoint can come; its last checkpoint (step 2) is evaluated, '
-          'short of the final step 4.') in caplog.text
+  assert (
+    f'Stopped watching: the training run of {workdir} is no longer running (no train.lock '
+    'in it), so no new checkpoint can come; its last checkpoint (step 2) is evaluated, '
+    'short of the final step 4.'
+  ) in caplog.text
   assert (workdir / 'eval' / 'step_2-validation-greedy.json').exists()
 
 
@@ -601,9 +738,12 @@ def test_over_long_input_lines_are_reported_by_number(small_run, caplog):
   params, _ = evaluation.restore_params(config, str(workdir), 'latest')
   lines = ['Bada kelo.', 'bada ' * 200, '', 'Sopi ' * 30 + 'ra ' * 40]
   caplog.set_level('WARNING')
-  outputs = translation.translate_lines(config, params, lines, batch_size=4,
-                                       options=inference.DecodeOptions(decoder='greedy'))
+  outputs = translation.translate_lines(
+    config, params, lines, batch_size=4, options=inference.DecodeOptions(decoder='greedy')
+  )
   assert len(outputs) == 4 and outputs[2] == ''
-  assert ('2 input lines are longer than the model reads (config.data.max_eval_len=64 tokens, EOS '
-          'included): each was truncated to fit, so its translation covers only its start. '
-          'Lines: 2, 4.') in caplog.text
+  assert (
+    '2 input lines are longer than the model reads (config.data.max_eval_len=64 tokens, EOS '
+    'included): each was truncated to fit, so its translation covers only its start. '
+    'Lines: 2, 4.'
+  ) in caplog.text

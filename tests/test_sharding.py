@@ -32,7 +32,8 @@ NUM_DEVICES = 8
 needs_8_devices = pytest.mark.skipif(
   jax.device_count() < NUM_DEVICES,
   reason=f'needs {NUM_DEVICES} devices (tests/conftest.py sets jax_num_cpu_devices; '
-         f'{jax.device_count()} here)')
+  f'{jax.device_count()} here)',
+)
 
 # (data, fsdp, tensor) -> how many of the 8 devices the mesh uses.
 MESHES = {
@@ -55,7 +56,7 @@ def _config(mesh=(1, 1, 1), **model_overrides) -> ml_collections.ConfigDict:
 
 
 def _mesh(config) -> tuple[jax.sharding.Mesh, sharding.Rules]:
-  devices = jax.devices()[:math.prod(config.mesh[axis] for axis in sharding.MESH_AXES)]
+  devices = jax.devices()[: math.prod(config.mesh[axis] for axis in sharding.MESH_AXES)]
   return sharding.create_mesh(config.mesh, devices), sharding.axis_rules(config.mesh)
 
 
@@ -69,9 +70,9 @@ def _packed_batch(seed: int, vocab: int) -> dict[str, np.ndarray]:
     for row in range(ROWS):
       first, second = rng.integers(3, LENGTH // 2, size=2)
       segments[row, :first] = 1
-      segments[row, first:first + second] = 2
+      segments[row, first : first + second] = 2
       positions[row, :first] = np.arange(first)
-      positions[row, first:first + second] = np.arange(second)
+      positions[row, first : first + second] = np.arange(second)
     tokens = np.where(segments > 0, rng.integers(3, vocab, size=(ROWS, LENGTH)), 0)
     batch[f'{side}_segments'], batch[f'{side}_positions'] = segments, positions
     batch[f'{side}_tokens'] = tokens.astype(np.int32)
@@ -88,19 +89,24 @@ def _train_two_steps(config):
   optimizer = optim.create_optimizer(config)
   task = tasks.get_task(config)
   _, state_shardings = training.abstract_state_and_shardings(model, optimizer, task, mesh, rules)
-  state = training.create_train_state(model, optimizer, task, state_shardings, mesh,
-                                      jax.random.key(0))
+  state = training.create_train_state(
+    model, optimizer, task, state_shardings, mesh, jax.random.key(0)
+  )
   batch_shardings = {k: sharding.batch_sharding(mesh, rules) for k in task.batch_keys}
   step = jax.jit(
-    functools.partial(training.train_step, model=model, optimizer=optimizer, task=task,
-                      config=config),
+    functools.partial(
+      training.train_step, model=model, optimizer=optimizer, task=task, config=config
+    ),
     in_shardings=(state_shardings, batch_shardings),
-    out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=(0,))
+    out_shardings=(state_shardings, sharding.replicated(mesh)),
+    donate_argnums=(0,),
+  )
   losses = []
   with sharding.activated(mesh, rules):
     for seed in range(2):
-      batch = {k: v for k, v in _packed_batch(seed, config.vocab_size).items()
-               if k in task.batch_keys}
+      batch = {
+        k: v for k, v in _packed_batch(seed, config.vocab_size).items() if k in task.batch_keys
+      }
       batch = sharding.global_batch(batch, mesh, rules)
       state, sums = step(state, batch)
       losses.append(float(sums['loss_sum']) / float(sums['num_tokens']))
@@ -140,14 +146,16 @@ def test_sharded_train_step_matches_single_device(mesh_name, capfd):
   _assert_params_close(params, expected_params)
   embedding = sharded_params['shared_embedding']['embedding']
   assert embedding.sharding.spec == jax.sharding.PartitionSpec(
-    *nn.logical_to_mesh_axes(('vocab', 'embed'), sharding.axis_rules(_config().mesh)))
+    *nn.logical_to_mesh_axes(('vocab', 'embed'), sharding.axis_rules(_config().mesh))
+  )
 
 
 # The modern switches, several at a time, on the mixed mesh (each alone is covered on one
 # device by test_variants.py).
 MODERN = {
-  'rmsnorm_rope_swiglu_nobias': dict(norm='rmsnorm', position='rope', ffn_activation='swiglu',
-                                     use_bias=False),
+  'rmsnorm_rope_swiglu_nobias': dict(
+    norm='rmsnorm', position='rope', ffn_activation='swiglu', use_bias=False
+  ),
   'pre_ln_alibi_gelu': dict(norm='pre_ln', position='alibi', ffn_activation='gelu'),
   'learned_positions': dict(position='learned'),
   # The language model: its batches are the target half (no src_* keys).
@@ -170,7 +178,8 @@ def test_fsdp_mesh_shards_every_large_parameter_and_its_adam_moments():
   mesh, rules = _mesh(config)
   model, _ = training.create_models(ModelConfig.from_config(config))
   abstract, _ = training.abstract_state_and_shardings(
-    model, optim.create_optimizer(config), tasks.get_task(config), mesh, rules)
+    model, optim.create_optimizer(config), tasks.get_task(config), mesh, rules
+  )
   threshold = 1024  # Elements; biases and norm scales of this model stay below it.
   for tree in (abstract.params, abstract.opt_state):
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
@@ -221,9 +230,10 @@ def test_parameter_that_does_not_divide_over_the_tensor_mesh_axis_is_named():
   config.vocab_size = 511  # Odd: the vocabulary cannot be split over tensor=2.
   mesh, rules = _mesh(config)
   model, _ = training.create_models(ModelConfig.from_config(config))
-  with pytest.raises(ValueError, match=r"shared_embedding.*\(511, 32\).*config.mesh.tensor=2"):
+  with pytest.raises(ValueError, match=r'shared_embedding.*\(511, 32\).*config.mesh.tensor=2'):
     training.abstract_state_and_shardings(
-      model, optim.create_optimizer(config), tasks.get_task(config), mesh, rules)
+      model, optim.create_optimizer(config), tasks.get_task(config), mesh, rules
+    )
 
 
 @needs_8_devices
@@ -234,12 +244,16 @@ def test_sharded_greedy_and_beam_decoding_match_single_device():
   _, _, params = _train_two_steps(config)
   host_params = jax.device_get(params)
   src = _packed_batch(5, config.vocab_size)['src_tokens'][:5]  # 5 rows: padded to 8 shards.
-  for options in (inference.DecodeOptions(decoder='greedy', max_extra_len=6),
-                  inference.DecodeOptions(beam_size=2, max_extra_len=6)):
-    expected = np.asarray(translation.make_translate_fn(model_config, options)(
-      host_params, src, jax.random.key(0)))
+  for options in (
+    inference.DecodeOptions(decoder='greedy', max_extra_len=6),
+    inference.DecodeOptions(beam_size=2, max_extra_len=6),
+  ):
+    expected = np.asarray(
+      translation.make_translate_fn(model_config, options)(host_params, src, jax.random.key(0))
+    )
     got = translation.make_translate_fn(model_config, options, mesh, rules)(
-      params, src, jax.random.key(0))
+      params, src, jax.random.key(0)
+    )
     np.testing.assert_array_equal(got, expected)
 
 
@@ -267,13 +281,22 @@ def _run(data_dirs, workdir, mesh, steps, devices=None):
   config = tiny.get_config()
   config.data.manual_dir, config.data.data_dir = data_dirs
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
-  config.update(num_train_steps=steps, log_every_steps=3, eval_every_steps=6,
-                checkpoint_every_steps=3, eval_bleu_sentences=0)
+  config.update(
+    num_train_steps=steps,
+    log_every_steps=3,
+    eval_every_steps=6,
+    checkpoint_every_steps=3,
+    eval_bleu_sentences=0,
+  )
   training.train_and_evaluate(config, str(workdir), devices)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
-  return {(row['step'], key): row[key] for row in rows for key in ('train_loss', 'eval_loss')
-          if key in row}
+  return {
+    (row['step'], key): row[key]
+    for row in rows
+    for key in ('train_loss', 'eval_loss')
+    if key in row
+  }
 
 
 @needs_8_devices
@@ -304,15 +327,31 @@ def _two_process_train(data_dirs, workdir, steps):
   port = _free_port()
   env = {**os.environ, 'JAX_NUM_CPU_DEVICES': '2', 'JAX_PLATFORMS': 'cpu'}
   flags = [
-    '--config=configs/tiny.py', f'--workdir={workdir}', f'--config.data.manual_dir={data_dirs[0]}',
-    f'--config.data.data_dir={data_dirs[1]}', f'--config.num_train_steps={steps}',
-    '--config.checkpoint_every_steps=2', '--config.log_every_steps=2',
-    '--config.eval_every_steps=4', '--config.eval_bleu_sentences=8',
-    '--config.mesh.data=2', '--config.mesh.tensor=2',
-    f'--coordinator_address=localhost:{port}', '--num_processes=2']
-  procs = [subprocess.Popen([sys.executable, 'train.py', *flags, f'--process_id={i}'], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
+    '--config=configs/tiny.py',
+    f'--workdir={workdir}',
+    f'--config.data.manual_dir={data_dirs[0]}',
+    f'--config.data.data_dir={data_dirs[1]}',
+    f'--config.num_train_steps={steps}',
+    '--config.checkpoint_every_steps=2',
+    '--config.log_every_steps=2',
+    '--config.eval_every_steps=4',
+    '--config.eval_bleu_sentences=8',
+    '--config.mesh.data=2',
+    '--config.mesh.tensor=2',
+    f'--coordinator_address=localhost:{port}',
+    '--num_processes=2',
+  ]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, 'train.py', *flags, f'--process_id={i}'],
+      cwd=REPO,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
   logs = []
   for proc in procs:
     out, _ = proc.communicate(timeout=600)

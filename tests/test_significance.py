@@ -41,15 +41,22 @@ def _write_result(workdir, references, hypotheses, split='validation', **results
 def systems(tmp_path):
   """{name: result .json} of three systems on one synthetic validation set of 200 sentences."""
   references = [de for _, de in synthetic_pairs(200, seed=5)]
-  return {name: _write_result(tmp_path / name, references, _hypotheses(references, rate, i))
-          for i, (name, rate) in enumerate(DROP_RATES.items())}
+  return {
+    name: _write_result(tmp_path / name, references, _hypotheses(references, rate, i))
+    for i, (name, rate) in enumerate(DROP_RATES.items())
+  }
 
 
 def _sacrebleu_cli(systems, *args):
   txt = [str(systems[name]).replace('.json', '.txt') for name in DROP_RATES]
   references = systems['base'].parent / 'references-validation.txt'
-  result = subprocess.run([SACREBLEU, str(references), '-i', *txt, *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, 'SACREBLEU_SEED': '12345'})
+  result = subprocess.run(
+    [SACREBLEU, str(references), '-i', *txt, *args],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env={**os.environ, 'SACREBLEU_SEED': '12345'},
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   return result.stdout
 
@@ -65,12 +72,14 @@ def test_paired_bootstrap_p_values_are_sacrebleus_command_line_ones(systems, mon
   cli = json.loads(_sacrebleu_cli(systems, '--paired-bs', '-m', 'bleu', '-f', 'json'))
   rows = comparison['systems']
   assert [row['scores']['BLEU']['p_value'] for row in rows] == pytest.approx(
-    [system['BLEU']['p_value'] for system in cli], abs=1e-12, nan_ok=False)
+    [system['BLEU']['p_value'] for system in cli], abs=1e-12, nan_ok=False
+  )
   for ours, theirs in zip(rows, cli, strict=True):
     assert ours['scores']['BLEU']['ci'] == pytest.approx(theirs['BLEU']['ci'], abs=1e-9)
   # The close system is not significantly different, the better one is.
-  assert rows[1]['scores']['BLEU']['p_value'] > 0.05 and not rows[1]['scores']['BLEU'][
-    'significant']
+  assert (
+    rows[1]['scores']['BLEU']['p_value'] > 0.05 and not rows[1]['scores']['BLEU']['significant']
+  )
   assert rows[2]['scores']['BLEU']['p_value'] < 0.05 and rows[2]['scores']['BLEU']['significant']
   # chrF: sacreBLEU's JSON output cannot write its float32 values; its table has 4 digits.
   table = _sacrebleu_cli(systems, '--paired-bs', '-m', 'chrf', '-f', 'text')
@@ -89,28 +98,46 @@ def test_approximate_randomization_p_values_are_sacrebleus(systems, monkeypatch)
   comparison = _compare(systems, metrics=['bleu'], test='ar', n_samples=500)
   cli = json.loads(_sacrebleu_cli(systems, '--paired-ar', '--paired-ar-n', '500', '-f', 'json'))
   assert [row['scores']['BLEU']['p_value'] for row in comparison['systems'][1:]] == (
-    pytest.approx([system['BLEU']['p_value'] for system in cli[1:]], abs=1e-12))
+    pytest.approx([system['BLEU']['p_value'] for system in cli[1:]], abs=1e-12)
+  )
   assert comparison['n_samples'] == 500 and comparison['test'] == 'ar'
 
 
 def test_compare_py_reports_intervals_p_values_and_verdicts(systems, tmp_path):
   out = tmp_path / 'comparison.json'
-  command = [sys.executable, 'compare.py', str(systems['base'].parent.parent),
-             str(systems['close']), str(systems['better']), f'--output={out}']
+  command = [
+    sys.executable,
+    'compare.py',
+    str(systems['base'].parent.parent),
+    str(systems['close']),
+    str(systems['better']),
+    f'--output={out}',
+  ]
   result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr[-2000:]
   lines = result.stdout.splitlines()
-  assert lines[0].startswith('Paired bootstrap resampling (1000 samples, seed 12345) on '
-                             'validation (200 sentences)')
-  assert re.search(r'base \(baseline\) +\d+\.\d\d ± \d+\.\d\d +\d+\.\d\d ± \d+\.\d\d +- +-$',
-                   lines[2]), lines[2]
-  assert re.search(r'BLEU [+-]\d+\.\d\d against the baseline, p = 0\.\d{4}: not significant '
-                   r'at 0.05\.$', lines[6]), lines[6]
-  assert re.search(r'better/eval/step_10-validation.json: BLEU \+\d+\.\d\d against the '
-                   r'baseline, p = 0\.\d{4}: significant at 0.05\.$', lines[8]), lines[8]
+  assert lines[0].startswith(
+    'Paired bootstrap resampling (1000 samples, seed 12345) on validation (200 sentences)'
+  )
+  assert re.search(
+    r'base \(baseline\) +\d+\.\d\d ± \d+\.\d\d +\d+\.\d\d ± \d+\.\d\d +- +-$', lines[2]
+  ), lines[2]
+  assert re.search(
+    r'BLEU [+-]\d+\.\d\d against the baseline, p = 0\.\d{4}: not significant '
+    r'at 0.05\.$',
+    lines[6],
+  ), lines[6]
+  assert re.search(
+    r'better/eval/step_10-validation.json: BLEU \+\d+\.\d\d against the '
+    r'baseline, p = 0\.\d{4}: significant at 0.05\.$',
+    lines[8],
+  ), lines[8]
   written = json.loads(out.read_text())
   assert [row['name'] for row in written['systems']] == [
-    str(systems['base'].parent.parent), str(systems['close']), str(systems['better'])]
+    str(systems['base'].parent.parent),
+    str(systems['close']),
+    str(systems['better']),
+  ]
 
 
 def test_unscored_lines_are_left_out(tmp_path, systems, monkeypatch):
@@ -125,7 +152,8 @@ def test_unscored_lines_are_left_out(tmp_path, systems, monkeypatch):
   assert comparison['systems'][1]['identical_to_baseline']
   assert comparison['systems'][1]['scores']['BLEU']['p_value'] == 1.0
   assert significance.verdicts(comparison) == [
-    f'{path}: the same translations as the baseline (p = 1).']
+    f'{path}: the same translations as the baseline (p = 1).'
+  ]
 
 
 @pytest.mark.parametrize('what', ['split', 'line count', 'references'])
@@ -152,8 +180,11 @@ def test_incomparable_results_are_refused_naming_both_files(tmp_path, systems, w
 def test_bad_inputs_are_clear_errors(tmp_path, systems, monkeypatch):
   second = systems['base'].parent / 'step_20-validation.json'
   shutil.copy(systems['base'], second)
-  with pytest.raises(ValueError, match=r'holds 2 eval.py translation results.*step_10-validation'
-                                       r'.json, step_20-validation.json\); name the .json'):
+  with pytest.raises(
+    ValueError,
+    match=r'holds 2 eval.py translation results.*step_10-validation'
+    r'.json, step_20-validation.json\); name the .json',
+  ):
     significance.load_system(str(systems['base'].parent.parent))
   (systems['close'].parent / 'references-validation.txt').unlink()
   with pytest.raises(FileNotFoundError, match='references-validation.txt is missing'):
@@ -180,9 +211,9 @@ def test_scores_carry_seeded_intervals():
   assert 0 < scores['bleu_ci'] < 10 and 0 < scores['chrf_ci'] < 10
   assert abs(scores['bleu_bootstrap_mean'] - scores['bleu']) < scores['bleu_ci']
   assert scores['bleu_signature'].startswith('nrefs:1|bs:200|seed:12345|')
-  assert scoring.format_score(scores, 'bleu') == f"{scores['bleu']:.2f} ± {scores['bleu_ci']:.2f}"
+  assert scoring.format_score(scores, 'bleu') == f'{scores["bleu"]:.2f} ± {scores["bleu_ci"]:.2f}'
   plain = scoring.corpus_scores(hypotheses, references)
   assert plain['bleu'] == scores['bleu'] and 'bleu_ci' not in plain
-  assert scoring.format_score(plain, 'bleu') == f"{plain['bleu']:.2f}"
+  assert scoring.format_score(plain, 'bleu') == f'{plain["bleu"]:.2f}'
   split = scoring.tokenized_compound_split_scores(hypotheses, references, 'de', n_bootstrap=200)
   assert split['bleu_tokenized_compound_split_ci'] > 0

@@ -24,9 +24,13 @@ from transformer.tools import significance, sweep_summary, sweeps
 REPO = Path(__file__).resolve().parents[1]
 
 # Trials of 6 steps with one validation pass: a trial is a train.py process of a few seconds.
-TINY_TRIAL_FLAGS = ('--config.num_train_steps=6', '--config.eval_every_steps=6',
-                    '--config.log_every_steps=3', '--config.checkpoint_every_steps=3',
-                    '--config.eval_bleu_sentences=0')
+TINY_TRIAL_FLAGS = (
+  '--config.num_train_steps=6',
+  '--config.eval_every_steps=6',
+  '--config.log_every_steps=3',
+  '--config.checkpoint_every_steps=3',
+  '--config.eval_bleu_sentences=0',
+)
 
 
 # --- Helpers, names and checks (no training) ------------------------------------------------------
@@ -34,7 +38,11 @@ TINY_TRIAL_FLAGS = ('--config.num_train_steps=6', '--config.eval_every_steps=6',
 
 def test_grid_is_every_combination_first_axis_slowest():
   assert sweeps.grid({'a': [1, 2], 'b': ['x', 'y']}) == [
-    {'a': 1, 'b': 'x'}, {'a': 1, 'b': 'y'}, {'a': 2, 'b': 'x'}, {'a': 2, 'b': 'y'}]
+    {'a': 1, 'b': 'x'},
+    {'a': 1, 'b': 'y'},
+    {'a': 2, 'b': 'x'},
+    {'a': 2, 'b': 'y'},
+  ]
 
 
 def test_zipped_pairs_values_and_rejects_unequal_lengths():
@@ -48,14 +56,22 @@ def test_zipped_pairs_values_and_rejects_unequal_lengths():
 def test_one_at_a_time_and_product():
   assert sweeps.one_at_a_time({'a': [1, 2], 'b': [3]}) == [{}, {'a': 1}, {'a': 2}, {'b': 3}]
   assert sweeps.product(sweeps.zipped({'a': [1, 2]}), [{'b': 0}, {'c': 0}]) == [
-    {'a': 1, 'b': 0}, {'a': 1, 'c': 0}, {'a': 2, 'b': 0}, {'a': 2, 'c': 0}]
+    {'a': 1, 'b': 0},
+    {'a': 1, 'c': 0},
+    {'a': 2, 'b': 0},
+    {'a': 2, 'c': 0},
+  ]
   with pytest.raises(ValueError, match=r"both set \['a'\]"):
     sweeps.product([{'a': 1}], [{'a': 2}])
 
 
 def test_random_search_is_seeded_distinct_rounded_and_in_range():
-  space = {'lr_scale': sweeps.log_uniform(0.1, 10.0), 'dropout': sweeps.uniform(0.0, 0.3),
-           'layers': sweeps.int_uniform(1, 3), 'norm': sweeps.choice(['pre_ln', 'post_ln'])}
+  space = {
+    'lr_scale': sweeps.log_uniform(0.1, 10.0),
+    'dropout': sweeps.uniform(0.0, 0.3),
+    'layers': sweeps.int_uniform(1, 3),
+    'norm': sweeps.choice(['pre_ln', 'post_ln']),
+  }
   draws = sweeps.random_search(space, num_trials=20, seed=3)
   assert draws == sweeps.random_search(space, num_trials=20, seed=3)
   assert draws != sweeps.random_search(space, num_trials=20, seed=4)
@@ -63,22 +79,28 @@ def test_random_search_is_seeded_distinct_rounded_and_in_range():
   for draw in draws:
     assert 0.1 <= draw['lr_scale'] <= 10.0 and 0.0 <= draw['dropout'] <= 0.3
     assert draw['layers'] in (1, 2, 3) and draw['norm'] in ('pre_ln', 'post_ln')
-    assert draw['lr_scale'] == float(f"{draw['lr_scale']:.3g}")
+    assert draw['lr_scale'] == float(f'{draw["lr_scale"]:.3g}')
   with pytest.raises(ValueError, match='only 2 distinct trials'):
     sweeps.random_search({'norm': sweeps.choice(['a', 'b'])}, num_trials=3, seed=0)
 
 
 def test_trial_names_are_readable_safe_stable_and_unique():
   config = tiny.get_config()
-  trials = sweeps.make_trials(config, [
-    {'model.num_layers': 2, 'lr_scale': 2},  # An int for a float field: named as the float.
-    {'data.max_len': 16, 'model.max_len': 64},  # Same last component: full keys.
-    {'data.manual_dir': '/data/my corpus'},
-    {},
-  ])
+  trials = sweeps.make_trials(
+    config,
+    [
+      {'model.num_layers': 2, 'lr_scale': 2},  # An int for a float field: named as the float.
+      {'data.max_len': 16, 'model.max_len': 64},  # Same last component: full keys.
+      {'data.manual_dir': '/data/my corpus'},
+      {},
+    ],
+  )
   assert [t.name for t in trials] == [
-    'lr_scale=2.0,num_layers=2', 'data.max_len=16,model.max_len=64',
-    'manual_dir=_data_my_corpus', 'base']
+    'lr_scale=2.0,num_layers=2',
+    'data.max_len=16,model.max_len=64',
+    'manual_dir=_data_my_corpus',
+    'base',
+  ]
   assert trials[0].overrides == {'model.num_layers': 2, 'lr_scale': 2.0}
   assert trials[0].config.model.num_layers == 2 and config.model.num_layers == 1
   with pytest.raises(ValueError, match='trials 0 and 1 are the same run'):
@@ -87,16 +109,25 @@ def test_trial_names_are_readable_safe_stable_and_unique():
   assert len(long_name) == 120
 
 
-@pytest.mark.parametrize(('overrides', 'message'), [
-  ({'model.num_layer': 3}, r"trial 1 .*'model.num_layer' is not a key of the config\. "
-                           r"Did you mean 'model.num_layers'"),
-  ({'model.num_layers': 2.5}, r'model.num_layers=2.5 has type float, but config.model.num_layers '
-                              r'has type int'),
-  ({'model.use_bias': 0}, 'has type int, but config.model.use_bias has type bool'),
-  ({'model.num_layers': True}, 'has type bool, but config.model.num_layers has type int'),
-  ({'model': 3}, "'model' is a group of config keys"),
-  ({'data.vocab_path': None}, 'only str, int, float and bool values'),
-])
+@pytest.mark.parametrize(
+  ('overrides', 'message'),
+  [
+    (
+      {'model.num_layer': 3},
+      r"trial 1 .*'model.num_layer' is not a key of the config\. "
+      r"Did you mean 'model.num_layers'",
+    ),
+    (
+      {'model.num_layers': 2.5},
+      r'model.num_layers=2.5 has type float, but config.model.num_layers '
+      r'has type int',
+    ),
+    ({'model.use_bias': 0}, 'has type int, but config.model.use_bias has type bool'),
+    ({'model.num_layers': True}, 'has type bool, but config.model.num_layers has type int'),
+    ({'model': 3}, "'model' is a group of config keys"),
+    ({'data.vocab_path': None}, 'only str, int, float and bool values'),
+  ],
+)
 def test_bad_overrides_are_errors_naming_trial_and_key(overrides, message):
   with pytest.raises(ValueError, match=message):
     sweeps.make_trials(tiny.get_config(), [{'lr_scale': 1.0}, overrides])
@@ -113,8 +144,15 @@ def test_trial_status_tells_a_running_trial_from_an_interrupted_one(tmp_path):
   workdir.mkdir()
   # A live process whose command line names the workdir, as train.py's does.
   process = subprocess.Popen(
-    [sys.executable, '-c', 'import time; print("up", flush=True); time.sleep(60)',
-     f'--workdir={workdir}'], stdout=subprocess.PIPE, text=True)
+    [
+      sys.executable,
+      '-c',
+      'import time; print("up", flush=True); time.sleep(60)',
+      f'--workdir={workdir}',
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+  )
   try:
     assert process.stdout.readline() == 'up\n'  # Started: its command line is readable.
     for pid, host, expected in [
@@ -142,8 +180,9 @@ def _write_sweep(path: Path, body: str) -> Path:
 
 def test_a_trial_whose_workdir_another_run_holds_is_left_alone(tmp_path):
   sweep_file = _write_sweep(tmp_path / 's.py', "[{'seed': 1}]")
-  sweep = sweeps.create('configs/tiny.py', tiny.get_config(), str(sweep_file),
-                        str(tmp_path / 'root'))
+  sweep = sweeps.create(
+    'configs/tiny.py', tiny.get_config(), str(sweep_file), str(tmp_path / 'root')
+  )
   workdir = Path(sweep.workdir(sweep.trials[0]))
   workdir.mkdir(parents=True)
   with workdir_lock.WorkdirLock(str(workdir)):  # A train.py started by hand, say.
@@ -155,17 +194,26 @@ def test_dry_run_prints_train_commands_and_writes_nothing(tmp_path):
   sweep_file = _write_sweep(tmp_path / 's.py', "sweeps.grid({'lr_scale': [1.0, 2.0]})")
   config = tiny.get_config()
   config.data.manual_dir = '/corpus'
-  sweep = sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'),
-                        shared_overrides={'data.manual_dir': '/corpus'},
-                        eval_flags=['--split=validation'])
+  sweep = sweeps.create(
+    'configs/tiny.py',
+    config,
+    str(sweep_file),
+    str(tmp_path / 'root'),
+    shared_overrides={'data.manual_dir': '/corpus'},
+    eval_flags=['--split=validation'],
+  )
   lines = sweeps.dry_run(sweep)
   assert lines[1].startswith('# lr_scale=1.0 [train, new]\n')
   train_command = lines[1].splitlines()[1]
   assert f'train.py --config={REPO}/configs/tiny.py --workdir={tmp_path}/root/lr_scale=1.0' in (
-    train_command)
+    train_command
+  )
   assert train_command.endswith(' --config.data.manual_dir=/corpus --config.lr_scale=1.0')
-  assert lines[2].splitlines()[1].endswith(
-    f'eval.py --workdir={tmp_path}/root/lr_scale=1.0 --split=validation')
+  assert (
+    lines[2]
+    .splitlines()[1]
+    .endswith(f'eval.py --workdir={tmp_path}/root/lr_scale=1.0 --split=validation')
+  )
   assert len(lines) == 5
   assert not (tmp_path / 'root').exists()
 
@@ -174,11 +222,13 @@ def test_seeds_repeat_every_trial_seed_slowest_and_group_them(tmp_path):
   sweep_file = _write_sweep(tmp_path / 's.py', "[{}, {'lr_scale': 2.0}]")
   config = tiny.get_config()
   config.seed = 5
-  sweep = sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'),
-                        seeds=2)
+  sweep = sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'), seeds=2)
   assert [(t.name, t.group) for t in sweep.trials] == [
-    ('seed=5', 'base'), ('lr_scale=2.0,seed=5', 'lr_scale=2.0'), ('seed=6', 'base'),
-    ('lr_scale=2.0,seed=6', 'lr_scale=2.0')]
+    ('seed=5', 'base'),
+    ('lr_scale=2.0,seed=5', 'lr_scale=2.0'),
+    ('seed=6', 'base'),
+    ('lr_scale=2.0,seed=6', 'lr_scale=2.0'),
+  ]
   assert sweep.trials[3].config.seed == 6 and sweep.trials[3].config.lr_scale == 2.0
   assert sweeps.sweep_command(sweep)[-1] == '--seeds=2'
   with pytest.raises(ValueError, match='seeds=0 must be an integer >= 1'):
@@ -187,41 +237,76 @@ def test_seeds_repeat_every_trial_seed_slowest_and_group_them(tmp_path):
   with pytest.raises(ValueError, match=r"trial 0 \{'seed': 1\} sets seed, which --seeds=3"):
     sweeps.create('configs/tiny.py', config, str(seeded), str(tmp_path / 'root'), seeds=3)
   with pytest.raises(ValueError, match='the command line may not set it too'):
-    sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'),
-                  shared_overrides={'seed': 1}, seeds=3)
-  with pytest.raises(ValueError, match=r"--compare_to=lr_scale=3.0 is not a configuration of "
-                                       r".*\['base', 'lr_scale=2.0'\]\. Did you mean 'lr_sca"):
-    sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'), seeds=2,
-                  compare_to='lr_scale=3.0')
+    sweeps.create(
+      'configs/tiny.py',
+      config,
+      str(sweep_file),
+      str(tmp_path / 'root'),
+      shared_overrides={'seed': 1},
+      seeds=3,
+    )
+  with pytest.raises(
+    ValueError,
+    match=r'--compare_to=lr_scale=3.0 is not a configuration of '
+    r".*\['base', 'lr_scale=2.0'\]\. Did you mean 'lr_sca",
+  ):
+    sweeps.create(
+      'configs/tiny.py',
+      config,
+      str(sweep_file),
+      str(tmp_path / 'root'),
+      seeds=2,
+      compare_to='lr_scale=3.0',
+    )
   with pytest.raises(ValueError, match='add --seeds'):
-    sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'),
-                  compare_to='base')
-  sweep = sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'),
-                        seeds=2, compare_to='base')
+    sweeps.create(
+      'configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'), compare_to='base'
+    )
+  sweep = sweeps.create(
+    'configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'), seeds=2, compare_to='base'
+  )
   assert sweeps.sweep_command(sweep)[-2:] == ['--seeds=2', '--compare_to=base']
 
 
 def _fake_trial(workdir, eval_loss, references, hypotheses):
   """What a finished trial with an eval.py stage leaves in its workdir."""
-  write_lines(workdir / 'metrics.jsonl', [
-    json.dumps({'step': 6, 'train_loss': eval_loss + 1, 'tokens_per_sec': 100.0}),
-    json.dumps({'step': 6, 'eval_loss': eval_loss})])
+  write_lines(
+    workdir / 'metrics.jsonl',
+    [
+      json.dumps({'step': 6, 'train_loss': eval_loss + 1, 'tokens_per_sec': 100.0}),
+      json.dumps({'step': 6, 'eval_loss': eval_loss}),
+    ],
+  )
   write_lines(workdir / 'eval' / 'references-validation.txt', references)
   write_lines(workdir / 'eval' / 'step_6-validation.txt', hypotheses)
   results = scoring.corpus_scores(hypotheses, references) | {
-    'split': 'validation', 'unscored_lines': [],
-    'references_sha256': scoring.references_digest(references)}
+    'split': 'validation',
+    'unscored_lines': [],
+    'references_sha256': scoring.references_digest(references),
+  }
   (workdir / 'eval' / 'step_6-validation.json').write_text(json.dumps(results))
   stage = {'status': 'finished', 'command': []}
-  (workdir / sweeps.STATE_FILE).write_text(json.dumps({'status': 'finished', 'stages': {
-    'train': stage, 'eval': stage | {'result': 'eval/step_6-validation.json'}}}))
+  (workdir / sweeps.STATE_FILE).write_text(
+    json.dumps(
+      {
+        'status': 'finished',
+        'stages': {'train': stage, 'eval': stage | {'result': 'eval/step_6-validation.json'}},
+      }
+    )
+  )
 
 
 def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_path, monkeypatch):
   monkeypatch.setenv('SACREBLEU_SEED', '12345')
   sweep_file = _write_sweep(tmp_path / 's.py', "sweeps.grid({'lr_scale': [1.0, 2.0, 4.0]})")
-  sweep = sweeps.create('configs/tiny.py', tiny.get_config(), str(sweep_file),
-                        str(tmp_path / 'root'), eval_flags=['--split=validation'], seeds=3)
+  sweep = sweeps.create(
+    'configs/tiny.py',
+    tiny.get_config(),
+    str(sweep_file),
+    str(tmp_path / 'root'),
+    eval_flags=['--split=validation'],
+    seeds=3,
+  )
   references = [de for _, de in synthetic_pairs(60, seed=3)]
   # Validation losses per configuration and seed; lr_scale=2.0 has the best mean, not the best
   # single run. Word-drop rates: 4.0 translates far worse than 2.0, 1.0 about as well.
@@ -230,13 +315,15 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
   for trial in sweep.trials:
     scale, seed = str(trial.overrides['lr_scale']), trial.overrides['seed']
     rng = np.random.default_rng(seed * 10 + list(losses).index(scale))
-    hypotheses = [' '.join(w for w in r.split() if rng.random() > drops[scale])
-                  for r in references]
+    hypotheses = [' '.join(w for w in r.split() if rng.random() > drops[scale]) for r in references]
     _fake_trial(Path(sweep.workdir(trial)), losses[scale][seed], references, hypotheses)
 
   groups = sweep_summary.write(sweep)
   assert [(g.name, g.rank) for g in groups] == [
-    ('lr_scale=2.0', 1), ('lr_scale=1.0', 2), ('lr_scale=4.0', 3)]
+    ('lr_scale=2.0', 1),
+    ('lr_scale=1.0', 2),
+    ('lr_scale=4.0', 3),
+  ]
   rows = _summary_rows(tmp_path / 'root')
   assert [r['configuration'] for r in rows] == ['lr_scale=2.0', 'lr_scale=1.0', 'lr_scale=4.0']
   assert [r['best'] for r in rows] == ['yes', '', ''] and rows[0]['seeds'] == '3'
@@ -244,23 +331,26 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
     values = losses[row['lr_scale']]
     assert float(row['eval_loss_mean']) == pytest.approx(np.mean(values))
     assert float(row['eval_loss_std']) == pytest.approx(np.std(values, ddof=1))
-    assert (float(row['eval_loss_min']), float(row['eval_loss_max'])) == (min(values),
-                                                                          max(values))
+    assert (float(row['eval_loss_min']), float(row['eval_loss_max'])) == (min(values), max(values))
   trials = (tmp_path / 'root' / 'trials.csv').read_text().splitlines()
   assert len(trials) == 10 and trials[0].startswith('rank,best,trial,lr_scale,seed,status,')
 
   # The paired tests: the best configuration's 3 seeds pooled against each other's.
   markdown = (tmp_path / 'root' / 'summary.md').read_text()
-  pooled = [significance.pool(g.name, [significance.load_system(
-    str(Path(t.workdir) / t.decode_result)) for t in g.trials]) for g in groups]
+  pooled = [
+    significance.pool(
+      g.name, [significance.load_system(str(Path(t.workdir) / t.decode_result)) for t in g.trials]
+    )
+    for g in groups
+  ]
   expected = significance.compare(pooled)
   assert expected['num_sentences'] == 180
   assert '## Paired tests against the best configuration' in markdown
   assert 'all seeds pooled (180 sentence pairs' in markdown
   [far, close] = expected['systems'][2], expected['systems'][1]
   assert far['scores']['BLEU']['significant'] and not close['scores']['BLEU']['significant']
-  assert f"| `lr_scale=4.0` | {far['scores']['BLEU']['score']:.2f} ± " in markdown
-  assert f"{far['scores']['BLEU']['p_value']:.4f} (significant) |" in markdown
+  assert f'| `lr_scale=4.0` | {far["scores"]["BLEU"]["score"]:.2f} ± ' in markdown
+  assert f'{far["scores"]["BLEU"]["p_value"]:.4f} (significant) |' in markdown
   for sentence in significance.verdicts(expected):
     assert f'* {sentence}' in markdown
   assert '**4.1500 ± 0.0500 [4.1000, 4.2000]**' in markdown  # The best's validation loss.
@@ -274,8 +364,9 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
   assert len(bars) == 3
   for bar, result in zip(bars, groups, strict=True):
     (x,), (y,) = bar.lines[0].get_data()
-    assert x == result.overrides['lr_scale'] and y == pytest.approx(result.stats('eval_loss')[
-      'mean'])
+    assert x == result.overrides['lr_scale'] and y == pytest.approx(
+      result.stats('eval_loss')['mean']
+    )
     segment = bar.lines[2][0].get_segments()[0]
     assert segment[1, 1] - segment[0, 1] == pytest.approx(2 * result.stats('eval_loss')['std'])
 
@@ -285,12 +376,16 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
   markdown = (tmp_path / 'root' / 'summary.md').read_text()
   assert '## Paired tests against `lr_scale=4.0`' in markdown
   tests = markdown.split('## Paired tests')[1].split('## Trials')[0]
-  assert tests.index('| `lr_scale=4.0` (reference) |') < tests.index('| `lr_scale=2.0` |') < (
-    tests.index('| `lr_scale=1.0` |'))
+  assert (
+    tests.index('| `lr_scale=4.0` (reference) |')
+    < tests.index('| `lr_scale=2.0` |')
+    < (tests.index('| `lr_scale=1.0` |'))
+  )
 
   # A configuration without eval.py results of every seed is left out, saying so.
-  (Path(groups[2].trials[1].workdir) / sweeps.STATE_FILE).write_text(json.dumps(
-    {'status': 'finished', 'stages': {}}))
+  (Path(groups[2].trials[1].workdir) / sweeps.STATE_FILE).write_text(
+    json.dumps({'status': 'finished', 'stages': {}})
+  )
   sweep_summary.write(sweep)
   markdown = (tmp_path / 'root' / 'summary.md').read_text()
   assert 'without eval.py translations of every seed: `lr_scale=4.0` (2 of 3 seeds).' in markdown
@@ -305,16 +400,28 @@ def sweep_env(tmp_path_factory):
   """Trials share compiled programs through JAX's disk cache: a trial that only differs in
   its seed from an earlier one compiles nothing. Unoptimised XLA code compiles faster."""
   xla_flags = os.environ.get('XLA_FLAGS', '') + ' --xla_backend_optimization_level=0'
-  return {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': xla_flags.strip(),
-          'JAX_COMPILATION_CACHE_DIR': str(tmp_path_factory.mktemp('jax_cache')),
-          'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0'}
+  return {
+    **os.environ,
+    'JAX_PLATFORMS': 'cpu',
+    'XLA_FLAGS': xla_flags.strip(),
+    'JAX_COMPILATION_CACHE_DIR': str(tmp_path_factory.mktemp('jax_cache')),
+    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+  }
 
 
 def _sweep_py(sweep_file, root, data_dirs, env, *flags):
   manual_dir, data_dir = data_dirs
-  command = [sys.executable, 'sweep.py', '--config=configs/tiny.py', f'--sweep={sweep_file}',
-             f'--workdir={root}', f'--config.data.manual_dir={manual_dir}',
-             f'--config.data.data_dir={data_dir}', *TINY_TRIAL_FLAGS, *flags]
+  command = [
+    sys.executable,
+    'sweep.py',
+    '--config=configs/tiny.py',
+    f'--sweep={sweep_file}',
+    f'--workdir={root}',
+    f'--config.data.manual_dir={manual_dir}',
+    f'--config.data.data_dir={data_dir}',
+    *TINY_TRIAL_FLAGS,
+    *flags,
+  ]
   return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -334,8 +441,12 @@ def _snapshot(root, names):
   return {name: {f: (root / name / f).read_bytes() for f in files} for name in names}
 
 
-TWO_BY_TWO = ['lr_scale=1.0,seed=0', 'lr_scale=2.0,seed=0', 'lr_scale=1.0,seed=1',
-              'lr_scale=2.0,seed=1']
+TWO_BY_TWO = [
+  'lr_scale=1.0,seed=0',
+  'lr_scale=2.0,seed=0',
+  'lr_scale=1.0,seed=1',
+  'lr_scale=2.0,seed=1',
+]
 
 
 @pytest.fixture(scope='module')
@@ -357,9 +468,16 @@ def two_by_two(tmp_path_factory, synthetic_corpus, sweep_env):
   sweep_file = _write_sweep(directory / 'two_by_two.py', "sweeps.grid({'lr_scale': [1.0, 2.0]})")
   root = directory / 'root'
   run = lambda *flags: _sweep_py(
-    sweep_file, root, synthetic_corpus, sweep_env, '--config.data.dataset=parallel_text',
-    '--seeds=2', '--eval', '--eval_flags=--split=validation --decoder=greedy --n_bootstrap=100',
-    *flags)
+    sweep_file,
+    root,
+    synthetic_corpus,
+    sweep_env,
+    '--config.data.dataset=parallel_text',
+    '--seeds=2',
+    '--eval',
+    '--eval_flags=--split=validation --decoder=greedy --n_bootstrap=100',
+    *flags,
+  )
   result = run('--parallel=2')
   return root, run, result
 
@@ -370,56 +488,62 @@ def test_two_by_two_sweep_with_seeds_writes_grouped_summaries(two_by_two):
   assert result.returncode == 0, result.stderr[-3000:]
   lines = (root / 'trials.csv').read_text().splitlines()
   assert len(lines) == 5, lines
-  assert lines[0] == ('rank,best,trial,lr_scale,seed,status,steps,train_loss,eval_loss,'
-                      'best_eval_bleu,tokens_per_sec,decode_bleu,decode_result,error,workdir')
+  assert lines[0] == (
+    'rank,best,trial,lr_scale,seed,status,steps,train_loss,eval_loss,'
+    'best_eval_bleu,tokens_per_sec,decode_bleu,decode_result,error,workdir'
+  )
   trials = {r['trial']: r for r in csv.DictReader(lines)}
   assert sorted(trials) == sorted(TWO_BY_TWO)
   assert all(r['status'] == 'finished' and r['steps'] == '6' for r in trials.values()), trials
-  assert all(float(r['tokens_per_sec']) > 0 and float(r['train_loss']) > 0
-             for r in trials.values())
+  assert all(float(r['tokens_per_sec']) > 0 and float(r['train_loss']) > 0 for r in trials.values())
   assert all(r['decode_result'] == 'eval/step_6-validation-greedy.json' for r in trials.values())
   # One row per configuration: mean, std, min and max over its 2 seeds, ranked by the mean.
   rows = _summary_rows(root)
   assert [r['configuration'] for r in rows] in (
-    [['lr_scale=1.0', 'lr_scale=2.0'], ['lr_scale=2.0', 'lr_scale=1.0']])
+    [['lr_scale=1.0', 'lr_scale=2.0'], ['lr_scale=2.0', 'lr_scale=1.0']]
+  )
   means = [float(r['eval_loss_mean']) for r in rows]
   assert means == sorted(means)  # configs/tiny.py ranks by final eval_loss.
   assert [r['rank'] for r in rows] == ['1', '2'] and [r['best'] for r in rows] == ['yes', '']
   for row in rows:
-    losses = [float(trials[f"{row['configuration']},seed={seed}"]['eval_loss'])
-              for seed in (0, 1)]
+    losses = [float(trials[f'{row["configuration"]},seed={seed}']['eval_loss']) for seed in (0, 1)]
     assert row['seeds'] == '2' and row['status'] == 'finished'
     assert float(row['eval_loss_mean']) == pytest.approx(np.mean(losses), abs=2e-5)
     assert float(row['eval_loss_std']) == pytest.approx(np.std(losses, ddof=1), abs=2e-5)
     assert float(row['eval_loss_std']) > 0  # Another seed, another run.
     assert (float(row['eval_loss_min']), float(row['eval_loss_max'])) == pytest.approx(
-      (min(losses), max(losses)), abs=2e-5)
+      (min(losses), max(losses)), abs=2e-5
+    )
   markdown = (root / 'summary.md').read_text()
   assert '2 configurations x 2 seeds' in markdown
-  assert f"| **best** | **`{rows[0]['configuration']}`** |" in markdown
+  assert f'| **best** | **`{rows[0]["configuration"]}`** |' in markdown
   assert 'all seeds pooled (80 sentence pairs' in markdown
-  assert f"* {rows[1]['configuration']}: BLEU " in markdown
+  assert f'* {rows[1]["configuration"]}: BLEU ' in markdown
   png = (root / 'summary.png').read_bytes()
   assert png.startswith(b'\x89PNG') and len(png) > 10_000
-  results = json.loads((root / TWO_BY_TWO[0] / 'eval' / 'step_6-validation-greedy.json')
-                       .read_text())
+  results = json.loads(
+    (root / TWO_BY_TWO[0] / 'eval' / 'step_6-validation-greedy.json').read_text()
+  )
   assert results['bleu_ci'] >= 0 and 'bs:100|' in results['bleu_signature']
 
   for name in TWO_BY_TWO:
     trial_dir = root / name
     config = json.loads((trial_dir / 'config.json').read_text())
-    assert f"lr_scale={config['lr_scale']},seed={config['seed']}" == name
+    assert f'lr_scale={config["lr_scale"]},seed={config["seed"]}' == name
     state = json.loads((trial_dir / 'trial.json').read_text())
     assert state['status'] == 'finished' and state['stages']['train']['attempts'] == 1
     [entry] = provenance.read(str(trial_dir))
-    assert entry['command'][1:3] == [str(REPO / 'train.py'), '--config=' + str(REPO / 'configs'
-                                                                               '/tiny.py')]
+    assert entry['command'][1:3] == [
+      str(REPO / 'train.py'),
+      '--config=' + str(REPO / 'configs/tiny.py'),
+    ]
     assert f'--config.lr_scale={config["lr_scale"]}' in entry['command']
     assert entry['packages']['jax'] == jax.__version__
     assert entry['git'] == provenance.git_state()
   if shutil.which('git') and (REPO / '.git').exists():
-    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=REPO, capture_output=True,
-                          text=True, check=True).stdout.strip()
+    head = subprocess.run(
+      ['git', 'rev-parse', 'HEAD'], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert entry['git']['commit'] == head
 
 
@@ -449,7 +573,8 @@ def test_interrupted_trial_resumes_from_its_checkpoint(two_by_two):
   assert summarized.returncode == 0, summarized.stderr[-3000:]
   assert {r['trial']: r['status'] for r in _trial_rows(root)}[name] == 'interrupted'
   assert {r['configuration']: r['status'] for r in _summary_rows(root)}['lr_scale=2.0'] == (
-    'finished 1, interrupted 1')
+    'finished 1, interrupted 1'
+  )
 
   before = _snapshot(root, others)
   result = run()
@@ -475,8 +600,9 @@ def test_slurm_script_runs_trials_as_array_tasks(two_by_two):
   assert subprocess.run(['bash', '-n', str(root / 'sweep.slurm')]).returncode == 0
   before = _snapshot(root, TWO_BY_TWO)
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'SLURM_ARRAY_TASK_ID': '2'}
-  task = subprocess.run(['bash', str(root / 'sweep.slurm')], env=env, capture_output=True,
-                        text=True, timeout=300)
+  task = subprocess.run(
+    ['bash', str(root / 'sweep.slurm')], env=env, capture_output=True, text=True, timeout=300
+  )
   assert task.returncode == 0, task.stderr[-3000:]
   assert f'{TWO_BY_TWO[2]}: finished earlier with the same commands, skipped' in task.stderr
   assert task.stderr.count('skipped') == 1  # Only its own trial.
@@ -484,14 +610,16 @@ def test_slurm_script_runs_trials_as_array_tasks(two_by_two):
 
 
 @pytest.mark.slow
-def test_failing_trial_is_recorded_and_the_others_finish(tmp_path, synthetic_multi30k_dir,
-                                                         synthetic_multi30k_data_dir, sweep_env):
+def test_failing_trial_is_recorded_and_the_others_finish(
+  tmp_path, synthetic_multi30k_dir, synthetic_multi30k_data_dir, sweep_env
+):
   # A mesh of 3 data shards needs 3 devices, the trial has 1: train.py fails (a config error that
   # only the machine shows); it runs first, the other one after it.
   sweep_file = _write_sweep(tmp_path / 'failing.py', "[{'mesh.data': 3}, {'seed': 2}]")
   root = tmp_path / 'root'
-  result = _sweep_py(sweep_file, root, (synthetic_multi30k_dir, synthetic_multi30k_data_dir),
-                     sweep_env)
+  result = _sweep_py(
+    sweep_file, root, (synthetic_multi30k_dir, synthetic_multi30k_data_dir), sweep_env
+  )
   assert result.returncode == 1
   assert '1 of 2 trials failed' in result.stderr
   rows = {r['trial']: r for r in _summary_rows(root)}
@@ -508,12 +636,21 @@ def test_failing_trial_is_recorded_and_the_others_finish(tmp_path, synthetic_mul
   assert 'Error: ' in line and message in line and line.endswith('(data=3/train.log)')
 
 
-@pytest.mark.parametrize(('trial', 'message'), [
-  ({'model.num_heads': 3}, 'config.model.d_model=32 is not divisible by config.model.num_heads=3'),
-  ({'model.dropout_rate': 1.5}, 'config.model.dropout_rate=1.5 must be a finite number in [0, 1)'),
-  ({'lr_scale': -1}, 'config.lr_scale=-1.0 must be a finite positive number'),
-  ({'model.norm': 'batch'}, "config.model.norm='batch' is not one of"),
-])
+@pytest.mark.parametrize(
+  ('trial', 'message'),
+  [
+    (
+      {'model.num_heads': 3},
+      'config.model.d_model=32 is not divisible by config.model.num_heads=3',
+    ),
+    (
+      {'model.dropout_rate': 1.5},
+      'config.model.dropout_rate=1.5 must be a finite number in [0, 1)',
+    ),
+    ({'lr_scale': -1}, 'config.lr_scale=-1.0 must be a finite positive number'),
+    ({'model.norm': 'batch'}, "config.model.norm='batch' is not one of"),
+  ],
+)
 def test_trial_outside_the_domains_is_rejected_before_any_trial_starts(trial, message):
   with pytest.raises(ValueError, match=re.escape(f'sweep(): trial 1 {trial}')) as error:
     sweeps.make_trials(tiny.get_config(), [{'seed': 1}, trial])

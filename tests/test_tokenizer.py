@@ -20,8 +20,12 @@ def small_tokenizer() -> tokenizer_lib.Tokenizer:
 
 def test_special_ids_and_vocab_size(small_tokenizer):
   assert small_tokenizer.vocab_size == VOCAB
-  assert (tokenizer_lib.PAD_ID, tokenizer_lib.EOS_ID, tokenizer_lib.BOS_ID,
-          tokenizer_lib.UNK_ID) == (0, 1, 2, 3)
+  assert (
+    tokenizer_lib.PAD_ID,
+    tokenizer_lib.EOS_ID,
+    tokenizer_lib.BOS_ID,
+    tokenizer_lib.UNK_ID,
+  ) == (0, 1, 2, 3)
   pieces = [small_tokenizer.id_to_piece(i) for i in range(4)]
   assert pieces == ['<pad>', '</s>', '<s>', '<unk>']
 
@@ -47,8 +51,9 @@ def test_pickles(small_tokenizer):
   assert copy.encode('Bada kemi.') == small_tokenizer.encode('Bada kemi.')
 
 
-def test_trains_once_next_to_the_data_and_reuses(tmp_path, write_parallel_corpus, config_for,
-                                                 monkeypatch):
+def test_trains_once_next_to_the_data_and_reuses(
+  tmp_path, write_parallel_corpus, config_for, monkeypatch
+):
   corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 300, 'val': 5})
   config = config_for(tmp_path / 'tfds', corpus, vocab_size=VOCAB, spm_train_sentences=250)
   seen = []
@@ -81,8 +86,9 @@ def test_trains_once_next_to_the_data_and_reuses(tmp_path, write_parallel_corpus
   assert again.encode('Bada kemi.') == tok.encode('Bada kemi.')
 
 
-def test_existing_model_with_other_vocab_size_is_an_error(tmp_path, write_parallel_corpus,
-                                                          config_for, small_tokenizer):
+def test_existing_model_with_other_vocab_size_is_an_error(
+  tmp_path, write_parallel_corpus, config_for, small_tokenizer
+):
   corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 5, 'val': 2})
   model = tmp_path / 'vocab' / 'spm.model'
   model.parent.mkdir()

@@ -68,7 +68,8 @@ def test_tiny_trains_and_loss_falls(data_dirs, tmp_path):
 
 @pytest.mark.full_data  # Quality smoke run: what configs/tiny.py's docstring promises.
 def test_tiny_on_the_real_multi30k_reaches_the_loss_its_docstring_states(
-    multi30k_dir, multi30k_data_dir, tmp_path):
+  multi30k_dir, multi30k_data_dir, tmp_path
+):
   config = _tiny_config((str(multi30k_dir), str(multi30k_data_dir)), eval_bleu_sentences=0)
   training.train_and_evaluate(config, str(tmp_path))
   train_losses = [r['train_loss'] for r in _metrics(tmp_path) if 'train_loss' in r]
@@ -76,8 +77,14 @@ def test_tiny_on_the_real_multi30k_reaches_the_loss_its_docstring_states(
 
 
 def test_tiny_trains_in_bfloat16_with_float32_parameters(data_dirs, tmp_path):
-  config = _tiny_config(data_dirs, dtype='bfloat16', num_train_steps=40, eval_every_steps=40,
-                        checkpoint_every_steps=40, eval_bleu_sentences=0)
+  config = _tiny_config(
+    data_dirs,
+    dtype='bfloat16',
+    num_train_steps=40,
+    eval_every_steps=40,
+    checkpoint_every_steps=40,
+    eval_bleu_sentences=0,
+  )
   training.train_and_evaluate(config, str(tmp_path), profile_steps=2)
   # Steps 2 and 3 were traced for TensorBoard's profile plugin.
   assert list((tmp_path / 'profile').glob('plugins/profile/*/*.xplane.pb'))
@@ -95,20 +102,23 @@ def test_tiny_trains_in_bfloat16_with_float32_parameters(data_dirs, tmp_path):
 
 
 def test_stopped_and_resumed_run_equals_uninterrupted(data_dirs, tmp_path):
-  overrides = dict(num_train_steps=20, checkpoint_every_steps=10, eval_every_steps=10,
-                   log_every_steps=5)
+  overrides = dict(
+    num_train_steps=20, checkpoint_every_steps=10, eval_every_steps=10, log_every_steps=5
+  )
   straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
   training.train_and_evaluate(_tiny_config(data_dirs, **overrides), str(straight))
   # Stop after 10 steps; a later invocation with the full step count resumes.
   training.train_and_evaluate(
-    _tiny_config(data_dirs, **{**overrides, 'num_train_steps': 10}), str(resumed))
+    _tiny_config(data_dirs, **{**overrides, 'num_train_steps': 10}), str(resumed)
+  )
   training.train_and_evaluate(_tiny_config(data_dirs, **overrides), str(resumed))
 
   step_a, params_a, opt_a = _final_params(straight)
   step_b, params_b, opt_b = _final_params(resumed)
   assert step_a == step_b == 20
-  for a, b in zip(jax.tree.leaves((params_a, opt_a)), jax.tree.leaves((params_b, opt_b)),
-                  strict=True):
+  for a, b in zip(
+    jax.tree.leaves((params_a, opt_a)), jax.tree.leaves((params_b, opt_b)), strict=True
+  ):
     np.testing.assert_array_equal(a, b)
   strip = lambda rows: [{k: v for k, v in r.items() if k not in _TIMING} for r in rows]
   # The resumed run re-logs step 10's evaluation; compare the rows step by step.
@@ -118,8 +128,9 @@ def test_stopped_and_resumed_run_equals_uninterrupted(data_dirs, tmp_path):
 
 
 def test_incompatible_checkpoint_is_reported_and_kept(data_dirs, tmp_path):
-  config = _tiny_config(data_dirs, num_train_steps=2, checkpoint_every_steps=2,
-                        eval_every_steps=2, log_every_steps=1)
+  config = _tiny_config(
+    data_dirs, num_train_steps=2, checkpoint_every_steps=2, eval_every_steps=2, log_every_steps=1
+  )
   training.train_and_evaluate(config, str(tmp_path))
   before = sorted(p.relative_to(tmp_path) for p in (tmp_path / 'checkpoints').rglob('*'))
   wider = _tiny_config(data_dirs, **{'num_train_steps': 4, 'model.d_ff': 48})
@@ -137,14 +148,23 @@ def test_incompatible_checkpoint_is_reported_and_kept(data_dirs, tmp_path):
 
 def _train_py(*args, cwd=REPO):
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
-  return subprocess.run([sys.executable, 'train.py', *args], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=300)
+  return subprocess.run(
+    [sys.executable, 'train.py', *args],
+    cwd=cwd,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
 
-@pytest.mark.parametrize(('config', 'expected'), [
-  ('configs/wmt14_ende_base.py', '63.1M'),
-  ('configs/wmt14_ende_big.py', '214.2M'),
-])
+@pytest.mark.parametrize(
+  ('config', 'expected'),
+  [
+    ('configs/wmt14_ende_base.py', '63.1M'),
+    ('configs/wmt14_ende_big.py', '214.2M'),
+  ],
+)
 def test_dry_run_reports_paper_parameter_counts(config, expected):
   result = _train_py(f'--config={config}', '--config.vocab_size=37000', '--dry_run')
   assert result.returncode == 0, result.stderr
@@ -154,8 +174,9 @@ def test_dry_run_reports_paper_parameter_counts(config, expected):
 
 
 def test_unknown_config_key_is_an_error_before_anything_runs(tmp_path):
-  result = _train_py('--config=configs/tiny.py', '--config.model.num_layer=3',
-                     f'--workdir={tmp_path}')
+  result = _train_py(
+    '--config=configs/tiny.py', '--config.model.num_layer=3', f'--workdir={tmp_path}'
+  )
   assert result.returncode != 0
   assert 'num_layer' in result.stderr
   assert not list(tmp_path.iterdir())
@@ -168,7 +189,8 @@ def test_heads_must_divide_d_model(tmp_path):
 
 
 def test_dry_run_needs_no_workdir_or_data():
-  result = _train_py('--config=configs/tiny.py', '--dry_run',
-                     '--config.data.manual_dir=/nonexistent')
+  result = _train_py(
+    '--config=configs/tiny.py', '--dry_run', '--config.data.manual_dir=/nonexistent'
+  )
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip().splitlines()[-1] == 'params: 0.038M (37760)'

@@ -38,8 +38,16 @@ VARIANTS = {
 
 
 def _config(**overrides) -> ModelConfig:
-  base = dict(vocab_size=VOCAB, num_layers=2, d_model=16, num_heads=2, d_ff=32,
-              dropout_rate=0.1, max_len=32, deterministic=True)
+  base = dict(
+    vocab_size=VOCAB,
+    num_layers=2,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    dropout_rate=0.1,
+    max_len=32,
+    deterministic=True,
+  )
   return ModelConfig(**{**base, **overrides})
 
 
@@ -84,8 +92,11 @@ def _rope_scores(q_positions, k_positions):
 def test_rope_scores_depend_only_on_relative_position():
   scores = _rope_scores([0, 1, 2, 3], [0, 1, 2, 3])
   np.testing.assert_allclose(_rope_scores([7, 8, 9, 10], [7, 8, 9, 10]), scores, atol=1e-4)
-  np.testing.assert_allclose(_rope_scores([3, 1, 0, 2], [3, 1, 0, 2]),
-                             _rope_scores([53, 51, 50, 52], [53, 51, 50, 52]), atol=1e-4)
+  np.testing.assert_allclose(
+    _rope_scores([3, 1, 0, 2], [3, 1, 0, 2]),
+    _rope_scores([53, 51, 50, 52], [53, 51, 50, 52]),
+    atol=1e-4,
+  )
   assert not np.allclose(_rope_scores([0, 1, 2, 3], [1, 2, 3, 4]), scores, atol=1e-2)
 
 
@@ -93,14 +104,21 @@ def test_rope_rotates_pairs_of_dimensions_by_position_times_frequency():
   x = jnp.asarray([[[[1.0, 0.0, 1.0, 0.0]]]])  # [B=1, L=1, H=1, K=4].
   out = np.asarray(layers.apply_rope(x, jnp.asarray([[2]])))[0, 0, 0]
   # Pair i is rotated by 2 * 10000^(-2i/4): angles 2 and 0.02.
-  np.testing.assert_allclose(out, [math.cos(2), math.sin(2), math.cos(0.02), math.sin(0.02)],
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    out, [math.cos(2), math.sin(2), math.cos(0.02), math.sin(0.02)], rtol=1e-5
+  )
 
 
 def _attention_weights(cfg, params, x, positions, mask=None):
   _, state = attention.MultiHeadAttention(cfg).apply(
-    {'params': params}, x, x, mask, positions_BL=jnp.asarray(positions), deterministic=True,
-    mutable=['intermediates'])
+    {'params': params},
+    x,
+    x,
+    mask,
+    positions_BL=jnp.asarray(positions),
+    deterministic=True,
+    mutable=['intermediates'],
+  )
   return np.asarray(state['intermediates']['attention_weights'][0])
 
 
@@ -108,12 +126,13 @@ def test_rope_attention_is_invariant_to_shifting_all_positions():
   cfg = _config(position='rope')
   x = jax.random.normal(jax.random.key(1), (1, 5, cfg.d_model))
   params = attention.MultiHeadAttention(cfg).init(
-    jax.random.key(0), x, x, None, positions_BL=jnp.arange(5)[None], deterministic=True)['params']
+    jax.random.key(0), x, x, None, positions_BL=jnp.arange(5)[None], deterministic=True
+  )['params']
   weights = _attention_weights(cfg, params, x, [[0, 1, 2, 3, 4]])
-  np.testing.assert_allclose(_attention_weights(cfg, params, x, [[9, 10, 11, 12, 13]]), weights,
-                             atol=1e-5)
-  assert not np.allclose(_attention_weights(cfg, params, x, [[0, 2, 4, 6, 8]]), weights,
-                         atol=1e-3)
+  np.testing.assert_allclose(
+    _attention_weights(cfg, params, x, [[9, 10, 11, 12, 13]]), weights, atol=1e-5
+  )
+  assert not np.allclose(_attention_weights(cfg, params, x, [[0, 2, 4, 6, 8]]), weights, atol=1e-3)
 
 
 # --- ALiBi (Press et al. 2022) ----------------------------------------------------------------
@@ -123,21 +142,22 @@ def test_alibi_slopes_follow_the_paper():
   np.testing.assert_allclose(layers.alibi_slopes(8), [2.0**-i for i in range(1, 9)])
   np.testing.assert_allclose(layers.alibi_slopes(2), [2.0**-4, 2.0**-8])
   # Not a power of 2: the 4-head slopes, then every other 8-head slope (1/2, 1/8).
-  np.testing.assert_allclose(layers.alibi_slopes(6),
-                             [1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8])
+  np.testing.assert_allclose(layers.alibi_slopes(6), [1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8])
 
 
 def test_alibi_bias_is_minus_slope_times_position_distance():
   positions = jnp.asarray([[0, 1, 2, 0, 1]])  # Two packed examples.
   bias = np.asarray(layers.alibi_bias(positions, positions, layers.alibi_slopes(8)))
   assert bias.shape == (1, 8, 5, 5)
-  distance = np.array([
-    [0, 1, 2, 0, 1],
-    [1, 0, 1, 1, 0],
-    [2, 1, 0, 2, 1],
-    [0, 1, 2, 0, 1],
-    [1, 0, 1, 1, 0],
-  ])  # |q_pos - k_pos| (q_pos - k_pos where causal): by positions, not array indices.
+  distance = np.array(
+    [
+      [0, 1, 2, 0, 1],
+      [1, 0, 1, 1, 0],
+      [2, 1, 0, 2, 1],
+      [0, 1, 2, 0, 1],
+      [1, 0, 1, 1, 0],
+    ]
+  )  # |q_pos - k_pos| (q_pos - k_pos where causal): by positions, not array indices.
   for head in range(8):
     np.testing.assert_allclose(bias[0, head], -distance * 2.0 ** -(head + 1))
 
@@ -147,7 +167,8 @@ def test_alibi_attention_adds_the_bias_to_the_logits():
   x = jax.random.normal(jax.random.key(1), (1, 5, cfg.d_model))
   positions = jnp.asarray([[0, 1, 2, 0, 1]])
   params = attention.MultiHeadAttention(cfg).init(
-    jax.random.key(0), x, x, None, positions_BL=positions, deterministic=True)['params']
+    jax.random.key(0), x, x, None, positions_BL=positions, deterministic=True
+  )['params']
   params = jax.tree.map(jnp.zeros_like, nn.meta.unbox(params))  # Q K^T = 0: only the bias is left.
   segments = jnp.asarray([[1, 1, 1, 2, 2]])
   mask = attention.segment_mask(segments, segments) & attention.causal_mask(5)
@@ -155,10 +176,12 @@ def test_alibi_attention_adds_the_bias_to_the_logits():
   # Third token of the first example: softmax(-slope * [2, 1, 0]) over its own keys.
   for head, slope in enumerate([1 / 16, 1 / 256]):
     logits = -slope * np.array([2.0, 1.0, 0.0])
-    np.testing.assert_allclose(weights[0, head, 2, :3], np.exp(logits) / np.exp(logits).sum(),
-                               rtol=1e-5)
-    np.testing.assert_allclose(weights[0, head, 4, 3:], [1 / (1 + math.exp(slope)),
-                                                         1 / (1 + math.exp(-slope))], rtol=1e-5)
+    np.testing.assert_allclose(
+      weights[0, head, 2, :3], np.exp(logits) / np.exp(logits).sum(), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+      weights[0, head, 4, 3:], [1 / (1 + math.exp(slope)), 1 / (1 + math.exp(-slope))], rtol=1e-5
+    )
 
 
 # --- SwiGLU (Shazeer 2020) and RMSNorm (Zhang & Sennrich 2019) ----------------------------------
@@ -171,8 +194,9 @@ def test_swiglu_is_swish_gate_times_linear_then_output_projection():
     'wv': {'kernel': jnp.asarray([[2.0, 0.0], [0.0, 3.0]])},  # V (linear).
     'wo': {'kernel': jnp.asarray([[1.0, 1.0], [0.0, 1.0]])},  # W2.
   }
-  out = layers.FeedForward(cfg).apply({'params': params}, jnp.asarray([[[1.0, -1.0]]]),
-                                      deterministic=True)
+  out = layers.FeedForward(cfg).apply(
+    {'params': params}, jnp.asarray([[[1.0, -1.0]]]), deterministic=True
+  )
   # x W = [1, -1] -> Swish: [sigmoid(1), -sigmoid(-1)] = [0.7310586, -0.2689414];
   # x V = [2, -3]; product [1.4621172, 0.8068243]; times W2: [1.4621172, 2.2689414].
   np.testing.assert_allclose(out[0, 0], [1.4621172, 2.2689414], rtol=1e-6)
@@ -190,11 +214,14 @@ def test_rmsnorm_divides_by_root_mean_square_and_scales():
 # --- Config: validation and the paper's defaults ------------------------------------------------
 
 
-@pytest.mark.parametrize('key,value,message', [
-  ('norm', 'batch_norm', "config.model.norm='batch_norm' is not one of"),
-  ('position', 'foo', "config.model.position='foo' is not one of"),
-  ('ffn_activation', 'tanh', "config.model.ffn_activation='tanh' is not one of"),
-])
+@pytest.mark.parametrize(
+  'key,value,message',
+  [
+    ('norm', 'batch_norm', "config.model.norm='batch_norm' is not one of"),
+    ('position', 'foo', "config.model.position='foo' is not one of"),
+    ('ffn_activation', 'tanh', "config.model.ffn_activation='tanh' is not one of"),
+  ],
+)
 def test_from_config_rejects_unknown_switch_values(key, value, message):
   config = default.get_config()
   config.model[key] = value
@@ -220,7 +247,11 @@ def test_configs_saved_before_the_switches_load_as_the_paper_model():
   assert 'position' not in config.model  # A copy: the config read stays as it was.
   cfg = ModelConfig.from_config(upgraded)
   assert (cfg.architecture, cfg.position, cfg.ffn_activation, cfg.use_bias) == (
-    'encoder_decoder', 'sinusoidal', 'relu', True)
+    'encoder_decoder',
+    'sinusoidal',
+    'relu',
+    True,
+  )
   assert upgraded.grad_clip_norm == 0.0
   assert list(upgraded.mesh.rules) == list(default.get_config().mesh.rules)
   config_lib.validate(upgraded, num_devices=1)
@@ -229,7 +260,11 @@ def test_configs_saved_before_the_switches_load_as_the_paper_model():
 def test_defaults_are_the_papers_base_model():
   cfg = ModelConfig.from_config(default.get_config())
   assert (cfg.norm, cfg.position, cfg.ffn_activation, cfg.use_bias) == (
-    'post_ln', 'sinusoidal', 'relu', True)
+    'post_ln',
+    'sinusoidal',
+    'relu',
+    True,
+  )
   from configs import wmt14_ende_base
 
   config = wmt14_ende_base.get_config()
@@ -269,12 +304,13 @@ def test_future_target_tokens_do_not_leak(variant):
   src, tgt = jnp.repeat(_random_tokens(2, (1, 8)), 2, axis=0), _random_tokens(3, (6,))
   # Row 0 is the original target; row t + 1 changes token t + 1. Run two rows at a time:
   # the shapes of the cached-decoding test, so that eager ops are compiled once for both.
-  rows = jnp.stack([tgt] + [tgt.at[t + 1].set(3 + (tgt[t + 1] - 2) % (VOCAB - 3))
-                            for t in range(5)])
-  logits = jnp.concatenate([_apply(model, params, src, rows[i:i + 2]) for i in range(0, 6, 2)])
+  rows = jnp.stack(
+    [tgt] + [tgt.at[t + 1].set(3 + (tgt[t + 1] - 2) % (VOCAB - 3)) for t in range(5)]
+  )
+  logits = jnp.concatenate([_apply(model, params, src, rows[i : i + 2]) for i in range(0, 6, 2)])
   for t in range(5):
-    np.testing.assert_allclose(logits[t + 1, :t + 1], logits[0, :t + 1], atol=1e-5)
-    assert not np.allclose(logits[t + 1, t + 1:], logits[0, t + 1:], atol=1e-5)
+    np.testing.assert_allclose(logits[t + 1, : t + 1], logits[0, : t + 1], atol=1e-5)
+    assert not np.allclose(logits[t + 1, t + 1 :], logits[0, t + 1 :], atol=1e-5)
 
 
 @pytest.mark.parametrize('variant', ['paper', *VARIANTS])
@@ -287,9 +323,12 @@ def test_padding_does_not_change_outputs_of_real_tokens(variant):
   if model.config.has_encoder:
     np.testing.assert_allclose(
       model.apply({'params': params}, padded_src, method=Transformer.encode)[:, :4],
-      model.apply({'params': params}, src, method=Transformer.encode), atol=1e-5)
-  np.testing.assert_allclose(_apply(model, params, padded_src, padded_tgt)[:, :4],
-                             _apply(model, params, src, tgt), atol=1e-5)
+      model.apply({'params': params}, src, method=Transformer.encode),
+      atol=1e-5,
+    )
+  np.testing.assert_allclose(
+    _apply(model, params, padded_src, padded_tgt)[:, :4], _apply(model, params, src, tgt), atol=1e-5
+  )
 
 
 @pytest.mark.parametrize('variant', ['paper', *VARIANTS])
@@ -298,13 +337,15 @@ def test_packed_rows_equal_separate_examples(variant):
   src_a, src_b = _random_tokens(6, (1, 4)), _random_tokens(7, (1, 3))
   tgt_a, tgt_b = _random_tokens(8, (1, 4)), _random_tokens(9, (1, 2))
   packed = _apply(
-    model, params,
+    model,
+    params,
     jnp.concatenate([src_a, src_b, jnp.zeros((1, 1), jnp.int32)], 1),
     jnp.concatenate([tgt_a, tgt_b], 1),
     src_segments_BS=jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]]),
     tgt_segments_BL=jnp.array([[1, 1, 1, 1, 2, 2]]),
     src_positions_BS=jnp.array([[0, 1, 2, 3, 0, 1, 2, 0]]),
-    tgt_positions_BL=jnp.array([[0, 1, 2, 3, 0, 1]]))
+    tgt_positions_BL=jnp.array([[0, 1, 2, 3, 0, 1]]),
+  )
   np.testing.assert_allclose(packed[:, :4], _apply(model, params, src_a, tgt_a), atol=1e-5)
   np.testing.assert_allclose(packed[:, 4:], _apply(model, params, src_b, tgt_b), atol=1e-5)
 
@@ -318,9 +359,16 @@ def test_changing_one_packed_example_leaves_the_others_logits_unchanged(variant)
   positions = jnp.array([[0, 1, 2, 0, 1, 2, 0, 1]])
   src, tgt = _random_tokens(11, (1, 8)), _random_tokens(12, (1, 8))
   changed = lambda tokens: tokens.at[0, 3:6].set(3 + (tokens[0, 3:6] - 2) % (VOCAB - 3))
-  run = lambda src, tgt: _apply(model, params, src, tgt, src_segments_BS=segments,
-                                tgt_segments_BL=segments, src_positions_BS=positions,
-                                tgt_positions_BL=positions)
+  run = lambda src, tgt: _apply(
+    model,
+    params,
+    src,
+    tgt,
+    src_segments_BS=segments,
+    tgt_segments_BL=segments,
+    src_positions_BS=positions,
+    tgt_positions_BL=positions,
+  )
   before, after = run(src, tgt), run(changed(src), changed(tgt))
   others = np.array([0, 1, 2, 6, 7])
   np.testing.assert_allclose(after[:, others], before[:, others], atol=1e-5)
@@ -333,9 +381,10 @@ def test_relative_positions_ignore_a_shift_of_all_positions(variant):
   src, tgt = _random_tokens(4, (1, 4)), _random_tokens(5, (1, 4))
   shift = lambda tokens, offset: jnp.arange(tokens.shape[1])[None] + offset
   np.testing.assert_allclose(
-    _apply(model, params, src, tgt, src_positions_BS=shift(src, 7),
-           tgt_positions_BL=shift(tgt, 3)),
-    _apply(model, params, src, tgt), atol=1e-4)
+    _apply(model, params, src, tgt, src_positions_BS=shift(src, 7), tgt_positions_BL=shift(tgt, 3)),
+    _apply(model, params, src, tgt),
+    atol=1e-4,
+  )
 
 
 def assert_cached_decoding_matches_full_pass(model, params) -> None:
@@ -352,11 +401,23 @@ def assert_cached_decoding_matches_full_pass(model, params) -> None:
   if model.config.has_encoder:
     src_segments = (src != 0).astype(jnp.int32)
     encoded = decoder.apply({'params': params}, src, method=Transformer.encode)
-  _, cache = decoder.apply({'params': params}, encoded, src_segments, tgt[:, :1],
-                           method=Transformer.decode, mutable=['cache'])
+  _, cache = decoder.apply(
+    {'params': params},
+    encoded,
+    src_segments,
+    tgt[:, :1],
+    method=Transformer.decode,
+    mutable=['cache'],
+  )
   for t in range(6):
-    logits, cache = decoder.apply({'params': params, **cache}, encoded, src_segments,
-                                  tgt[:, t:t + 1], method=Transformer.decode, mutable=['cache'])
+    logits, cache = decoder.apply(
+      {'params': params, **cache},
+      encoded,
+      src_segments,
+      tgt[:, t : t + 1],
+      method=Transformer.decode,
+      mutable=['cache'],
+    )
     np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
 
 
@@ -399,15 +460,23 @@ def _train_losses(variant: str, steps: int = 25) -> list[float]:
 
   rng = np.random.default_rng(0)
   if model.config.has_encoder:
-    batches = [jnp.asarray(rng.integers(3, 3 + COPY_TOKENS, (32, 10)), jnp.int32)
-               for _ in range(steps)]
+    batches = [
+      jnp.asarray(rng.integers(3, 3 + COPY_TOKENS, (32, 10)), jnp.int32) for _ in range(steps)
+    ]
   else:
-    batches = [jnp.asarray(3 + (rng.integers(0, COPY_TOKENS, (32, 1)) + np.arange(10))
-                           % COPY_TOKENS, jnp.int32) for _ in range(steps)]
+    batches = [
+      jnp.asarray(
+        3 + (rng.integers(0, COPY_TOKENS, (32, 1)) + np.arange(10)) % COPY_TOKENS, jnp.int32
+      )
+      for _ in range(steps)
+    ]
   opt_state, losses = optimizer.init(params), []
   # Unoptimised CPU code compiles 2-3x faster, and 25 tiny steps need no speed.
-  step = jax.jit(step).lower(params, opt_state, batches[0]).compile(
-    {'xla_backend_optimization_level': 0})
+  step = (
+    jax.jit(step)
+    .lower(params, opt_state, batches[0])
+    .compile({'xla_backend_optimization_level': 0})
+  )
   for src_BL in batches:
     params, opt_state, loss = step(params, opt_state, src_BL)
     losses.append(float(loss))

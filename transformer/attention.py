@@ -75,8 +75,9 @@ def dot_product_attention(
   if dropout_rng is not None and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights_BHLS.shape)
     weights_BHLS = jnp.where(keep, weights_BHLS / (1.0 - dropout_rate), 0.0)
-  out_BLHK = jnp.einsum(f'bhls,{value_spec}->blhk', weights_BHLS.astype(value_BSHK.dtype),
-                        value_BSHK)
+  out_BLHK = jnp.einsum(
+    f'bhls,{value_spec}->blhk', weights_BHLS.astype(value_BSHK.dtype), value_BSHK
+  )
   return out_BLHK, weights_BHLS
 
 
@@ -102,21 +103,35 @@ class _Projection(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     cfg = self.config
-    in_shape = x.shape[-self.in_dims:]
+    in_shape = x.shape[-self.in_dims :]
     rank = self.in_dims + len(self.features)
     kernel_init = nn.initializers.variance_scaling(
-      1.0, 'fan_avg', 'uniform', in_axis=tuple(range(self.in_dims)),
-      out_axis=tuple(range(self.in_dims, rank)))
-    kernel = self.param('kernel', nn.with_logical_partitioning(kernel_init, self.names),
-                        in_shape + self.features, jnp.float32)
+      1.0,
+      'fan_avg',
+      'uniform',
+      in_axis=tuple(range(self.in_dims)),
+      out_axis=tuple(range(self.in_dims, rank)),
+    )
+    kernel = self.param(
+      'kernel',
+      nn.with_logical_partitioning(kernel_init, self.names),
+      in_shape + self.features,
+      jnp.float32,
+    )
     contract = tuple(range(x.ndim - self.in_dims, x.ndim))
     y = jax.lax.dot_general(
-      x.astype(cfg.dtype), kernel.astype(cfg.dtype),
-      ((contract, tuple(range(self.in_dims))), ((), ())))
+      x.astype(cfg.dtype),
+      kernel.astype(cfg.dtype),
+      ((contract, tuple(range(self.in_dims))), ((), ())),
+    )
     if cfg.use_bias:
-      bias_names = self.names[self.in_dims:]
-      bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros, bias_names),
-                        self.features, jnp.float32)
+      bias_names = self.names[self.in_dims :]
+      bias = self.param(
+        'bias',
+        nn.with_logical_partitioning(nn.initializers.zeros, bias_names),
+        self.features,
+        jnp.float32,
+      )
       y = y + bias.astype(cfg.dtype)
     return y
 
@@ -156,16 +171,19 @@ class MultiHeadAttention(nn.Module):
     if relative and positions_BL is None:
       raise ValueError(f'position={cfg.position!r} self-attention needs positions_BL.')
     projection = lambda name: _Projection(
-      cfg, (heads, head_dim), 1, ('embed', 'heads', 'kv'), name=name)
+      cfg, (heads, head_dim), 1, ('embed', 'heads', 'kv'), name=name
+    )
     query_BLHK = projection('query')(inputs_q_BLD)
 
     if self.decode and self.is_cross_attention:
       # Keys and values of the encoder output, projected once per source sentence and
       # kept as [B, H, K, S].
       key_BSHK = self.variable(
-        'cache', 'cross_key', lambda: _heads_first(projection('key')(inputs_kv_BSD)))
+        'cache', 'cross_key', lambda: _heads_first(projection('key')(inputs_kv_BSD))
+      )
       value_BSHK = self.variable(
-        'cache', 'cross_value', lambda: _heads_first(projection('value')(inputs_kv_BSD)))
+        'cache', 'cross_value', lambda: _heads_first(projection('value')(inputs_kv_BSD))
+      )
       key_BSHK, value_BSHK = key_BSHK.value, value_BSHK.value
     else:
       key_BSHK = projection('key')(inputs_kv_BSD)
@@ -179,7 +197,8 @@ class MultiHeadAttention(nn.Module):
     kv_positions_BS = positions_BL
     if self.decode and not self.is_cross_attention:
       key_BSHK, value_BSHK, mask_B1LS, kv_positions_BS = self._update_cache(
-        key_BSHK, value_BSHK, mask_B1LS, positions_BL)
+        key_BSHK, value_BSHK, mask_B1LS, positions_BL
+      )
 
     bias_BHLS = None
     if relative and cfg.position == 'alibi':
@@ -189,9 +208,15 @@ class MultiHeadAttention(nn.Module):
     if not deterministic and cfg.attention_dropout_rate > 0.0:
       dropout_rng = self.make_rng('dropout')
     out_BLHK, weights_BHLS = dot_product_attention(
-      query_BLHK, key_BSHK, value_BSHK, mask_B1LS, bias_BHLS=bias_BHLS,
-      dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout_rate,
-      kv_heads_first=self.decode)
+      query_BLHK,
+      key_BSHK,
+      value_BSHK,
+      mask_B1LS,
+      bias_BHLS=bias_BHLS,
+      dropout_rng=dropout_rng,
+      dropout_rate=cfg.attention_dropout_rate,
+      kv_heads_first=self.decode,
+    )
     # Read by eval.py's attention maps through `mutable=['intermediates']`.
     self.sow('intermediates', 'attention_weights', weights_BHLS)
     return _Projection(cfg, (cfg.d_model,), 2, ('heads', 'kv', 'embed'), name='out')(out_BLHK)
@@ -218,9 +243,11 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(f'Cached decoding takes one token per step, got {key_B1HK.shape[1]}.')
     index = cache_index.value
     cached_key.value = jax.lax.dynamic_update_slice(
-      cached_key.value, _heads_first(key_B1HK), (0, 0, 0, index))
+      cached_key.value, _heads_first(key_B1HK), (0, 0, 0, index)
+    )
     cached_value.value = jax.lax.dynamic_update_slice(
-      cached_value.value, _heads_first(value_B1HK), (0, 0, 0, index))
+      cached_value.value, _heads_first(value_B1HK), (0, 0, 0, index)
+    )
     cache_index.value = index + 1
     # Causality: step `index` sees cache positions 0..index.
     written_11S = (jnp.arange(cfg.max_decode_len) <= index)[None, None, None, :]

@@ -63,9 +63,11 @@ def _checksum_arrays(tree):
   Exact integer sums are independent of the summation order, so the value does
   not depend on sharding or device count.
   """
+
   def checksum(x):
     bits = jax.lax.bitcast_convert_type(x, _UNSIGNED[x.dtype.itemsize])
     return jnp.sum(bits.astype(jnp.uint32), dtype=jnp.uint32)
+
   return jax.tree.map(checksum, tree)
 
 
@@ -82,8 +84,14 @@ def array_checksums(state) -> dict[str, int]:
 class Checkpointer:
   """Saves and restores {train state, data iterator} under WORKDIR/checkpoints."""
 
-  def __init__(self, workdir: str, *, keep: int | None = None, read_only: bool = False,
-               during_save: Callable[[int], None] | None = None):
+  def __init__(
+    self,
+    workdir: str,
+    *,
+    keep: int | None = None,
+    read_only: bool = False,
+    during_save: Callable[[int], None] | None = None,
+  ):
     """Opens WORKDIR/checkpoints.
 
     Args:
@@ -102,18 +110,24 @@ class Checkpointer:
       raise FileNotFoundError(f'No checkpoints directory at {self.directory}.')
     if not read_only and jax.process_index() == 0:  # Orbax removes them on process 0.
       for path in sorted(glob.glob(os.path.join(self.directory, '*.orbax-checkpoint-tmp*'))):
-        logging.warning('Removing %s: a save that never committed (the process died during it).',
-                        path)
+        logging.warning(
+          'Removing %s: a save that never committed (the process died during it).', path
+        )
     self._saving_step = None  # The step of the save in flight, if any.
     async_options = None
     if during_save is not None:
       async_options = ocp.AsyncOptions(
-        post_finalization_callback=lambda: during_save(self._saving_step))
+        post_finalization_callback=lambda: during_save(self._saving_step)
+      )
     self._manager = ocp.CheckpointManager(
       self.directory,
       options=ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=not read_only, read_only=read_only,
-        cleanup_tmp_directories=not read_only, async_options=async_options),
+        max_to_keep=keep,
+        create=not read_only,
+        read_only=read_only,
+        cleanup_tmp_directories=not read_only,
+        async_options=async_options,
+      ),
       item_names=('state', 'data'),
     )
 
@@ -150,11 +164,15 @@ class Checkpointer:
       step, self._saving_step = self._saving_step, None
       self._manager.reload()  # The failed save's temporary folder is not a checkpoint.
       committed = self._manager.latest_step()
-      previous = (f'the last committed checkpoint, {self.directory}/{committed}, is intact'
-                  if committed is not None else 'no checkpoint had been committed yet')
+      previous = (
+        f'the last committed checkpoint, {self.directory}/{committed}, is intact'
+        if committed is not None
+        else 'no checkpoint had been committed yet'
+      )
       raise CheckpointSaveError(
         f'Saving checkpoint {step} to {self.directory} failed ({type(e).__name__}: {e}); '
-        f'{previous}. Free space (or fix the error) and run the same command to resume.') from e
+        f'{previous}. Free space (or fix the error) and run the same command to resume.'
+      ) from e
 
   def check_compatible(self, step: int, abstract_state) -> None:
     """Raises, naming every differing array, if checkpoint `step` does not fit the model.
@@ -163,7 +181,8 @@ class Checkpointer:
     """
     try:
       metadata = ocp.StandardCheckpointer().metadata(
-        os.path.join(self.directory, str(step), 'state'))
+        os.path.join(self.directory, str(step), 'state')
+      )
       saved = _leaf_shapes(metadata.item_metadata)
     except Exception as e:
       raise self._corrupt(step, e) from e
@@ -184,7 +203,8 @@ class Checkpointer:
       raise ValueError(
         f'The checkpoint at {self.directory}/{step} was written by an incompatible model '
         f'({len(problems)} arrays differ); it is left untouched. Use another --workdir or '
-        f'the config that wrote it.\n  {shown}{more}')
+        f'the config that wrote it.\n  {shown}{more}'
+      )
 
   def check_latest_compatible(self, abstract_state) -> None:
     """`check_compatible` for the latest checkpoint, if any, before any data or compile.
@@ -210,13 +230,18 @@ class Checkpointer:
       raise self._corrupt(step, e) from e
     if saved_checksums is not None:  # Checkpoints written before checksums have none.
       restored_checksums = array_checksums(restored['state'])
-      damaged = sorted(key for key, value in restored_checksums.items()
-                       if saved_checksums.get(key) != value)
+      damaged = sorted(
+        key for key, value in restored_checksums.items() if saved_checksums.get(key) != value
+      )
       if damaged:
-        shown = ', '.join(damaged[:5]) + (f' and {len(damaged) - 5} more'
-                                          if len(damaged) > 5 else '')
-        raise self._corrupt(step, f'{len(damaged)} arrays differ from the checksums written '
-                            f'with them ({shown}): the files were changed after the save')
+        shown = ', '.join(damaged[:5]) + (
+          f' and {len(damaged) - 5} more' if len(damaged) > 5 else ''
+        )
+        raise self._corrupt(
+          step,
+          f'{len(damaged)} arrays differ from the checksums written '
+          f'with them ({shown}): the files were changed after the save',
+        )
     logging.info('Restored checkpoint %s/%d.', self.directory, step)
     return restored['state']
 
@@ -228,10 +253,12 @@ class Checkpointer:
         error = error.__cause__ or error.__context__
       error = f'{type(error).__name__}: {str(error).splitlines()[0][:400]}'
     return CorruptCheckpointError(
-      f'Checkpoint {step} ({self.directory}/{step}) cannot be restored: {error}')
+      f'Checkpoint {step} ({self.directory}/{step}) cannot be restored: {error}'
+    )
 
-  def restore_latest(self, abstract_state, data_iterator: grain.DatasetIterator, *,
-                     fallback: bool = False):
+  def restore_latest(
+    self, abstract_state, data_iterator: grain.DatasetIterator, *, fallback: bool = False
+  ):
     """Restores the newest checkpoint; returns (step, state), or (None, None) if there is none.
 
     A checkpoint that fails to restore raises `CorruptCheckpointError` naming
@@ -250,7 +277,8 @@ class Checkpointer:
           raise CorruptCheckpointError(
             f'{e}\nNothing was changed. To resume from the newest checkpoint that restores '
             f'instead, pass --restore_fallback (checkpoint {step} is then moved to '
-            f'{self.corrupt_directory}).') from e.__cause__
+            f'{self.corrupt_directory}).'
+          ) from e.__cause__
         logging.warning('%s; trying the previous checkpoint.', e)
         unreadable.append(step)
         continue
@@ -264,7 +292,8 @@ class Checkpointer:
       return step, state
     if unreadable:
       raise CorruptCheckpointError(
-        f'No checkpoint in {self.directory} restores (steps {unreadable}); nothing was changed.')
+        f'No checkpoint in {self.directory} restores (steps {unreadable}); nothing was changed.'
+      )
     return None, None
 
   def _move_aside(self, step: int) -> None:
@@ -298,19 +327,21 @@ def select_steps(available: list[int], checkpoint: str) -> list[int]:
   if checkpoint == 'latest':
     return available[-1:]
   if checkpoint.startswith('avg:'):
-    count = checkpoint[len('avg:'):]
+    count = checkpoint[len('avg:') :]
     if not count.isdigit() or int(count) < 1:
       raise ValueError(f'checkpoint={checkpoint!r}: expected avg:N with N a positive integer.')
     if int(count) > len(available):
       raise ValueError(
         f'checkpoint={checkpoint!r} needs {count} checkpoints, but there are only '
-        f'{len(available)}: {available}.')
-    return available[-int(count):]
+        f'{len(available)}: {available}.'
+      )
+    return available[-int(count) :]
   if checkpoint.isdigit() and int(checkpoint) in available:
     return [int(checkpoint)]
   raise ValueError(
     f'checkpoint={checkpoint!r} does not exist; the checkpoints are at steps {available} '
-    f"(or use 'latest' or 'avg:N').")
+    f"(or use 'latest' or 'avg:N')."
+  )
 
 
 def load_params(workdir: str, abstract_state, checkpoint: str = 'latest'):
@@ -328,8 +359,7 @@ def load_params(workdir: str, abstract_state, checkpoint: str = 'latest'):
   finally:
     checkpointer.close()
   params = jax.tree.map(lambda x: x / len(steps), total) if len(steps) > 1 else total
-  label = (f'step_{steps[0]}' if len(steps) == 1
-           else f'avg{len(steps)}_{steps[0]}-{steps[-1]}')
+  label = f'step_{steps[0]}' if len(steps) == 1 else f'avg{len(steps)}_{steps[0]}-{steps[-1]}'
   return params, label
 
 

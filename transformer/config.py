@@ -67,8 +67,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_real(value: Any) -> bool:
-  return (isinstance(value, numbers.Real) and not isinstance(value, bool)
-          and math.isfinite(value))
+  return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def integer(low: int | None = None, high: int | None = None) -> Rule:
@@ -81,19 +80,25 @@ def integer(low: int | None = None, high: int | None = None) -> Rule:
     text = f'an integer >= {low}'
   else:
     text = 'an integer'
-  return Rule(text, lambda v: _is_int(v) and (low is None or v >= low)
-              and (high is None or v <= high))
+  return Rule(
+    text, lambda v: _is_int(v) and (low is None or v >= low) and (high is None or v <= high)
+  )
 
 
-def real(low: float, high: float = math.inf, *, low_open: bool = False,
-         high_open: bool = False) -> Rule:
+def real(
+  low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False
+) -> Rule:
   """A finite number in the interval, its ends open or closed as given."""
   left, right = '(' if low_open else '[', ')' if high_open or high == math.inf else ']'
   text = f'a finite number in {left}{low:g}, {high:g}{right}'
   if low == 0 and low_open and high == math.inf:
     text = 'a finite positive number'
-  return Rule(text, lambda v: _is_real(v) and (v > low if low_open else v >= low)
-              and (v < high if high_open else v <= high))
+  return Rule(
+    text,
+    lambda v: (
+      _is_real(v) and (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+    ),
+  )
 
 
 def one_of(choices: Sequence[Any]) -> Rule:
@@ -105,15 +110,21 @@ PROBABILITY = real(0.0, 1.0, high_open=True)  # Dropout, label smoothing, Adam b
 POSITIVE_INT = integer(1)
 POSITIVE_REAL = real(0.0, low_open=True)
 NAME = Rule('a non-empty string', lambda v: isinstance(v, str) and bool(v.strip()))
-LANGUAGE = Rule('a string (a language code; empty only for a language model)',
-                lambda v: isinstance(v, str))
-OPTIONAL_PATH = Rule('None or a non-empty path', lambda v: v is None or (
-  isinstance(v, str) and bool(v.strip())))
-MESH_SIZE = Rule('a positive integer or -1 (all remaining devices)',
-                 lambda v: _is_int(v) and (v >= 1 or v == -1))
-AXIS_RULES = Rule('a sequence of (logical axis, mesh axes) pairs',
-                  lambda v: isinstance(v, list | tuple) and all(
-                    isinstance(e, list | tuple) and len(e) == 2 for e in v))
+LANGUAGE = Rule(
+  'a string (a language code; empty only for a language model)', lambda v: isinstance(v, str)
+)
+OPTIONAL_PATH = Rule(
+  'None or a non-empty path', lambda v: v is None or (isinstance(v, str) and bool(v.strip()))
+)
+MESH_SIZE = Rule(
+  'a positive integer or -1 (all remaining devices)', lambda v: _is_int(v) and (v >= 1 or v == -1)
+)
+AXIS_RULES = Rule(
+  'a sequence of (logical axis, mesh axes) pairs',
+  lambda v: (
+    isinstance(v, list | tuple) and all(isinstance(e, list | tuple) and len(e) == 2 for e in v)
+  ),
+)
 
 
 # Every leaf key of a training config (dotted) -> its domain. One line per field.
@@ -173,8 +184,9 @@ CONFIG_RULES: dict[str, Rule] = {
 }
 
 
-def flatten(config: ml_collections.ConfigDict | Mapping[str, Any],
-            prefix: str = '') -> dict[str, Any]:
+def flatten(
+  config: ml_collections.ConfigDict | Mapping[str, Any], prefix: str = ''
+) -> dict[str, Any]:
   """{'model.d_model': 256, ...}: every leaf of `config` under its dotted key."""
   leaves = {}
   for key, value in config.items():
@@ -192,12 +204,14 @@ def _model_errors(c) -> list[str]:
   m = c.model
   errors = []
   if m.num_heads >= 1 and m.d_model % m.num_heads:
-    errors.append(f'config.model.d_model={m.d_model} is not divisible by '
-                  f'config.model.num_heads={m.num_heads}.')
+    errors.append(
+      f'config.model.d_model={m.d_model} is not divisible by config.model.num_heads={m.num_heads}.'
+    )
   elif m.position == 'rope' and m.num_heads >= 1 and m.d_model % (2 * m.num_heads):
     errors.append(
       f"config.model.position='rope' rotates pairs of dimensions: the head dim "
-      f'config.model.d_model / num_heads = {m.d_model / m.num_heads:g} must be even.')
+      f'config.model.d_model / num_heads = {m.d_model / m.num_heads:g} must be even.'
+    )
   return errors
 
 
@@ -207,10 +221,13 @@ def _length_errors(c) -> list[str]:
   if d.max_len > c.model.max_len or d.max_eval_len > c.model.max_len:
     errors.append(
       f'config.data.max_len={d.max_len} and config.data.max_eval_len={d.max_eval_len} must '
-      f'not exceed config.model.max_len={c.model.max_len}.')
+      f'not exceed config.model.max_len={c.model.max_len}.'
+    )
   if d.tokens_per_batch % d.max_len:
-    errors.append(f'config.data.tokens_per_batch={d.tokens_per_batch} must be a positive '
-                  f'multiple of config.data.max_len={d.max_len}.')
+    errors.append(
+      f'config.data.tokens_per_batch={d.tokens_per_batch} must be a positive '
+      f'multiple of config.data.max_len={d.max_len}.'
+    )
   return errors
 
 
@@ -223,16 +240,20 @@ def _task_errors(c) -> list[str]:
     errors.append(
       f'config.model.architecture={c.model.architecture!r} does not fit '
       f'config.data.dataset={c.data.dataset!r}: a decoder_only model trains on '
-      f'monolingual text {datasets.LM_DATASETS}, an encoder_decoder one on parallel text.')
+      f'monolingual text {datasets.LM_DATASETS}, an encoder_decoder one on parallel text.'
+    )
   if decoder_only and c.eval_bleu_sentences:
-    errors.append(f'config.eval_bleu_sentences={c.eval_bleu_sentences} must be 0 for a '
-                  'decoder_only model: BLEU scores translations.')
+    errors.append(
+      f'config.eval_bleu_sentences={c.eval_bleu_sentences} must be 0 for a '
+      'decoder_only model: BLEU scores translations.'
+    )
   if decoder_only and c.target_metric == 'eval_bleu':
-    errors.append("config.target_metric='eval_bleu' ranks translations; use 'eval_loss' for a "
-                  'decoder_only model.')
+    errors.append(
+      "config.target_metric='eval_bleu' ranks translations; use 'eval_loss' for a "
+      'decoder_only model.'
+    )
   if not decoder_only and not c.data.source_lang.strip():
-    errors.append('config.data.source_lang is empty: a translation model needs a source '
-                  'language.')
+    errors.append('config.data.source_lang is empty: a translation model needs a source language.')
   elif not decoder_only and c.data.source_lang == c.data.target_lang:
     errors.append(f'config.data.source_lang and target_lang are both {c.data.source_lang!r}.')
   return errors
@@ -248,11 +269,16 @@ def _mesh_rule_errors(c) -> list[str]:
 
 # Each takes a config whose single values are in their domains; returns errors naming the keys.
 _CROSS_CHECKS: tuple[Callable[[ml_collections.ConfigDict], list[str]], ...] = (
-  _model_errors, _length_errors, _task_errors, _mesh_rule_errors)
+  _model_errors,
+  _length_errors,
+  _task_errors,
+  _mesh_rule_errors,
+)
 
 
-def config_errors(config: ml_collections.ConfigDict, keys: Sequence[str] | None = None
-                  ) -> list[str]:
+def config_errors(
+  config: ml_collections.ConfigDict, keys: Sequence[str] | None = None
+) -> list[str]:
   """Every value of `config` outside its domain, then every broken rule across keys.
 
   `keys` limits the domain checks to those keys (and their groups, e.g.
@@ -261,10 +287,12 @@ def config_errors(config: ml_collections.ConfigDict, keys: Sequence[str] | None 
   they existed) are skipped.
   """
   values = flatten(config)
-  selected = [k for k in CONFIG_RULES if keys is None
-              or any(k == p or k.startswith(p + '.') for p in keys)]
-  errors = [e for k in selected if k in values
-            if (e := CONFIG_RULES[k].error(f'config.{k}', values[k]))]
+  selected = [
+    k for k in CONFIG_RULES if keys is None or any(k == p or k.startswith(p + '.') for p in keys)
+  ]
+  errors = [
+    e for k in selected if k in values if (e := CONFIG_RULES[k].error(f'config.{k}', values[k]))
+  ]
   if errors or any(k not in values for k in CONFIG_RULES):
     return errors  # Rules across keys assume every value of theirs is valid and present.
   for check in _CROSS_CHECKS:
@@ -275,9 +303,12 @@ def config_errors(config: ml_collections.ConfigDict, keys: Sequence[str] | None 
 def model_errors(config: ml_collections.ConfigDict) -> list[str]:
   """The errors of `config.model`, `config.vocab_size` and `config.dtype` alone."""
   values = flatten(config)
-  errors = [e for k, rule in CONFIG_RULES.items()
-            if (k.startswith('model.') or k in ('vocab_size', 'dtype')) and k in values
-            if (e := rule.error(f'config.{k}', values[k]))]
+  errors = [
+    e
+    for k, rule in CONFIG_RULES.items()
+    if (k.startswith('model.') or k in ('vocab_size', 'dtype')) and k in values
+    if (e := rule.error(f'config.{k}', values[k]))
+  ]
   return errors or _model_errors(config)
 
 
@@ -318,8 +349,10 @@ class ModelConfig:
   def __post_init__(self):
     """Checks every field against its domain in `CONFIG_RULES`."""
     fields = {k: v for k, v in vars(self).items() if f'model.{k}' in CONFIG_RULES}
-    raise_if(model_errors(ml_collections.ConfigDict(
-      {'vocab_size': self.vocab_size, 'model': fields})), 'model config')
+    raise_if(
+      model_errors(ml_collections.ConfigDict({'vocab_size': self.vocab_size, 'model': fields})),
+      'model config',
+    )
 
   @property
   def has_encoder(self) -> bool:
@@ -370,8 +403,14 @@ ADDED_KEYS: dict[str, Any] = {
   'model.use_bias': True,
   'grad_clip_norm': 0.0,
   'mesh.rules': (
-    ('batch', ('data', 'fsdp')), ('embed', 'fsdp'), ('heads', 'tensor'), ('mlp', 'tensor'),
-    ('vocab', 'tensor'), ('kv', None), ('length', None)),
+    ('batch', ('data', 'fsdp')),
+    ('embed', 'fsdp'),
+    ('heads', 'tensor'),
+    ('mlp', 'tensor'),
+    ('vocab', 'tensor'),
+    ('kv', None),
+    ('length', None),
+  ),
 }
 
 
@@ -406,8 +445,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
 def _device_errors(config: ml_collections.ConfigDict, num_devices: int) -> list[str]:
   """The mesh over `num_devices`, and batches that divide over it."""
   try:
-    sizes = dict(zip(sharding.MESH_AXES, sharding.mesh_shape(config.mesh, num_devices),
-                     strict=True))
+    sizes = dict(
+      zip(sharding.MESH_AXES, sharding.mesh_shape(config.mesh, num_devices), strict=True)
+    )
   except ValueError as e:
     return [str(e)]
   shards = sharding.batch_shards(sizes, sharding.axis_rules(config.mesh))
@@ -416,11 +456,13 @@ def _device_errors(config: ml_collections.ConfigDict, num_devices: int) -> list[
   if rows % shards:
     errors.append(
       f'config.data.tokens_per_batch // config.data.max_len = {rows} rows per batch do not '
-      f'divide over the {shards} batch shards of the mesh {sizes} (config.mesh).')
+      f'divide over the {shards} batch shards of the mesh {sizes} (config.mesh).'
+    )
   if rows % (config.grad_accum_steps * shards):
     errors.append(
       f'config.grad_accum_steps={config.grad_accum_steps} must divide the {rows} rows per '
-      f'batch into equal micro-batches over {shards} batch shards.')
+      f'batch into equal micro-batches over {shards} batch shards.'
+    )
   return errors
 
 
@@ -442,21 +484,31 @@ EVAL_FLAG_RULES: dict[str, Rule] = {
   'max_tokens': POSITIVE_INT,  # Source token slots per decoding batch.
   'n_bootstrap': POSITIVE_INT,  # 1: no confidence interval.
   'poll_seconds': POSITIVE_REAL,
-  'lengths': Rule('None or positive integers', lambda v: v is None or all(
-    str(x).isdigit() and int(x) > 0 for x in v)),  # A list flag: strings.
+  'lengths': Rule(
+    'None or positive integers',
+    lambda v: v is None or all(str(x).isdigit() and int(x) > 0 for x in v),
+  ),  # A list flag: strings.
 }
 
 
 def decode_errors(options: Mapping[str, Any], prefix: str = '') -> list[str]:
   """Errors of decoding options (`DecodeOptions` fields); names get `prefix` ('--' for flags)."""
-  return [e for k, rule in DECODE_RULES.items() if k in options
-          if (e := rule.error(prefix + k, options[k]))]
+  return [
+    e
+    for k, rule in DECODE_RULES.items()
+    if k in options
+    if (e := rule.error(prefix + k, options[k]))
+  ]
 
 
 def eval_flag_errors(values: Mapping[str, Any]) -> list[str]:
   """Errors of eval.py's flags `{name: value}`, each named `--name=value`."""
-  return [e for k, rule in EVAL_FLAG_RULES.items() if k in values
-          if (e := rule.error(f'--{k}', values[k]))]
+  return [
+    e
+    for k, rule in EVAL_FLAG_RULES.items()
+    if k in values
+    if (e := rule.error(f'--{k}', values[k]))
+  ]
 
 
 def writable_file_errors(path: str, flag: str) -> list[str]:

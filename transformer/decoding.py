@@ -118,7 +118,7 @@ def reorder_beam_rows(tree: PyTree, beam_indices_BW: jax.Array) -> PyTree:
 
 
 def filter_logits(
-    logits: jax.Array, *, top_k: int = 0, top_p: jax.Array | float = 1.0
+  logits: jax.Array, *, top_k: int = 0, top_p: jax.Array | float = 1.0
 ) -> jax.Array:
   """Masks to -inf every token outside the top-k set and the top-p nucleus.
 
@@ -155,7 +155,8 @@ def filter_logits(
     probs = jax.nn.softmax(sorted_logits.astype(jnp.float32), axis=-1)
     cumulative = jnp.cumsum(probs, axis=-1)
     mass_before = jnp.concatenate(
-        [jnp.zeros_like(cumulative[..., :1]), cumulative[..., :-1]], axis=-1)
+      [jnp.zeros_like(cumulative[..., :1]), cumulative[..., :-1]], axis=-1
+    )
     in_nucleus = (mass_before < top_p) | (position == 0) | (top_p >= 1.0)
     keep_sorted = keep_sorted & in_nucleus
   keep = jnp.take_along_axis(keep_sorted, rank, axis=-1)
@@ -168,8 +169,7 @@ def _row_limits(max_lengths: jax.Array, batch_size: int, max_decode_len: int) ->
     raise ValueError(f'max_decode_len must be >= 1, got {max_decode_len}.')
   max_lengths = jnp.asarray(max_lengths, jnp.int32)
   if max_lengths.shape != (batch_size,):
-    raise ValueError(
-        f'max_lengths must have shape ({batch_size},), got {max_lengths.shape}.')
+    raise ValueError(f'max_lengths must have shape ({batch_size},), got {max_lengths.shape}.')
   return jnp.clip(max_lengths, 1, max_decode_len)
 
 
@@ -179,16 +179,16 @@ def _row_limits(max_lengths: jax.Array, batch_size: int, max_decode_len: int) ->
 
 
 def _decode_one_per_row(
-    logits_fn: LogitsFn,
-    init_state: PyTree,
-    choose_fn: Callable[[jax.Array, jax.Array], jax.Array],
-    *,
-    batch_size: int,
-    max_decode_len: int,
-    max_lengths: jax.Array,
-    bos_id: int,
-    eos_id: int,
-    pad_id: int,
+  logits_fn: LogitsFn,
+  init_state: PyTree,
+  choose_fn: Callable[[jax.Array, jax.Array], jax.Array],
+  *,
+  batch_size: int,
+  max_decode_len: int,
+  max_lengths: jax.Array,
+  bos_id: int,
+  eos_id: int,
+  pad_id: int,
 ) -> jax.Array:
   """Extends one hypothesis per row; `choose_fn(logits_BV, step) -> int[B]`."""
   limits_B = _row_limits(max_lengths, batch_size, max_decode_len)
@@ -207,26 +207,26 @@ def _decode_one_per_row(
     return step + 1, tokens_BT, next_B, done_B, state
 
   init = (
-      jnp.array(0, jnp.int32),
-      jnp.full((batch_size, max_decode_len), pad_id, jnp.int32),
-      jnp.full((batch_size,), bos_id, jnp.int32),
-      jnp.zeros((batch_size,), bool),
-      init_state,
+    jnp.array(0, jnp.int32),
+    jnp.full((batch_size, max_decode_len), pad_id, jnp.int32),
+    jnp.full((batch_size,), bos_id, jnp.int32),
+    jnp.zeros((batch_size,), bool),
+    init_state,
   )
   _, tokens_BT, _, _, _ = lax.while_loop(cond_fn, body_fn, init)
   return tokens_BT
 
 
 def greedy_decode(
-    logits_fn: LogitsFn,
-    init_state: PyTree,
-    *,
-    batch_size: int,
-    max_decode_len: int,
-    max_lengths: jax.Array,
-    bos_id: int,
-    eos_id: int,
-    pad_id: int = 0,
+  logits_fn: LogitsFn,
+  init_state: PyTree,
+  *,
+  batch_size: int,
+  max_decode_len: int,
+  max_lengths: jax.Array,
+  bos_id: int,
+  eos_id: int,
+  pad_id: int = 0,
 ) -> jax.Array:
   """Decodes by taking the most likely token at every step.
 
@@ -248,25 +248,32 @@ def greedy_decode(
     int32[B, T] output tokens.
   """
   return _decode_one_per_row(
-      logits_fn, init_state, lambda logits_BV, _: jnp.argmax(logits_BV, axis=-1),
-      batch_size=batch_size, max_decode_len=max_decode_len,
-      max_lengths=max_lengths, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    logits_fn,
+    init_state,
+    lambda logits_BV, _: jnp.argmax(logits_BV, axis=-1),
+    batch_size=batch_size,
+    max_decode_len=max_decode_len,
+    max_lengths=max_lengths,
+    bos_id=bos_id,
+    eos_id=eos_id,
+    pad_id=pad_id,
+  )
 
 
 def sample_decode(
-    logits_fn: LogitsFn,
-    init_state: PyTree,
-    rng: jax.Array,
-    *,
-    batch_size: int,
-    max_decode_len: int,
-    max_lengths: jax.Array,
-    bos_id: int,
-    eos_id: int,
-    temperature: jax.Array | float = 1.0,
-    top_k: int = 0,
-    top_p: jax.Array | float = 1.0,
-    pad_id: int = 0,
+  logits_fn: LogitsFn,
+  init_state: PyTree,
+  rng: jax.Array,
+  *,
+  batch_size: int,
+  max_decode_len: int,
+  max_lengths: jax.Array,
+  bos_id: int,
+  eos_id: int,
+  temperature: jax.Array | float = 1.0,
+  top_k: int = 0,
+  top_p: jax.Array | float = 1.0,
+  pad_id: int = 0,
 ) -> jax.Array:
   """Decodes by sampling with temperature, top-k and top-p (combinable).
 
@@ -297,8 +304,10 @@ def sample_decode(
     int32[B, T] output tokens.
   """
   if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-    raise TypeError('sample_decode expects a typed key from jax.random.key, got an array '
-                    f'of dtype {rng.dtype} (a legacy PRNGKey?).')
+    raise TypeError(
+      'sample_decode expects a typed key from jax.random.key, got an array '
+      f'of dtype {rng.dtype} (a legacy PRNGKey?).'
+    )
   greedy_only = isinstance(temperature, (int, float)) and temperature <= 0
 
   def choose_fn(logits_BV, step):
@@ -313,9 +322,16 @@ def sample_decode(
     return jnp.where(positive, sampled_B, greedy_B)
 
   return _decode_one_per_row(
-      logits_fn, init_state, choose_fn, batch_size=batch_size,
-      max_decode_len=max_decode_len, max_lengths=max_lengths, bos_id=bos_id,
-      eos_id=eos_id, pad_id=pad_id)
+    logits_fn,
+    init_state,
+    choose_fn,
+    batch_size=batch_size,
+    max_decode_len=max_decode_len,
+    max_lengths=max_lengths,
+    bos_id=bos_id,
+    eos_id=eos_id,
+    pad_id=pad_id,
+  )
 
 
 # ------------------------------------------------------------------------------
@@ -335,8 +351,7 @@ def _top_k_over_beams(cand_BWV: jax.Array, k: int) -> tuple[jax.Array, jax.Array
     return lax.top_k(cand_BWV.reshape(batch_size, beam_size * vocab_size), k)
   beam_top_BWk, beam_token_BWk = lax.top_k(cand_BWV, k)
   top_BC, pick_BC = lax.top_k(beam_top_BWk.reshape(batch_size, beam_size * k), k)
-  token_BC = jnp.take_along_axis(beam_token_BWk.reshape(batch_size, beam_size * k), pick_BC,
-                                 axis=1)
+  token_BC = jnp.take_along_axis(beam_token_BWk.reshape(batch_size, beam_size * k), pick_BC, axis=1)
   return top_BC, (pick_BC // k) * vocab_size + token_BC
 
 
@@ -354,17 +369,17 @@ class BeamState(NamedTuple):
 
 
 def beam_search(
-    logits_fn: LogitsFn,
-    init_state: PyTree,
-    *,
-    beam_size: int,
-    alpha: jax.Array | float,
-    max_decode_len: int,
-    max_lengths: jax.Array,
-    bos_id: int,
-    eos_id: int,
-    pad_id: int = 0,
-    reorder_fn: ReorderFn | None = None,
+  logits_fn: LogitsFn,
+  init_state: PyTree,
+  *,
+  beam_size: int,
+  alpha: jax.Array | float,
+  max_decode_len: int,
+  max_lengths: jax.Array,
+  bos_id: int,
+  eos_id: int,
+  pad_id: int = 0,
+  reorder_fn: ReorderFn | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty and early stopping.
 
@@ -419,7 +434,7 @@ def beam_search(
     log-probabilities), best first.
   """
   max_lengths = jnp.asarray(max_lengths)
-  batch_size, = max_lengths.shape
+  (batch_size,) = max_lengths.shape
   num_rows = batch_size * beam_size
   limits_B = _row_limits(max_lengths, batch_size, max_decode_len)
   max_penalty_B = length_penalty(limits_B, alpha)
@@ -436,7 +451,8 @@ def beam_search(
     logits_NV, model_state = logits_fn(carry.last_BW.reshape(num_rows, 1), carry.model_state)
     vocab_size = logits_NV.shape[-1]
     logp_BWV = jax.nn.log_softmax(logits_NV.astype(jnp.float32), axis=-1).reshape(
-        batch_size, beam_size, vocab_size)
+      batch_size, beam_size, vocab_size
+    )
     cand_logp_BWV = carry.alive_logp_BW[:, :, None] + logp_BWV
 
     # Best C candidates per sentence; C = 2W leaves at least W without EOS.
@@ -444,16 +460,13 @@ def beam_search(
     top_logp_BC, top_flat_BC = _top_k_over_beams(cand_logp_BWV, num_cands)
     top_beam_BC = top_flat_BC // vocab_size
     top_token_BC = (top_flat_BC % vocab_size).astype(jnp.int32)
-    top_seqs_BCT = gather_beams(carry.alive_seqs_BWT, top_beam_BC).at[:, :, step].set(
-        top_token_BC)
+    top_seqs_BCT = gather_beams(carry.alive_seqs_BWT, top_beam_BC).at[:, :, step].set(top_token_BC)
     at_limit_B = length >= limits_B
     ends_BC = (top_token_BC == eos_id) | at_limit_B[:, None]
 
     # Finished set: best W of the old finished and the admitted candidates.
-    admitted_BC = (ends_BC & (jnp.arange(num_cands) < beam_size)[None, :]
-                   & (top_logp_BC > NEG_INF))
-    cand_scores_BC = jnp.where(
-        admitted_BC, top_logp_BC / length_penalty(length, alpha), NEG_INF)
+    admitted_BC = ends_BC & (jnp.arange(num_cands) < beam_size)[None, :] & (top_logp_BC > NEG_INF)
+    cand_scores_BC = jnp.where(admitted_BC, top_logp_BC / length_penalty(length, alpha), NEG_INF)
     merged_scores_BM = jnp.concatenate([carry.fin_scores_BW, cand_scores_BC], axis=1)
     merged_seqs_BMT = jnp.concatenate([carry.fin_seqs_BWT, top_seqs_BCT], axis=1)
     new_fin_scores_BW, fin_pick_BW = lax.top_k(merged_scores_BM, beam_size)
@@ -464,37 +477,36 @@ def beam_search(
     fin_seqs_BWT = jnp.where(done_B[:, None, None], carry.fin_seqs_BWT, new_fin_seqs_BWT)
 
     # Alive set: best W candidates that do not end here.
-    alive_logp_BW, alive_pick_BW = lax.top_k(
-        jnp.where(ends_BC, NEG_INF, top_logp_BC), beam_size)
+    alive_logp_BW, alive_pick_BW = lax.top_k(jnp.where(ends_BC, NEG_INF, top_logp_BC), beam_size)
     model_state = reorder_fn(model_state, gather_beams(top_beam_BC, alive_pick_BW))
 
     # Early stopping (see docstring); scores are sorted, so index 0 / -1.
     best_penalty_B = jnp.maximum(length_penalty(length + 1, alpha), max_penalty_B)
     best_reachable_B = alive_logp_BW[:, 0] / best_penalty_B
     return BeamState(
-        step=step + 1,
-        alive_seqs_BWT=gather_beams(top_seqs_BCT, alive_pick_BW),
-        alive_logp_BW=alive_logp_BW,
-        last_BW=gather_beams(top_token_BC, alive_pick_BW),
-        fin_seqs_BWT=fin_seqs_BWT,
-        fin_scores_BW=fin_scores_BW,
-        done_B=done_B | at_limit_B | (fin_scores_BW[:, -1] >= best_reachable_B),
-        model_state=model_state)
+      step=step + 1,
+      alive_seqs_BWT=gather_beams(top_seqs_BCT, alive_pick_BW),
+      alive_logp_BW=alive_logp_BW,
+      last_BW=gather_beams(top_token_BC, alive_pick_BW),
+      fin_seqs_BWT=fin_seqs_BWT,
+      fin_scores_BW=fin_scores_BW,
+      done_B=done_B | at_limit_B | (fin_scores_BW[:, -1] >= best_reachable_B),
+      model_state=model_state,
+    )
 
   seqs_BWT = jnp.full((batch_size, beam_size, max_decode_len), pad_id, jnp.int32)
   # All beams start identical; only beam 0 is live so the first step does not
   # produce W copies of every candidate.
   alive_logp_BW = jnp.where(jnp.arange(beam_size) == 0, 0.0, NEG_INF)
   init = BeamState(
-      step=jnp.array(0, jnp.int32),
-      alive_seqs_BWT=seqs_BWT,
-      alive_logp_BW=jnp.broadcast_to(alive_logp_BW, (batch_size, beam_size)).astype(
-          jnp.float32),
-      last_BW=jnp.full((batch_size, beam_size), bos_id, jnp.int32),
-      fin_seqs_BWT=seqs_BWT,
-      fin_scores_BW=jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
-      done_B=jnp.zeros((batch_size,), bool),
-      model_state=expand_to_beams(init_state, beam_size),
+    step=jnp.array(0, jnp.int32),
+    alive_seqs_BWT=seqs_BWT,
+    alive_logp_BW=jnp.broadcast_to(alive_logp_BW, (batch_size, beam_size)).astype(jnp.float32),
+    last_BW=jnp.full((batch_size, beam_size), bos_id, jnp.int32),
+    fin_seqs_BWT=seqs_BWT,
+    fin_scores_BW=jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
+    done_B=jnp.zeros((batch_size,), bool),
+    model_state=expand_to_beams(init_state, beam_size),
   )
   final = lax.while_loop(cond_fn, body_fn, init)
   fin_seqs_BWT, fin_scores_BW = final.fin_seqs_BWT, final.fin_scores_BW

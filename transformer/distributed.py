@@ -19,13 +19,18 @@ import jax
 from absl import flags, logging
 
 COORDINATOR_ADDRESS = flags.DEFINE_string(
-  'coordinator_address', None,
-  'host:port of process 0 for a multi-process run (default: from the cluster environment).')
+  'coordinator_address',
+  None,
+  'host:port of process 0 for a multi-process run (default: from the cluster environment).',
+)
 NUM_PROCESSES = flags.DEFINE_integer(
-  'num_processes', None, 'Processes in the run (default: from the cluster environment, or 1).')
+  'num_processes', None, 'Processes in the run (default: from the cluster environment, or 1).'
+)
 PROCESS_ID = flags.DEFINE_integer(
-  'process_id', None, "This process's index in [0, num_processes) (default: from the cluster "
-  'environment).')
+  'process_id',
+  None,
+  "This process's index in [0, num_processes) (default: from the cluster environment).",
+)
 
 # Environment variables that hold a process count, set by launchers JAX detects itself.
 _CLUSTER_SIZE_VARIABLES = ('SLURM_NTASKS', 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE')
@@ -40,8 +45,11 @@ def _cluster_processes(environ: Mapping[str, str]) -> int:
   return len(hosts.split(',')) if hosts else 1
 
 
-def is_multi_process(coordinator_address: str | None, num_processes: int | None,
-                     environ: Mapping[str, str] = os.environ) -> bool:
+def is_multi_process(
+  coordinator_address: str | None,
+  num_processes: int | None,
+  environ: Mapping[str, str] = os.environ,
+) -> bool:
   """Whether this run has several processes: by the flags, else by the environment."""
   if num_processes is not None:
     return num_processes > 1
@@ -57,17 +65,20 @@ def initialize() -> None:
   every device of every process, and processes other than 0 log warnings only
   (process 0 writes logs, metrics and configs).
   """
-  coordinator, count, index = (
-    COORDINATOR_ADDRESS.value, NUM_PROCESSES.value, PROCESS_ID.value)
+  coordinator, count, index = (COORDINATOR_ADDRESS.value, NUM_PROCESSES.value, PROCESS_ID.value)
   if not is_multi_process(coordinator, count, os.environ):
     if index not in (None, 0):
       raise ValueError(f'--process_id={index} needs --num_processes > {index}.')
     return
   if count is not None and index is not None and not 0 <= index < count:
     raise ValueError(f'--process_id={index} is not in [0, --num_processes={count}).')
-  jax.distributed.initialize(coordinator_address=coordinator, num_processes=count,
-                             process_id=index)
-  logging.info('Process %d of %d; %d local of %d devices.', jax.process_index(),
-               jax.process_count(), jax.local_device_count(), jax.device_count())
+  jax.distributed.initialize(coordinator_address=coordinator, num_processes=count, process_id=index)
+  logging.info(
+    'Process %d of %d; %d local of %d devices.',
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+  )
   if jax.process_index() > 0:
     logging.set_verbosity(logging.WARNING)

@@ -60,13 +60,19 @@ class DivergenceMonitor:
       if sums[NONFINITE_KEY] == 0:
         continue
       tokens = max(float(sums['num_tokens']), 1.0)
-      values = {'train loss': float(sums['loss_sum']) / tokens,
-                'gradient norm': float(sums['grad_norm_sum'])}
+      values = {
+        'train loss': float(sums['loss_sum']) / tokens,
+        'gradient norm': float(sums['grad_norm_sum']),
+      }
       bad = [f'{name} = {value}' for name, value in values.items() if not math.isfinite(value)]
       good = last_good_checkpoint()
-      resume = (f'the last good checkpoint is {good}, and a rerun resumes from it'
-                if good else 'no checkpoint had been written yet')
+      resume = (
+        f'the last good checkpoint is {good}, and a rerun resumes from it'
+        if good
+        else 'no checkpoint had been written yet'
+      )
       raise NonFiniteError(
         f'Training diverged at step {step}: {" and ".join(bad)}. No checkpoint was written from '
         f'this state; {resume}. Lower config.lr_scale or set config.grad_clip_norm before '
-        'rerunning, or set config.skip_nonfinite_steps=True to skip such updates.')
+        'rerunning, or set config.skip_nonfinite_steps=True to skip such updates.'
+      )

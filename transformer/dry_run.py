@@ -17,8 +17,10 @@ def run(config: ml_collections.ConfigDict, num_devices: int | None = None) -> in
   rows, total = summary.parameter_table(params)
   print(summary.format_table(rows, total))
   flops = summary.flops_per_token(model_config, config.data.max_len)
-  print(f'model FLOPs per target token at length {config.data.max_len}: '
-        f'forward {flops["forward"] / 1e6:,.1f}M, training step {flops["train"] / 1e6:,.1f}M')
+  print(
+    f'model FLOPs per target token at length {config.data.max_len}: '
+    f'forward {flops["forward"] / 1e6:,.1f}M, training step {flops["train"] / 1e6:,.1f}M'
+  )
   millions = f'{total / 1e6:.1f}M' if total >= 1e6 else f'{total / 1e6:.3f}M'
   print(f'params: {millions} ({total})')
   return total

@@ -31,15 +31,17 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(os.path.expanduser(workdir), 'config.json')
   if not os.path.exists(path):
     raise FileNotFoundError(
-      f'No resolved config at {path}: --workdir must be a directory written by train.py.')
+      f'No resolved config at {path}: --workdir must be a directory written by train.py.'
+    )
   with open(path) as f:
     config = config_lib.upgrade(ml_collections.ConfigDict(json.load(f)))
   config_lib.validate(config)
   try:
     sharding.mesh_shape(config.mesh, jax.device_count())
   except ValueError as e:
-    logging.info('%s Evaluating data-parallel over the %d devices here instead.', e,
-                 jax.device_count())
+    logging.info(
+      '%s Evaluating data-parallel over the %d devices here instead.', e, jax.device_count()
+    )
     config.mesh.update(data=-1, fsdp=1, tensor=1)
   return config
 
@@ -53,7 +55,8 @@ def abstract_state(config: ml_collections.ConfigDict):
   """Shapes and shardings of the train state (restore targets), nothing allocated."""
   model, _ = training.create_models(ModelConfig.from_config(config))
   abstract, _ = training.abstract_state_and_shardings(
-    model, optim.create_optimizer(config), tasks.get_task(config), *mesh_and_rules(config))
+    model, optim.create_optimizer(config), tasks.get_task(config), *mesh_and_rules(config)
+  )
   return abstract
 
 
@@ -79,5 +82,3 @@ def read_input_lines(path: str) -> list[str]:
     except UnicodeDecodeError as e:
       raise ValueError(f'{path}: line {number} is not valid UTF-8 ({e.reason}).') from None
   return decoded
-
-

@@ -65,27 +65,49 @@ class DecodeOptions:
     config_lib.raise_if(config_lib.decode_errors(vars(self)), 'decode options')
 
 
-def run_decoder(logits_fn, state, rng: jax.Array, options: DecodeOptions, max_decode_len: int,
-                max_lengths_B: jax.Array, reorder_fn: decoding.ReorderFn | None = None
-                ) -> jax.Array:
+def run_decoder(
+  logits_fn,
+  state,
+  rng: jax.Array,
+  options: DecodeOptions,
+  max_decode_len: int,
+  max_lengths_B: jax.Array,
+  reorder_fn: decoding.ReorderFn | None = None,
+) -> jax.Array:
   """The decoder of `options` over a step function: tokens [B, max_decode_len] (the best beam).
 
   `reorder_fn` reorders the step function's state along the beams (beam search;
   default: every leaf, `decoding.reorder_beam_rows`).
   """
   batch = max_lengths_B.shape[0]
-  common = dict(max_decode_len=max_decode_len, max_lengths=max_lengths_B,
-                bos_id=tokenizer_lib.BOS_ID, eos_id=tokenizer_lib.EOS_ID)
+  common = dict(
+    max_decode_len=max_decode_len,
+    max_lengths=max_lengths_B,
+    bos_id=tokenizer_lib.BOS_ID,
+    eos_id=tokenizer_lib.EOS_ID,
+  )
   if options.decoder == 'beam':
     tokens_BWT, _ = decoding.beam_search(
-      logits_fn, state, beam_size=options.beam_size, alpha=options.alpha,
-      reorder_fn=reorder_fn, **common)
+      logits_fn,
+      state,
+      beam_size=options.beam_size,
+      alpha=options.alpha,
+      reorder_fn=reorder_fn,
+      **common,
+    )
     return tokens_BWT[:, 0]
   if options.decoder == 'greedy':
     return decoding.greedy_decode(logits_fn, state, batch_size=batch, **common)
   return decoding.sample_decode(
-    logits_fn, state, rng, batch_size=batch, temperature=options.temperature,
-    top_k=options.top_k, top_p=options.top_p, **common)
+    logits_fn,
+    state,
+    rng,
+    batch_size=batch,
+    temperature=options.temperature,
+    top_k=options.top_k,
+    top_p=options.top_p,
+    **common,
+  )
 
 
 def jit_rows(decode_fn, mesh: Mesh | None, rules: sharding.Rules):
@@ -103,23 +125,32 @@ def jit_rows(decode_fn, mesh: Mesh | None, rules: sharding.Rules):
   shards = sharding.batch_shards(dict(mesh.shape), rules)
   jitted = jax.jit(
     lambda params, tokens_BS, key_data: decode_fn(
-      params, tokens_BS, jax.random.wrap_key_data(key_data)),
-    out_shardings=rows)
+      params, tokens_BS, jax.random.wrap_key_data(key_data)
+    ),
+    out_shardings=rows,
+  )
 
   def sharded_decode(params, tokens_BS, rng: jax.Array) -> np.ndarray:
     tokens_BS = np.asarray(tokens_BS)
     batch = tokens_BS.shape[0]
     padded_BS = np.pad(tokens_BS, [(0, -batch % shards), (0, 0)])  # All-PAD rows.
     with sharding.activated(mesh, rules):
-      tokens = jitted(params, sharding.from_host(padded_BS, rows),
-                      sharding.from_host(jax.random.key_data(rng), sharding.replicated(mesh)))
+      tokens = jitted(
+        params,
+        sharding.from_host(padded_BS, rows),
+        sharding.from_host(jax.random.key_data(rng), sharding.replicated(mesh)),
+      )
     return sharding.to_host(tokens)[:batch]
 
   return sharded_decode
 
 
 def length_sorted_batches(
-  batches: Iterable[dict[str, np.ndarray]], *, max_tokens: int, max_rows: int, max_len: int,
+  batches: Iterable[dict[str, np.ndarray]],
+  *,
+  max_tokens: int,
+  max_rows: int,
+  max_len: int,
   input_key: str = 'src_tokens',
 ) -> list[dict[str, np.ndarray]]:
   """Decoding batches regrouped by input length, so that a batch's rows end together.
@@ -138,10 +169,9 @@ def length_sorted_batches(
     raise ValueError(f'max_tokens={max_tokens} and max_rows={max_rows} must be positive.')
   rows, indices = [], []
   for batch in batches:
-    for tokens, index, valid in zip(batch[input_key], batch['index'], batch['valid'],
-                                    strict=True):
+    for tokens, index, valid in zip(batch[input_key], batch['index'], batch['valid'], strict=True):
       if valid:
-        rows.append(tokens[:np.count_nonzero(tokens)] if tokens.any() else tokens[:0])
+        rows.append(tokens[: np.count_nonzero(tokens)] if tokens.any() else tokens[:0])
         indices.append(int(index))
   order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
   out, start = [], 0
@@ -153,8 +183,8 @@ def length_sorted_batches(
     size = fit if remaining >= fit else 1 << (count - 1).bit_length()
     tokens_BS = np.zeros((size, width), np.int32)
     index_B = np.full((size,), -1, np.int32)
-    for row, i in enumerate(order[start:start + count]):
-      tokens_BS[row, :len(rows[i])] = rows[i]
+    for row, i in enumerate(order[start : start + count]):
+      tokens_BS[row, : len(rows[i])] = rows[i]
       index_B[row] = indices[i]
     out.append({input_key: tokens_BS, 'index': index_B, 'valid': np.arange(size) < count})
     start += count
@@ -162,8 +192,12 @@ def length_sorted_batches(
 
 
 def decode_batches(
-  decode_fn, params, batches: Iterable[dict[str, np.ndarray]],
-  tokenizer: tokenizer_lib.Tokenizer, rng: jax.Array, max_sentences: int | None = None,
+  decode_fn,
+  params,
+  batches: Iterable[dict[str, np.ndarray]],
+  tokenizer: tokenizer_lib.Tokenizer,
+  rng: jax.Array,
+  max_sentences: int | None = None,
   input_key: str = 'src_tokens',
 ) -> tuple[dict[int, str], dict[str, float]]:
   """Detokenized outputs keyed by input index, and decode-speed figures.

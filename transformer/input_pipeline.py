@@ -64,7 +64,7 @@ def chunk_examples(rows: int, length: int) -> int:
 
 
 def packed_batches(
-    chunks: grain.MapDataset, rows: int, num_workers: int, *, drop_remainder: bool
+  chunks: grain.MapDataset, rows: int, num_workers: int, *, drop_remainder: bool
 ) -> grain.IterDataset:
   """Packed chunks -> batches of `rows` rows, in `num_workers` processes (0: this one).
 
@@ -92,20 +92,21 @@ def train_rows(config: ml_collections.ConfigDict, shard_count: int = 1) -> int:
   tokens, max_len = config.data.tokens_per_batch, config.data.max_len
   if max_len < 1 or tokens % max_len:
     raise ValueError(
-        f'config.data.tokens_per_batch={tokens} must be a positive multiple of '
-        f'config.data.max_len={max_len}.'
+      f'config.data.tokens_per_batch={tokens} must be a positive multiple of '
+      f'config.data.max_len={max_len}.'
     )
   global_rows = tokens // max_len
   if global_rows < shard_count or global_rows % shard_count:
     raise ValueError(
-        f'config.data.tokens_per_batch // config.data.max_len = {global_rows} '
-        f'rows must be a positive multiple of the process count {shard_count}.'
+      f'config.data.tokens_per_batch // config.data.max_len = {global_rows} '
+      f'rows must be a positive multiple of the process count {shard_count}.'
     )
   return global_rows // shard_count
 
 
-def eval_rows(config: ml_collections.ConfigDict, multiple_of: int = 1,
-              length: int | None = None) -> int:
+def eval_rows(
+  config: ml_collections.ConfigDict, multiple_of: int = 1, length: int | None = None
+) -> int:
   """Global rows per eval batch.
 
   `tokens_per_batch // length` (default `config.data.max_eval_len`), at least
@@ -124,7 +125,7 @@ class ProcessRows:
 
   def __call__(self, batch: Batch) -> Batch:
     rows = next(iter(batch.values())).shape[0] // self.shard_count
-    return {k: v[self.shard_index * rows:(self.shard_index + 1) * rows] for k, v in batch.items()}
+    return {k: v[self.shard_index * rows : (self.shard_index + 1) * rows] for k, v in batch.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,8 +136,8 @@ class PadRows:
 
   def __call__(self, batch: Batch) -> Batch:
     return {
-        k: np.pad(v, [(0, self.rows - v.shape[0])] + [(0, 0)] * (v.ndim - 1))
-        for k, v in batch.items()
+      k: np.pad(v, [(0, self.rows - v.shape[0])] + [(0, 0)] * (v.ndim - 1))
+      for k, v in batch.items()
     }
 
 
@@ -152,8 +153,6 @@ def bucket_length(length: int, max_length: int) -> int:
   return min(bucket, cap)
 
 
-
-
 def check_shard(shard_index: int, shard_count: int) -> None:
   if not 0 <= shard_index < shard_count:
     raise ValueError(f'shard_index={shard_index} not in [0, {shard_count}).')
@@ -165,12 +164,12 @@ Packer = Callable[[int, int], Callable[[np.ndarray], dict[str, np.ndarray]]]
 
 
 def packed_train_iterator(
-    config: ml_collections.ConfigDict,
-    num_examples: int,
-    packer: Packer,
-    *,
-    shard_index: int = 0,
-    shard_count: int = 1,
+  config: ml_collections.ConfigDict,
+  num_examples: int,
+  packer: Packer,
+  *,
+  shard_index: int = 0,
+  shard_count: int = 1,
 ) -> grain.DatasetIterator:
   """The infinite iterator of packed training batches of one process.
 
@@ -191,14 +190,14 @@ def packed_train_iterator(
 
 
 def packed_eval_batches(
-    config: ml_collections.ConfigDict,
-    num_examples: int,
-    packer: Packer,
-    length: int,
-    *,
-    rows_multiple_of: int = 1,
-    shard_index: int = 0,
-    shard_count: int = 1,
+  config: ml_collections.ConfigDict,
+  num_examples: int,
+  packer: Packer,
+  length: int,
+  *,
+  rows_multiple_of: int = 1,
+  shard_index: int = 0,
+  shard_count: int = 1,
 ) -> grain.IterDataset:
   """The packed batches of a whole split, for evaluation.
 

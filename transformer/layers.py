@@ -49,8 +49,11 @@ class LearnedPositions(nn.Module):
     cfg = self.config
     # The rows run along the `length` axis; like activations' `length`, never sharded.
     table_LD = self.param(
-      'embedding', nn.with_logical_partitioning(nn.initializers.normal(0.02), ('length', 'embed')),
-      (cfg.max_len, cfg.d_model), jnp.float32)
+      'embedding',
+      nn.with_logical_partitioning(nn.initializers.normal(0.02), ('length', 'embed')),
+      (cfg.max_len, cfg.d_model),
+      jnp.float32,
+    )
     return jnp.take(jnp.asarray(table_LD, cfg.dtype), positions_BL, axis=0, mode='clip')
 
 
@@ -81,12 +84,13 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
   if num_heads & (num_heads - 1) == 0:
     return 2.0 ** (-8.0 * np.arange(1, num_heads + 1, dtype=np.float32) / num_heads)
   closest = 2 ** math.floor(math.log2(num_heads))
-  extra = alibi_slopes(2 * closest)[0::2][:num_heads - closest]
+  extra = alibi_slopes(2 * closest)[0::2][: num_heads - closest]
   return np.concatenate([alibi_slopes(closest), extra])
 
 
-def alibi_bias(q_positions_BL: jax.Array, kv_positions_BS: jax.Array,
-               slopes_H: np.ndarray) -> jax.Array:
+def alibi_bias(
+  q_positions_BL: jax.Array, kv_positions_BS: jax.Array, slopes_H: np.ndarray
+) -> jax.Array:
   """ALiBi's linear bias -slope * distance added to the attention logits, float32 [B, H, L, S].
 
   Distances come from the tokens' positions, not array indices, so packed
@@ -109,8 +113,11 @@ class Embed(nn.Module):
     # Normal(0, d^-0.5): multiplied by sqrt(d_model) below, the embeddings have unit scale.
     init = nn.initializers.normal(stddev=cfg.d_model**-0.5)
     self.embedding = self.param(
-      'embedding', nn.with_logical_partitioning(init, ('vocab', 'embed')),
-      (cfg.vocab_size, cfg.d_model), jnp.float32)
+      'embedding',
+      nn.with_logical_partitioning(init, ('vocab', 'embed')),
+      (cfg.vocab_size, cfg.d_model),
+      jnp.float32,
+    )
 
   def __call__(self, tokens_BL: jax.Array) -> jax.Array:
     cfg = self.config
@@ -144,9 +151,13 @@ class FeedForward(nn.Module):
 
     def dense(features, names, name):
       return nn.Dense(
-        features, use_bias=cfg.use_bias, dtype=cfg.dtype, name=name,
+        features,
+        use_bias=cfg.use_bias,
+        dtype=cfg.dtype,
+        name=name,
         kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(), names),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[-1:]))
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[-1:]),
+      )
 
     h_BLF = dense(cfg.d_ff, ('embed', 'mlp'), 'wi')(x_BLD)
     if cfg.ffn_activation == 'swiglu':
@@ -170,8 +181,13 @@ def norm(config: ModelConfig, name: str) -> nn.Module:
   if config.norm == 'rmsnorm':
     return nn.RMSNorm(epsilon=1e-6, dtype=jnp.float32, scale_init=scale_init, name=name)
   return nn.LayerNorm(
-    epsilon=1e-6, dtype=jnp.float32, use_bias=config.use_bias, scale_init=scale_init, name=name,
-    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)))
+    epsilon=1e-6,
+    dtype=jnp.float32,
+    use_bias=config.use_bias,
+    scale_init=scale_init,
+    name=name,
+    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)),
+  )
 
 
 def residual(

@@ -15,8 +15,11 @@ def _token_terms(
   nll = lse_BL - target_logit_BL
   smoothed = nll
   if label_smoothing:
-    smoothed = (lse_BL - (1.0 - label_smoothing) * target_logit_BL
-                - label_smoothing * jnp.mean(logits_BLV, axis=-1))
+    smoothed = (
+      lse_BL
+      - (1.0 - label_smoothing) * target_logit_BL
+      - label_smoothing * jnp.mean(logits_BLV, axis=-1)
+    )
   return smoothed, nll, target_logit_BL >= max_BL
 
 

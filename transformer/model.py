@@ -47,14 +47,21 @@ class EncoderLayer(nn.Module):
   def __call__(self, x_BLD, self_attention_mask, positions_BL, *, deterministic: bool):
     cfg = self.config
     x_BLD = layers.residual(
-      cfg, x_BLD,
+      cfg,
+      x_BLD,
       lambda h: attention.MultiHeadAttention(cfg, name='self_attention')(
-        h, h, self_attention_mask, positions_BL=positions_BL, deterministic=deterministic),
-      norm_name='self_attention_norm', deterministic=deterministic)
+        h, h, self_attention_mask, positions_BL=positions_BL, deterministic=deterministic
+      ),
+      norm_name='self_attention_norm',
+      deterministic=deterministic,
+    )
     x_BLD = layers.residual(
-      cfg, x_BLD,
+      cfg,
+      x_BLD,
       lambda h: layers.FeedForward(cfg, name='ffn')(h, deterministic=deterministic),
-      norm_name='ffn_norm', deterministic=deterministic)
+      norm_name='ffn_norm',
+      deterministic=deterministic,
+    )
     return _constrain(x_BLD)
 
 
@@ -67,25 +74,43 @@ class DecoderLayer(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, y_BLD, encoded_BSD, self_attention_mask, cross_attention_mask,
-               positions_BL, *, deterministic: bool):
+  def __call__(
+    self,
+    y_BLD,
+    encoded_BSD,
+    self_attention_mask,
+    cross_attention_mask,
+    positions_BL,
+    *,
+    deterministic: bool,
+  ):
     cfg = self.config
     y_BLD = layers.residual(
-      cfg, y_BLD,
+      cfg,
+      y_BLD,
       lambda h: attention.MultiHeadAttention(cfg, decode=cfg.decode, name='self_attention')(
-        h, h, self_attention_mask, positions_BL=positions_BL, deterministic=deterministic),
-      norm_name='self_attention_norm', deterministic=deterministic)
+        h, h, self_attention_mask, positions_BL=positions_BL, deterministic=deterministic
+      ),
+      norm_name='self_attention_norm',
+      deterministic=deterministic,
+    )
     if cfg.has_encoder:
       y_BLD = layers.residual(
-        cfg, y_BLD,
+        cfg,
+        y_BLD,
         lambda h: attention.MultiHeadAttention(
-          cfg, is_cross_attention=True, decode=cfg.decode, name='cross_attention')(
-          h, encoded_BSD, cross_attention_mask, deterministic=deterministic),
-        norm_name='cross_attention_norm', deterministic=deterministic)
+          cfg, is_cross_attention=True, decode=cfg.decode, name='cross_attention'
+        )(h, encoded_BSD, cross_attention_mask, deterministic=deterministic),
+        norm_name='cross_attention_norm',
+        deterministic=deterministic,
+      )
     y_BLD = layers.residual(
-      cfg, y_BLD,
+      cfg,
+      y_BLD,
       lambda h: layers.FeedForward(cfg, name='ffn')(h, deterministic=deterministic),
-      norm_name='ffn_norm', deterministic=deterministic)
+      norm_name='ffn_norm',
+      deterministic=deterministic,
+    )
     return _constrain(y_BLD)
 
 
@@ -115,12 +140,14 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, src_tokens_BS, src_segments_BS, src_positions_BS):
     cfg = self.config
-    x_BSD = _embed_with_positions(cfg, self.embed, src_tokens_BS, src_positions_BS,
-                                  cfg.deterministic)
+    x_BSD = _embed_with_positions(
+      cfg, self.embed, src_tokens_BS, src_positions_BS, cfg.deterministic
+    )
     mask = attention.segment_mask(src_segments_BS, src_segments_BS)
     for i in range(cfg.num_layers):
       x_BSD = EncoderLayer(cfg, name=f'layer_{i}')(
-        x_BSD, mask, src_positions_BS, deterministic=cfg.deterministic)
+        x_BSD, mask, src_positions_BS, deterministic=cfg.deterministic
+      )
     if cfg.pre_norm:
       x_BSD = layers.norm(cfg, 'final_norm')(x_BSD).astype(cfg.dtype)
     return x_BSD
@@ -136,8 +163,9 @@ class Decoder(nn.Module):
   embed: layers.Embed
 
   @nn.compact
-  def __call__(self, encoded_BSD, src_segments_BS, tgt_input_tokens_BL, tgt_segments_BL,
-               tgt_positions_BL):
+  def __call__(
+    self, encoded_BSD, src_segments_BS, tgt_input_tokens_BL, tgt_segments_BL, tgt_positions_BL
+  ):
     cfg = self.config
     if cfg.decode:
       # One token per step: its position is the number of tokens decoded so far.
@@ -149,19 +177,26 @@ class Decoder(nn.Module):
       self_attention_mask = None  # The key/value cache applies causality itself.
       query_segments_BL = jnp.ones_like(tgt_input_tokens_BL)
     else:
-      self_attention_mask = (
-        attention.segment_mask(tgt_segments_BL, tgt_segments_BL)
-        & attention.causal_mask(tgt_input_tokens_BL.shape[1]))
+      self_attention_mask = attention.segment_mask(
+        tgt_segments_BL, tgt_segments_BL
+      ) & attention.causal_mask(tgt_input_tokens_BL.shape[1])
       query_segments_BL = tgt_segments_BL
-    cross_attention_mask = (attention.segment_mask(query_segments_BL, src_segments_BS)
-                            if cfg.has_encoder else None)
+    cross_attention_mask = (
+      attention.segment_mask(query_segments_BL, src_segments_BS) if cfg.has_encoder else None
+    )
 
-    y_BLD = _embed_with_positions(cfg, self.embed, tgt_input_tokens_BL, tgt_positions_BL,
-                                  cfg.deterministic)
+    y_BLD = _embed_with_positions(
+      cfg, self.embed, tgt_input_tokens_BL, tgt_positions_BL, cfg.deterministic
+    )
     for i in range(cfg.num_layers):
       y_BLD = DecoderLayer(cfg, name=f'layer_{i}')(
-        y_BLD, encoded_BSD, self_attention_mask, cross_attention_mask, tgt_positions_BL,
-        deterministic=cfg.deterministic)
+        y_BLD,
+        encoded_BSD,
+        self_attention_mask,
+        cross_attention_mask,
+        tgt_positions_BL,
+        deterministic=cfg.deterministic,
+      )
     if cfg.pre_norm:
       y_BLD = layers.norm(cfg, 'final_norm')(y_BLD).astype(cfg.dtype)
 
@@ -169,9 +204,14 @@ class Decoder(nn.Module):
       logits_BLV = self.embed.attend(y_BLD)
     else:
       logits_BLV = nn.DenseGeneral(
-        cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name='logits',
+        cfg.vocab_size,
+        use_bias=False,
+        dtype=cfg.dtype,
+        name='logits',
         kernel_init=nn.with_logical_partitioning(
-          nn.initializers.xavier_uniform(), ('embed', 'vocab')))(y_BLD)
+          nn.initializers.xavier_uniform(), ('embed', 'vocab')
+        ),
+      )(y_BLD)
     logits_BLV = nn.with_logical_constraint(logits_BLV, ('batch', 'length', 'vocab'))
     return logits_BLV.astype(jnp.float32)
 
@@ -204,26 +244,47 @@ class Transformer(nn.Module):
     if not self.config.has_encoder:
       raise ValueError("A decoder-only model (architecture='decoder_only') has no encoder.")
     return self.encoder(
-      src_tokens_BS, _segments_or_default(src_tokens_BS, src_segments_BS),
-      _positions_or_default(src_tokens_BS, src_positions_BS))
+      src_tokens_BS,
+      _segments_or_default(src_tokens_BS, src_segments_BS),
+      _positions_or_default(src_tokens_BS, src_positions_BS),
+    )
 
-  def decode(self, encoded_BSD, src_segments_BS, tgt_input_tokens_BL, tgt_segments_BL=None,
-             tgt_positions_BL=None):
+  def decode(
+    self,
+    encoded_BSD,
+    src_segments_BS,
+    tgt_input_tokens_BL,
+    tgt_segments_BL=None,
+    tgt_positions_BL=None,
+  ):
     """Logits [B, L, V] (float32) of the next token at every target position."""
     return self.decoder(
-      encoded_BSD, src_segments_BS, tgt_input_tokens_BL,
+      encoded_BSD,
+      src_segments_BS,
+      tgt_input_tokens_BL,
       _segments_or_default(tgt_input_tokens_BL, tgt_segments_BL),
-      _positions_or_default(tgt_input_tokens_BL, tgt_positions_BL))
+      _positions_or_default(tgt_input_tokens_BL, tgt_positions_BL),
+    )
 
-  def __call__(self, src_tokens_BS, tgt_input_tokens_BL, src_segments_BS=None,
-               tgt_segments_BL=None, src_positions_BS=None, tgt_positions_BL=None):
+  def __call__(
+    self,
+    src_tokens_BS,
+    tgt_input_tokens_BL,
+    src_segments_BS=None,
+    tgt_segments_BL=None,
+    src_positions_BS=None,
+    tgt_positions_BL=None,
+  ):
     """Logits [B, L, V] (float32); `src_tokens_BS` is None exactly for a decoder-only model."""
     if (src_tokens_BS is None) == self.config.has_encoder:
-      raise ValueError(f'architecture={self.config.architecture!r} takes '
-                       f"{'source tokens' if self.config.has_encoder else 'no source tokens'}.")
+      raise ValueError(
+        f'architecture={self.config.architecture!r} takes '
+        f'{"source tokens" if self.config.has_encoder else "no source tokens"}.'
+      )
     if not self.config.has_encoder:
       return self.decode(None, None, tgt_input_tokens_BL, tgt_segments_BL, tgt_positions_BL)
     src_segments_BS = _segments_or_default(src_tokens_BS, src_segments_BS)
     encoded_BSD = self.encode(src_tokens_BS, src_segments_BS, src_positions_BS)
-    return self.decode(encoded_BSD, src_segments_BS, tgt_input_tokens_BL, tgt_segments_BL,
-                       tgt_positions_BL)
+    return self.decode(
+      encoded_BSD, src_segments_BS, tgt_input_tokens_BL, tgt_segments_BL, tgt_positions_BL
+    )

@@ -37,14 +37,16 @@ class Windows:
   with_inputs: bool  # Also write the input (shifted right) tokens.
 
   @classmethod
-  def whole(cls, ids: np.ndarray, starts: np.ndarray, num_ids: np.ndarray,
-            with_inputs: bool) -> 'Windows':
+  def whole(
+    cls, ids: np.ndarray, starts: np.ndarray, num_ids: np.ndarray, with_inputs: bool
+  ) -> 'Windows':
     """One window per text, its whole stream (`num_ids + 1` positions)."""
     return cls(ids, starts, num_ids, np.zeros_like(num_ids), num_ids + 1, with_inputs)
 
 
-def first_fit(lengths_NS: np.ndarray, capacity: int,
-              open_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def first_fit(
+  lengths_NS: np.ndarray, capacity: int, open_rows: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Places items of S sides in rows of `capacity` slots per side, first fit.
 
   Args:
@@ -109,13 +111,14 @@ def pack(sides: dict[str, Windows], length: int, open_rows: int) -> dict[str, np
     last = max(len(w.ids) - 1, 0)
     ids = w.ids if len(w.ids) else np.zeros(1, np.int32)
     arrays = {
-        f'{name}_tokens': np.where(has_next, ids[np.minimum(text, last)], tokenizer_lib.EOS_ID),
-        f'{name}_segments': segments[item],
-        f'{name}_positions': within,
+      f'{name}_tokens': np.where(has_next, ids[np.minimum(text, last)], tokenizer_lib.EOS_ID),
+      f'{name}_segments': segments[item],
+      f'{name}_positions': within,
     }
     if w.with_inputs:
       arrays[f'{name}_input_tokens'] = np.where(
-          position > 0, ids[np.clip(text - 1, 0, last)], tokenizer_lib.BOS_ID)
+        position > 0, ids[np.clip(text - 1, 0, last)], tokenizer_lib.BOS_ID
+      )
     for key, values in arrays.items():
       flat = np.zeros(num_rows * length, np.int32)
       flat[dest] = values

@@ -85,16 +85,17 @@ def vocabulary_hash(tokenizer: tokenizer_lib.Tokenizer) -> str:
   return hashlib.sha256(tokenizer.serialized_model()).hexdigest()
 
 
-def ids_dir(config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer,
-            key: str) -> str:
+def ids_dir(config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, key: str) -> str:
   """Directory of the ids of `config.data.dataset` under this vocabulary and `key`."""
   root = datasets.dataset_dir(config.data)
   return os.path.join(root, f'ids-{vocabulary_hash(tokenizer)[:16]}', key)
 
 
 def _reprepare_hint(directory: str) -> str:
-  return (f'Delete {directory} and run the same command (train.py --config=...) again: '
-          'it encodes the split anew from the prepared text.')
+  return (
+    f'Delete {directory} and run the same command (train.py --config=...) again: '
+    'it encodes the split anew from the prepared text.'
+  )
 
 
 class EncodedSplit:
@@ -113,12 +114,13 @@ class EncodedSplit:
       found = len(self._source)
     except Exception as e:  # array_record raises bare RuntimeErrors / absl statuses.
       raise PreparedIdsError(
-          f'Prepared ids file {path} is unreadable ({e}). '
-          f'{_reprepare_hint(os.path.dirname(path))}') from e
+        f'Prepared ids file {path} is unreadable ({e}). {_reprepare_hint(os.path.dirname(path))}'
+      ) from e
     if found != num_records:
       raise PreparedIdsError(
-          f'Prepared ids file {path} holds {found} records, its .json says {num_records}: it '
-          f'is truncated or was replaced. {_reprepare_hint(os.path.dirname(path))}')
+        f'Prepared ids file {path} holds {found} records, its .json says {num_records}: it '
+        f'is truncated or was replaced. {_reprepare_hint(os.path.dirname(path))}'
+      )
 
   def __len__(self) -> int:
     return len(self._source)
@@ -139,18 +141,21 @@ class EncodedSplit:
       records = self._source.__getitems__([int(i) for i in indices])
     except Exception as e:
       raise PreparedIdsError(
-          f'Prepared ids file {self.path} is unreadable ({e}). '
-          f'{_reprepare_hint(os.path.dirname(self.path))}') from e
+        f'Prepared ids file {self.path} is unreadable ({e}). '
+        f'{_reprepare_hint(os.path.dirname(self.path))}'
+      ) from e
     words = np.fromiter((len(r) for r in records), np.int64, len(records)) // 4
     flat = np.frombuffer(b''.join(records), RECORD_DTYPE)
     record_starts = np.concatenate([[0], np.cumsum(words)[:-1]])
     header = record_starts[:, None] + np.arange(self.num_texts)
-    lengths = flat[header].astype(np.int64) if len(records) else np.zeros((0, self.num_texts),
-                                                                           np.int64)
+    lengths = (
+      flat[header].astype(np.int64) if len(records) else np.zeros((0, self.num_texts), np.int64)
+    )
     if (lengths < 0).any() or not np.array_equal(lengths.sum(1) + self.num_texts, words):
       raise PreparedIdsError(
-          f'Prepared ids file {self.path} has a malformed record. '
-          f'{_reprepare_hint(os.path.dirname(self.path))}')
+        f'Prepared ids file {self.path} has a malformed record. '
+        f'{_reprepare_hint(os.path.dirname(self.path))}'
+      )
     mask = np.ones(len(flat), bool)
     mask[header.ravel()] = False
     ids = flat[mask]
@@ -162,10 +167,10 @@ class EncodedSplit:
 
 
 def encoded_split(
-    config: ml_collections.ConfigDict,
-    tokenizer: tokenizer_lib.Tokenizer,
-    split: str,
-    texts: Texts,
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  split: str,
+  texts: Texts,
 ) -> EncodedSplit:
   """The ids of `split`: `tokenizer.encode` of each of `texts(example)`, encoded once.
 
@@ -185,8 +190,12 @@ def encoded_split(
   vocab_hash = vocabulary_hash(tokenizer)
   meta = _read_meta(meta_path)
   if meta is not None and meta.get('vocabulary_sha256') != vocab_hash:
-    logging.warning('%s was encoded with another vocabulary (%s); encoding it again with %s.',
-                    path, meta.get('vocabulary_sha256'), vocab_hash)
+    logging.warning(
+      '%s was encoded with another vocabulary (%s); encoding it again with %s.',
+      path,
+      meta.get('vocabulary_sha256'),
+      vocab_hash,
+    )
     meta = None
   if meta is None:
     meta = _encode(config.data, split, texts, tokenizer, directory, vocab_hash)
@@ -204,16 +213,23 @@ def _read_meta(meta_path: str) -> dict | None:
     return None
 
 
-def _encode(data_config: ml_collections.ConfigDict, split: str, texts: Texts,
-            tokenizer: tokenizer_lib.Tokenizer, directory: str, vocab_hash: str) -> dict:
+def _encode(
+  data_config: ml_collections.ConfigDict,
+  split: str,
+  texts: Texts,
+  tokenizer: tokenizer_lib.Tokenizer,
+  directory: str,
+  vocab_hash: str,
+) -> dict:
   """Encodes every example of `split` into `<directory>/<split>.array_record` (+ .json)."""
   os.makedirs(directory, exist_ok=True)
   source = datasets.get_data_source(data_config, split)
   num = len(source)
   blocks = [(start, min(start + _BLOCK, num)) for start in range(0, num, _BLOCK)]
   processes = min(os.cpu_count() or 1, len(blocks)) if num >= _PARALLEL_MIN_EXAMPLES else 1
-  logging.info('Encoding %d examples of split %s into %s (%d processes).', num, split,
-               directory, processes)
+  logging.info(
+    'Encoding %d examples of split %s into %s (%d processes).', num, split, directory, processes
+  )
   fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.tmp-{split}-', suffix='.array_record')
   os.close(fd)
   num_texts = None
@@ -234,14 +250,19 @@ def _encode(data_config: ml_collections.ConfigDict, split: str, texts: Texts,
     if os.path.exists(tmp):
       os.unlink(tmp)
     raise
-  meta = {'vocabulary_sha256': vocab_hash, 'num_records': num, 'num_texts': num_texts or 1,
-          'record': 'int32: the length of each text, then the ids of each text'}
+  meta = {
+    'vocabulary_sha256': vocab_hash,
+    'num_records': num,
+    'num_texts': num_texts or 1,
+    'record': 'int32: the length of each text, then the ids of each text',
+  }
   _write_json_atomically(os.path.join(directory, f'{split}.json'), meta)
   return meta
 
 
-def _encoded_blocks(data_config, split, texts, tokenizer, blocks,
-                    processes) -> Iterator[list[bytes]]:
+def _encoded_blocks(
+  data_config, split, texts, tokenizer, blocks, processes
+) -> Iterator[list[bytes]]:
   """Encoded records of each block in order, from `processes` processes (1: this one)."""
   args = (data_config, split, texts, tokenizer)
   if processes == 1:
@@ -255,7 +276,8 @@ def _encoded_blocks(data_config, split, texts, tokenizer, blocks,
   # An executor, not a Pool: a worker that dies or fails to start raises here (a Pool
   # would start another and wait forever).
   with concurrent.futures.ProcessPoolExecutor(
-      processes, multiprocessing.get_context('spawn'), _init_worker, args) as pool:
+    processes, multiprocessing.get_context('spawn'), _init_worker, args
+  ) as pool:
     yield from pool.map(_encode_block, blocks)
 
 
@@ -285,7 +307,9 @@ def _encode_block(block: tuple[int, int]) -> list[bytes]:
   is_id[header.ravel()] = False
   flat[is_id] = np.fromiter(itertools.chain.from_iterable(ids), RECORD_DTYPE, int(lengths.sum()))
   data = flat.tobytes()
-  return [data[4 * (end - n):4 * end] for end, n in zip(ends.tolist(), words.tolist(), strict=True)]
+  return [
+    data[4 * (end - n) : 4 * end] for end, n in zip(ends.tolist(), words.tolist(), strict=True)
+  ]
 
 
 def _write_json_atomically(path: str, data: dict) -> None:

@@ -27,8 +27,17 @@ from absl import logging
 
 # Distributions whose versions can change numbers or behaviour of a run.
 PACKAGES = (
-  'jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'grain', 'tensorflow-datasets',
-  'ml_collections', 'numpy', 'sentencepiece', 'sacrebleu',
+  'jax',
+  'jaxlib',
+  'flax',
+  'optax',
+  'orbax-checkpoint',
+  'grain',
+  'tensorflow-datasets',
+  'ml_collections',
+  'numpy',
+  'sentencepiece',
+  'sacrebleu',
 )
 # The checkout that holds this package (a git repository when run from source).
 CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,8 +57,9 @@ def package_versions() -> dict[str, str | None]:
 
 def _git(*args: str) -> str | None:
   try:
-    result = subprocess.run(['git', '-C', CODE_DIR, *args], capture_output=True, timeout=30,
-                            check=True)
+    result = subprocess.run(
+      ['git', '-C', CODE_DIR, *args], capture_output=True, timeout=30, check=True
+    )
   except (OSError, subprocess.SubprocessError):
     return None
   return result.stdout.decode('utf-8', errors='replace')
@@ -65,8 +75,11 @@ def git_state() -> dict[str, Any]:
   if commit is None:
     return {'commit': None, 'dirty': None, 'diff_sha256': None}
   diff = _git('diff', 'HEAD', '--binary') or ''
-  return {'commit': commit.strip(), 'dirty': bool(diff),
-          'diff_sha256': hashlib.sha256(diff.encode()).hexdigest() if diff else None}
+  return {
+    'commit': commit.strip(),
+    'dirty': bool(diff),
+    'diff_sha256': hashlib.sha256(diff.encode()).hexdigest() if diff else None,
+  }
 
 
 def current() -> dict[str, Any]:
@@ -98,7 +111,7 @@ def differences(previous: dict[str, Any], entry: dict[str, Any]) -> list[str]:
   changes = []
   old_git, new_git = previous.get('git', {}), entry['git']
   if old_git.get('commit') != new_git['commit']:
-    changes.append(f"git commit {old_git.get('commit')} -> {new_git['commit']}")
+    changes.append(f'git commit {old_git.get("commit")} -> {new_git["commit"]}')
   elif old_git.get('diff_sha256') != new_git['diff_sha256']:
     changes.append('uncommitted changes to the code differ (git diff HEAD)')
   old_packages = previous.get('packages', {})
@@ -115,8 +128,12 @@ def record(workdir: str) -> dict[str, Any]:
   if history:
     changes = differences(history[-1], entry)
     if changes:
-      logging.warning('Resuming %s under other code than its previous run (%s): %s.', workdir,
-                      history[-1].get('time'), '; '.join(changes))
+      logging.warning(
+        'Resuming %s under other code than its previous run (%s): %s.',
+        workdir,
+        history[-1].get('time'),
+        '; '.join(changes),
+      )
   with open(os.path.join(workdir, FILENAME), 'a') as f:
     f.write(json.dumps(entry, sort_keys=True) + '\n')
   return entry

@@ -26,12 +26,15 @@ DEFAULT_BOOTSTRAP = 1000  # sacreBLEU's default number of bootstrap resamples.
 def check_n_bootstrap(n_bootstrap: int) -> None:
   """Raises a ValueError unless `n_bootstrap` is an int >= 1 (1: no interval)."""
   if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int) or n_bootstrap < 1:
-    raise ValueError(f'n_bootstrap={n_bootstrap!r} must be an integer >= 1 (1: no confidence '
-                     f'interval; sacreBLEU uses {DEFAULT_BOOTSTRAP}).')
+    raise ValueError(
+      f'n_bootstrap={n_bootstrap!r} must be an integer >= 1 (1: no confidence '
+      f'interval; sacreBLEU uses {DEFAULT_BOOTSTRAP}).'
+    )
 
 
-def _score(metric: Metric, name: str, hypotheses: Sequence[str], references: Sequence[str],
-           n_bootstrap: int) -> tuple[dict, Score]:
+def _score(
+  metric: Metric, name: str, hypotheses: Sequence[str], references: Sequence[str], n_bootstrap: int
+) -> tuple[dict, Score]:
   """{name: score[, name_ci: half-width, name_bootstrap_mean: mean]} and sacreBLEU's Score."""
   score = metric.corpus_score(list(hypotheses), [list(references)], n_bootstrap=n_bootstrap)
   values = {name: score.score}
@@ -40,8 +43,9 @@ def _score(metric: Metric, name: str, hypotheses: Sequence[str], references: Seq
   return values, score
 
 
-def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
-                  n_bootstrap: int = 1) -> dict:
+def corpus_scores(
+  hypotheses: Sequence[str], references: Sequence[str], n_bootstrap: int = 1
+) -> dict:
   """sacreBLEU's default BLEU (cased, 13a, on detokenized text) and chrF.
 
   Args:
@@ -62,10 +66,12 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
   bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
   results, score = _score(bleu, 'bleu', hypotheses, references, n_bootstrap)
   results.update(_score(chrf, 'chrf', hypotheses, references, n_bootstrap)[0])
-  results.update(bleu_signature=str(bleu.get_signature()),
-                 chrf_signature=str(chrf.get_signature()),
-                 length_ratio=score.sys_len / max(score.ref_len, 1),
-                 num_sentences=len(hypotheses))
+  results.update(
+    bleu_signature=str(bleu.get_signature()),
+    chrf_signature=str(chrf.get_signature()),
+    length_ratio=score.sys_len / max(score.ref_len, 1),
+    num_sentences=len(hypotheses),
+  )
   return results
 
 
@@ -103,5 +109,10 @@ def tokenized_compound_split_scores(
   tokenizer = MosesTokenizer(lang=lang)
   hyps = [_moses_compound_split(h, tokenizer) for h in hypotheses]
   refs = [_moses_compound_split(r, tokenizer) for r in references]
-  return _score(sacrebleu.metrics.BLEU(tokenize='none', force=True),
-                'bleu_tokenized_compound_split', hyps, refs, n_bootstrap)[0]
+  return _score(
+    sacrebleu.metrics.BLEU(tokenize='none', force=True),
+    'bleu_tokenized_compound_split',
+    hyps,
+    refs,
+    n_bootstrap,
+  )[0]

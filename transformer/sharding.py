@@ -42,19 +42,19 @@ def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tupl
   named = dict(zip(MESH_AXES, sizes, strict=True))
   unknown = [axis for axis, size in named.items() if size == -1]
   if any(size == 0 or size < -1 for size in sizes) or len(unknown) > 1:
-    raise ValueError(
-      f'config.mesh: sizes must be positive with at most one -1, got {named}.')
+    raise ValueError(f'config.mesh: sizes must be positive with at most one -1, got {named}.')
   known = math.prod(size for size in sizes if size != -1)
   if unknown:
     if num_devices % known:
       raise ValueError(
-        f'config.mesh: {num_devices} devices do not divide by the fixed axes ({known}) of '
-        f'{named}.')
+        f'config.mesh: {num_devices} devices do not divide by the fixed axes ({known}) of {named}.'
+      )
     sizes[MESH_AXES.index(unknown[0])] = num_devices // known
   if math.prod(sizes) != num_devices:
     raise ValueError(
       f'config.mesh {dict(zip(MESH_AXES, sizes, strict=True))} needs {math.prod(sizes)} '
-      f'devices, but {num_devices} are available.')
+      f'devices, but {num_devices} are available.'
+    )
   return tuple(sizes)
 
 
@@ -91,7 +91,8 @@ def axis_rules(mesh_config: ml_collections.ConfigDict) -> Rules:
     if logical not in LOGICAL_AXES or unknown:
       raise ValueError(
         f'config.mesh.rules: ({logical!r}, {target!r}) must map one of {LOGICAL_AXES} to '
-        f'None or mesh axes among {MESH_AXES}.')
+        f'None or mesh axes among {MESH_AXES}.'
+      )
     rules.append((logical, target))
   return tuple(rules)
 
@@ -143,8 +144,10 @@ def check_divisible(abstract_tree, mesh: Mesh) -> None:
       size = math.prod(mesh.shape[a] for a in axes if a is not None)
       if dim % size:
         names = ' x '.join(f'config.mesh.{a}={mesh.shape[a]}' for a in axes if a is not None)
-        problems.append(f'{jax.tree_util.keystr(path)} {tuple(leaf.shape)}: dimension {dim} '
-                        f'does not divide over {names}')
+        problems.append(
+          f'{jax.tree_util.keystr(path)} {tuple(leaf.shape)}: dimension {dim} '
+          f'does not divide over {names}'
+        )
   if problems:
     raise ValueError('Parameters do not fit the mesh:\n  ' + '\n  '.join(problems[:20]))
 

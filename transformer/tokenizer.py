@@ -38,10 +38,10 @@ class Tokenizer:
     self._proto = model_proto
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     specials = {
-        'pad': (self._sp.pad_id(), PAD_ID),
-        'eos': (self._sp.eos_id(), EOS_ID),
-        'bos': (self._sp.bos_id(), BOS_ID),
-        'unk': (self._sp.unk_id(), UNK_ID),
+      'pad': (self._sp.pad_id(), PAD_ID),
+      'eos': (self._sp.eos_id(), EOS_ID),
+      'bos': (self._sp.bos_id(), BOS_ID),
+      'unk': (self._sp.unk_id(), UNK_ID),
     }
     for name, (got, want) in specials.items():
       if got != want:
@@ -90,12 +90,12 @@ class Tokenizer:
 
 
 def train_tokenizer(
-    sentences: Iterable[str],
-    vocab_size: int,
-    *,
-    model_path: str | None = None,
-    max_sentences: int | None = None,
-    num_threads: int = 2,
+  sentences: Iterable[str],
+  vocab_size: int,
+  *,
+  model_path: str | None = None,
+  max_sentences: int | None = None,
+  num_threads: int = 2,
 ) -> Tokenizer:
   """Trains a unigram SentencePiece model from an iterator of sentences.
 
@@ -116,28 +116,26 @@ def train_tokenizer(
   model = _InMemoryFile()
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
-        model_writer=model,
-        model_type='unigram',
-        vocab_size=vocab_size,
-        pad_id=PAD_ID,
-        eos_id=EOS_ID,
-        bos_id=BOS_ID,
-        unk_id=UNK_ID,
-        pad_piece='<pad>',
-        eos_piece='</s>',
-        bos_piece='<s>',
-        unk_piece='<unk>',
-        character_coverage=1.0,
-        input_sentence_size=max_sentences or 0,
-        shuffle_input_sentence=True,
-        num_threads=num_threads,
-        minloglevel=1,
+      sentence_iterator=iter(sentences),
+      model_writer=model,
+      model_type='unigram',
+      vocab_size=vocab_size,
+      pad_id=PAD_ID,
+      eos_id=EOS_ID,
+      bos_id=BOS_ID,
+      unk_id=UNK_ID,
+      pad_piece='<pad>',
+      eos_piece='</s>',
+      bos_piece='<s>',
+      unk_piece='<unk>',
+      character_coverage=1.0,
+      input_sentence_size=max_sentences or 0,
+      shuffle_input_sentence=True,
+      num_threads=num_threads,
+      minloglevel=1,
     )
   except RuntimeError as e:
-    raise ValueError(
-        f'SentencePiece training with vocab_size={vocab_size} failed: {e}'
-    ) from e
+    raise ValueError(f'SentencePiece training with vocab_size={vocab_size} failed: {e}') from e
   tokenizer = Tokenizer(model.data)
   if model_path:
     _write_atomically(model_path, model.data)
@@ -177,18 +175,21 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
     try:
       tokenizer = Tokenizer.load(path)
     except (RuntimeError, OSError, ValueError) as e:  # SentencePiece raises RuntimeError.
-      key = ('config.data.vocab_path' if config.data.vocab_path
-             else 'the vocabulary beside the prepared data, under config.data.data_dir')
+      key = (
+        'config.data.vocab_path'
+        if config.data.vocab_path
+        else 'the vocabulary beside the prepared data, under config.data.data_dir'
+      )
       raise ValueError(
-          f'{path} ({key}) is not a usable SentencePiece model: {e}. Point '
-          'config.data.vocab_path at a model trained by this project, or remove the file to '
-          'train one.'
+        f'{path} ({key}) is not a usable SentencePiece model: {e}. Point '
+        'config.data.vocab_path at a model trained by this project, or remove the file to '
+        'train one.'
       ) from e
     if tokenizer.vocab_size != config.vocab_size:
       raise ValueError(
-          f'SentencePiece model {path} has vocab size {tokenizer.vocab_size} but '
-          f'config.vocab_size is {config.vocab_size}; use a matching '
-          'config.vocab_size or another config.data.vocab_path.'
+        f'SentencePiece model {path} has vocab size {tokenizer.vocab_size} but '
+        f'config.vocab_size is {config.vocab_size}; use a matching '
+        'config.vocab_size or another config.data.vocab_path.'
       )
     logging.info('Loaded SentencePiece model %s.', path)
     return tokenizer
@@ -198,24 +199,23 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
     texts = lambda example: (datasets.document_text(example),)
   else:
     texts = lambda example: datasets.translation_pair(
-        example, config.data.source_lang, config.data.target_lang)
-  sentences = _training_sentences(
-      source, texts, config.data.spm_train_sentences, config.seed
-  )
+      example, config.data.source_lang, config.data.target_lang
+    )
+  sentences = _training_sentences(source, texts, config.data.spm_train_sentences, config.seed)
   train_tokenizer(
-      sentences,
-      config.vocab_size,
-      model_path=path,
-      max_sentences=config.data.spm_train_sentences,
+    sentences,
+    config.vocab_size,
+    model_path=path,
+    max_sentences=config.data.spm_train_sentences,
   )
   return Tokenizer.load(path)  # The file wins if another process wrote it first.
 
 
 def _training_sentences(
-    source: Sequence,
-    texts: Callable[[Any], Sequence[str]],
-    max_sentences: int,
-    seed: int,
+  source: Sequence,
+  texts: Callable[[Any], Sequence[str]],
+  max_sentences: int,
+  seed: int,
 ) -> Iterator[str]:
   """Yields the `texts(example)` of examples in a seeded random order, up to a limit."""
   order = np.random.default_rng(seed).permutation(len(source))

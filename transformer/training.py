@@ -44,9 +44,16 @@ Batch = dict[str, jax.Array]
 # Config keys that may change when a run is resumed: they alter neither the model
 # nor the optimizer state.
 RESUMABLE_KEYS = (
-  'num_train_steps', 'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
-  'keep_checkpoints', 'data.manual_dir', 'data.data_dir', 'data.vocab_path',
-  'skip_nonfinite_steps', 'target_metric',
+  'num_train_steps',
+  'log_every_steps',
+  'eval_every_steps',
+  'checkpoint_every_steps',
+  'keep_checkpoints',
+  'data.manual_dir',
+  'data.data_dir',
+  'data.vocab_path',
+  'skip_nonfinite_steps',
+  'target_metric',
 )
 # Model keys that change training but not what the saved weights mean: a change on resume warns.
 _REGULARIZATION_KEYS = ('model.dropout_rate', 'model.attention_dropout_rate')
@@ -56,8 +63,9 @@ _WEIGHT_MEANING_KEYS = ('vocab_size', 'data.source_lang', 'data.target_lang')
 
 def _changes_weight_meaning(key: str) -> bool:
   """Every model field (sizes, norm, position, activation, bias, ...) and the vocabulary."""
-  return ((key.startswith('model.') and key not in _REGULARIZATION_KEYS)
-          or key in _WEIGHT_MEANING_KEYS)
+  return (
+    key.startswith('model.') and key not in _REGULARIZATION_KEYS
+  ) or key in _WEIGHT_MEANING_KEYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,12 +106,16 @@ def _init_state(key: jax.Array, *, model: Transformer, optimizer, task: tasks.Ta
   dummy_batch = {k: jnp.ones((1, model.config.max_len), jnp.int32) for k in task.batch_keys}
   params = model.init(params_key, **task.model_inputs(dummy_batch))['params']
   return TrainState(
-    step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
-    dropout_key=jax.random.key_data(dropout_key))
+    step=jnp.array(0, jnp.int32),
+    params=params,
+    opt_state=optimizer.init(params),
+    dropout_key=jax.random.key_data(dropout_key),
+  )
 
 
-def abstract_state_and_shardings(model: Transformer, optimizer, task: tasks.Task, mesh: Mesh,
-                                 rules: sharding.Rules):
+def abstract_state_and_shardings(
+  model: Transformer, optimizer, task: tasks.Task, mesh: Mesh, rules: sharding.Rules
+):
   """Shapes of the state (nothing allocated) and the NamedSharding of every array.
 
   Parameters and Adam's moments get the shardings of their logical axis names
@@ -115,13 +127,16 @@ def abstract_state_and_shardings(model: Transformer, optimizer, task: tasks.Task
   state_shardings = sharding.logical_shardings(nn.get_partition_spec(boxed), mesh, rules)
   abstract = jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-    nn.meta.unbox(boxed), state_shardings)
+    nn.meta.unbox(boxed),
+    state_shardings,
+  )
   sharding.check_divisible(abstract, mesh)
   return abstract, state_shardings
 
 
-def create_train_state(model: Transformer, optimizer, task: tasks.Task, state_shardings,
-                       mesh: Mesh, key: jax.Array) -> TrainState:
+def create_train_state(
+  model: Transformer, optimizer, task: tasks.Task, state_shardings, mesh: Mesh, key: jax.Array
+) -> TrainState:
   """Initialises every array directly into its sharding (never whole on one device).
 
   `state_shardings` come from `abstract_state_and_shardings`.
@@ -133,8 +148,15 @@ def create_train_state(model: Transformer, optimizer, task: tasks.Task, state_sh
   return jax.jit(init_unboxed, out_shardings=state_shardings)(key_data)
 
 
-def train_step(state: TrainState, batch: Batch, *, model: Transformer, optimizer,
-               task: tasks.Task, config: ml_collections.ConfigDict):
+def train_step(
+  state: TrainState,
+  batch: Batch,
+  *,
+  model: Transformer,
+  optimizer,
+  task: tasks.Task,
+  config: ml_collections.ConfigDict,
+):
   """One optimizer update on the global batch, accumulated over `grad_accum_steps` slices.
 
   The loss is the mean over all real target tokens of the whole batch, so the
@@ -148,8 +170,9 @@ def train_step(state: TrainState, batch: Batch, *, model: Transformer, optimizer
   micro_batches = jax.tree.map(lambda x: x.reshape(accum, -1, *x.shape[1:]), batch)
 
   def summed_loss(params, micro_batch, key):
-    logits = model.apply({'params': params}, **task.model_inputs(micro_batch),
-                         rngs={'dropout': key})
+    logits = model.apply(
+      {'params': params}, **task.model_inputs(micro_batch), rngs={'dropout': key}
+    )
     _, sums = losses.loss_and_metrics(logits, micro_batch['tgt_tokens'], config.label_smoothing)
     return sums['loss_sum'], sums
 
@@ -160,8 +183,9 @@ def train_step(state: TrainState, batch: Batch, *, model: Transformer, optimizer
     grads, sums = grad_fn(state.params, micro_batch, jax.random.fold_in(step_key, index))
     return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
-  zero_sums = {k: jnp.zeros((), jnp.float32)
-               for k in ('loss_sum', 'nll_sum', 'correct_sum', 'num_tokens')}
+  zero_sums = {
+    k: jnp.zeros((), jnp.float32) for k in ('loss_sum', 'nll_sum', 'correct_sum', 'num_tokens')
+  }
   init = (jax.tree.map(jnp.zeros_like, state.params), zero_sums)
   (grads, sums), _ = jax.lax.scan(accumulate, init, (jnp.arange(accum), micro_batches))
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums['num_tokens'], 1.0), grads)
@@ -171,14 +195,16 @@ def train_step(state: TrainState, batch: Batch, *, model: Transformer, optimizer
   finite = divergence.finite_step(sums['loss_sum'], sums['grad_norm_sum'])
   if config.skip_nonfinite_steps:
     params, opt_state = divergence.keep_if_finite(
-      finite, (params, opt_state), (state.params, state.opt_state))
+      finite, (params, opt_state), (state.params, state.opt_state)
+    )
     sums = divergence.keep_if_finite(finite, sums, jax.tree.map(jnp.zeros_like, sums))
   sums[divergence.NONFINITE_KEY] = 1.0 - finite.astype(jnp.float32)
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums
 
 
-def eval_step(params, batch: Batch, *, model: Transformer, task: tasks.Task,
-              config: ml_collections.ConfigDict) -> dict[str, jax.Array]:
+def eval_step(
+  params, batch: Batch, *, model: Transformer, task: tasks.Task, config: ml_collections.ConfigDict
+) -> dict[str, jax.Array]:
   """Summed loss metrics of a batch (`losses.loss_and_metrics`)."""
   logits = model.apply({'params': params}, **task.model_inputs(batch))
   _, sums = losses.loss_and_metrics(logits, batch['tgt_tokens'], config.label_smoothing)
@@ -221,19 +247,24 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   saved = _saved_config(workdir)
   checkpoint_dir = os.path.join(workdir, 'checkpoints')
   has_checkpoint = os.path.isdir(checkpoint_dir) and any(
-    name.isdigit() for name in os.listdir(checkpoint_dir))
+    name.isdigit() for name in os.listdir(checkpoint_dir)
+  )
   if saved is None or not has_checkpoint:
     return
   current = _flatten(config)
-  changed = [f'config.{key}: {saved.get(key)!r} -> {current.get(key)!r}'
-             for key in sorted(set(saved) | set(current))
-             if _changes_weight_meaning(key) and saved.get(key) != current.get(key)]
+  changed = [
+    f'config.{key}: {saved.get(key)!r} -> {current.get(key)!r}'
+    for key in sorted(set(saved) | set(current))
+    if _changes_weight_meaning(key) and saved.get(key) != current.get(key)
+  ]
   if changed:
     raise ValueError(
       f'The checkpoints in {checkpoint_dir} belong to another model: resuming would read their '
       f'weights with a changed meaning. Changed since {workdir}/config.json (saved -> now):\n  '
-      + '\n  '.join(changed) + '\nNothing was changed. Train this model in a new --workdir, '
-      'or resume with the saved values (drop these overrides).')
+      + '\n  '.join(changed)
+      + '\nNothing was changed. Train this model in a new --workdir, '
+      'or resume with the saved values (drop these overrides).'
+    )
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -245,8 +276,13 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     for key in sorted(set(previous) | set(current)):
       if previous.get(key) != current.get(key):
         level = logging.INFO if key in RESUMABLE_KEYS else logging.WARNING
-        logging.log(level, 'Config key %s changed since the last run: %r -> %r (the command '
-                    'line wins).', key, previous.get(key), current.get(key))
+        logging.log(
+          level,
+          'Config key %s changed since the last run: %r -> %r (the command line wins).',
+          key,
+          previous.get(key),
+          current.get(key),
+        )
   tmp = path + '.tmp'
   with open(tmp, 'w') as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
@@ -290,9 +326,15 @@ def _prepare_data(config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
   return vocab or tokenizer.get_tokenizer(config)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices=None, *,
-                       restore_fallback: bool = False, profile_steps: int = 0,
-                       hooks: Hooks = Hooks()) -> dict[str, float]:
+def train_and_evaluate(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  devices=None,
+  *,
+  restore_fallback: bool = False,
+  profile_steps: int = 0,
+  hooks: Hooks = Hooks(),
+) -> dict[str, float]:
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns final metrics.
 
   `devices` (default: every device of every process) are laid out as `config.mesh`.
@@ -312,10 +354,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices=
   devices = jax.devices() if devices is None else devices
   config_lib.validate(config, len(devices))
   workdir = os.path.abspath(os.path.expanduser(workdir))
-  with (_owned_workdir(workdir), preemption.PreemptionWatcher() as watcher,
-        contextlib.ExitStack() as cleanup):
-    return _train_and_evaluate(config, workdir, devices, watcher, cleanup, restore_fallback,
-                               profile_steps, hooks)
+  with (
+    _owned_workdir(workdir),
+    preemption.PreemptionWatcher() as watcher,
+    contextlib.ExitStack() as cleanup,
+  ):
+    return _train_and_evaluate(
+      config, workdir, devices, watcher, cleanup, restore_fallback, profile_steps, hooks
+    )
 
 
 class _StepProfiler:
@@ -334,8 +380,13 @@ class _StepProfiler:
     if self.active and step >= self.last:
       jax.block_until_ready(outputs)
       self.stop()
-      logging.info('Wrote a profile of steps %d-%d to %s (tensorboard --logdir %s).',
-                   self.first, step, self.directory, self.directory)
+      logging.info(
+        'Wrote a profile of steps %d-%d to %s (tensorboard --logdir %s).',
+        self.first,
+        step,
+        self.directory,
+        self.directory,
+      )
 
   def stop(self) -> None:
     if self.active:
@@ -363,7 +414,8 @@ def _owned_workdir(workdir: str):
     locked = multihost_utils.broadcast_one_to_all(np.int32(error is None))
     if not locked and error is None:
       error = workdir_lock.WorkdirLockedError(
-        f'Process 0 could not take {lock.path} (another run holds the workdir; see its log).')
+        f'Process 0 could not take {lock.path} (another run holds the workdir; see its log).'
+      )
   try:
     if error is not None:
       raise error
@@ -389,9 +441,16 @@ def _remove_new_empty_folders(workdir: str, existed: set[str] | None) -> None:
     os.rmdir(workdir)
 
 
-def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.PreemptionWatcher,
-                        cleanup: contextlib.ExitStack, restore_fallback: bool,
-                        profile_steps: int, hooks: Hooks) -> dict[str, float]:
+def _train_and_evaluate(
+  config,
+  workdir: str,
+  devices,
+  watcher: preemption.PreemptionWatcher,
+  cleanup: contextlib.ExitStack,
+  restore_fallback: bool,
+  profile_steps: int,
+  hooks: Hooks,
+) -> dict[str, float]:
   check_resume(config, workdir)  # Before anything else: a changed model is refused.
   # The config becomes the model config, mesh, rules and task once; they are passed down.
   model_config = ModelConfig.from_config(config)
@@ -401,19 +460,22 @@ def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.Preem
   model, eval_model = create_models(model_config)
   optimizer = optim.create_optimizer(config)
   abstract_state, state_shardings = abstract_state_and_shardings(
-    model, optimizer, task, mesh, rules)
+    model, optimizer, task, mesh, rules
+  )
   # Before any data preparation or compile: a foreign checkpoint is an error.
   checkpoints.check_latest_compatible(workdir, abstract_state)
 
   vocab = _prepare_data(config)
   train_iter = task.train_iterator(
-    config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count())
+    config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count()
+  )
 
   # Created only now, after every check on the config and the data: it starts Orbax's background
   # threads and the checkpoints/ folder. Closed however the run ends, so that an error is the
   # last thing printed (not a traceback of threads shut down with the interpreter).
-  checkpointer = checkpoints.Checkpointer(workdir, keep=config.keep_checkpoints,
-                                         during_save=hooks.during_save)
+  checkpointer = checkpoints.Checkpointer(
+    workdir, keep=config.keep_checkpoints, during_save=hooks.during_save
+  )
   cleanup.callback(checkpointer.close)
   params_key, _ = jax.random.split(jax.random.key(config.seed))  # Named: params, (data).
   latest, state = checkpointer.restore_latest(abstract_state, train_iter, fallback=restore_fallback)
@@ -433,17 +495,23 @@ def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.Preem
     functools.partial(train_step, model=model, optimizer=optimizer, task=task, config=config),
     in_shardings=(state_shardings, batch_shardings),
     out_shardings=(state_shardings, sharding.replicated(mesh)),
-    donate_argnums=(0,))
+    donate_argnums=(0,),
+  )
   eval_step_fn = jax.jit(
     functools.partial(eval_step, model=eval_model, task=task, config=config),
     in_shardings=(state_shardings.params, batch_shardings),
-    out_shardings=sharding.replicated(mesh))
+    out_shardings=sharding.replicated(mesh),
+  )
 
   validation_metrics = task.validation_metrics_fn(config, eval_model.config, vocab, mesh, rules)
   eval_batches = task.eval_batches(
-    config, vocab, config.data.eval_split,
+    config,
+    vocab,
+    config.data.eval_split,
     rows_multiple_of=sharding.batch_shards(dict(mesh.shape), rules),
-    shard_index=jax.process_index(), shard_count=jax.process_count())
+    shard_index=jax.process_index(),
+    shard_count=jax.process_count(),
+  )
 
   def run_eval(step: int) -> dict[str, float]:
     with sharding.activated(mesh, rules):
@@ -451,13 +519,19 @@ def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.Preem
     summary = losses.summarize(sums, 'eval')
     summary.update(validation_metrics(state.params))
     writer.write(step, summary)
-    logging.info('step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f | BLEU %s', step,
-                 summary['eval_loss'], summary['eval_perplexity'], summary['eval_accuracy'],
-                 f"{summary['eval_bleu']:.2f}" if 'eval_bleu' in summary else '-')
+    logging.info(
+      'step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f | BLEU %s',
+      step,
+      summary['eval_loss'],
+      summary['eval_perplexity'],
+      summary['eval_accuracy'],
+      f'{summary["eval_bleu"]:.2f}' if 'eval_bleu' in summary else '-',
+    )
     return summary
 
-  logging.info('Training from step %d to %d on mesh %s.', start_step, config.num_train_steps,
-               dict(mesh.shape))
+  logging.info(
+    'Training from step %d to %d on mesh %s.', start_step, config.num_train_steps, dict(mesh.shape)
+  )
   progress = _Progress(start_step, config.num_train_steps)
   monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps)
   train_sums, summary = None, {}
@@ -486,18 +560,29 @@ def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.Preem
       steps_logged = step - progress.last_step
       summary = losses.summarize(train_sums, 'train')
       updated_steps = steps_logged - skipped
-      summary['train_grad_norm'] = (float(train_sums['grad_norm_sum']) / updated_steps
-                                    if updated_steps else float('nan'))
+      summary['train_grad_norm'] = (
+        float(train_sums['grad_norm_sum']) / updated_steps if updated_steps else float('nan')
+      )
       if config.skip_nonfinite_steps:
         summary['train_skipped_steps'] = skipped
       steps_per_sec, tokens_per_sec, eta = progress.rates(step, float(train_sums['num_tokens']))
-      summary.update(steps_per_sec=steps_per_sec, tokens_per_sec=tokens_per_sec,
-                     learning_rate=float(optim.paper_schedule(
-                       config.model.d_model, config.warmup_steps, config.lr_scale)(step - 1)))
+      summary.update(
+        steps_per_sec=steps_per_sec,
+        tokens_per_sec=tokens_per_sec,
+        learning_rate=float(
+          optim.paper_schedule(config.model.d_model, config.warmup_steps, config.lr_scale)(step - 1)
+        ),
+      )
       writer.write(step, summary)
-      logging.info('step %d/%d | loss %.4f | %.2f steps/s | %.0f tok/s | %s left', step,
-                   config.num_train_steps, summary['train_loss'], steps_per_sec, tokens_per_sec,
-                   time.strftime('%H:%M:%S', time.gmtime(eta)))
+      logging.info(
+        'step %d/%d | loss %.4f | %.2f steps/s | %.0f tok/s | %s left',
+        step,
+        config.num_train_steps,
+        summary['train_loss'],
+        steps_per_sec,
+        tokens_per_sec,
+        time.strftime('%H:%M:%S', time.gmtime(eta)),
+      )
       train_sums = None
 
     if eval_now:
@@ -506,8 +591,14 @@ def _train_and_evaluate(config, workdir: str, devices, watcher: preemption.Preem
       checkpointer.save(step, state, train_iter, force=True)
     if preempted:
       checkpointer.wait_until_finished()
-      logging.info('Stopped by %s after step %d; checkpoint %s/%d is committed. Run the same '
-                   'command to resume.', watcher.signal_name, step, checkpointer.directory, step)
+      logging.info(
+        'Stopped by %s after step %d; checkpoint %s/%d is committed. Run the same '
+        'command to resume.',
+        watcher.signal_name,
+        step,
+        checkpointer.directory,
+        step,
+      )
       break
     if hooks.after_step is not None:
       hooks.after_step(step, checkpointer.wait_until_finished)

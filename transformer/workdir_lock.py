@@ -51,14 +51,18 @@ def _start_ticks(pid: int) -> int | None:
   except OSError:
     return None
   # The command name (field 2) may hold spaces and parentheses: fields after the last ')'.
-  return int(stat[stat.rindex(')') + 2:].split()[19])
+  return int(stat[stat.rindex(')') + 2 :].split()[19])
 
 
 def _this_process() -> dict[str, Any]:
-  return {'host': socket.gethostname(), 'pid': os.getpid(), 'boot_id': _boot_id(),
-          'start_ticks': _start_ticks(os.getpid()),
-          'started': datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
-          'command': ' '.join(sys.argv)}
+  return {
+    'host': socket.gethostname(),
+    'pid': os.getpid(),
+    'boot_id': _boot_id(),
+    'start_ticks': _start_ticks(os.getpid()),
+    'started': datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
+    'command': ' '.join(sys.argv),
+  }
 
 
 def lock_path(workdir: str) -> str:
@@ -106,12 +110,12 @@ def holder_alive(holder: dict[str, Any]) -> bool | None:
 
 def describe(holder: dict[str, Any]) -> str:
   """'pid 123 on host h (started 2026-..., `python train.py ...`)'."""
-  parts = [f"pid {holder.get('pid')} on host {holder.get('host')}"]
+  parts = [f'pid {holder.get("pid")} on host {holder.get("host")}']
   if holder.get('started'):
-    parts.append(f"started {holder['started']}")
+    parts.append(f'started {holder["started"]}')
   if holder.get('command'):
-    parts.append(f"`{holder['command']}`")
-  return parts[0] + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else '')
+    parts.append(f'`{holder["command"]}`')
+  return parts[0] + (f' ({", ".join(parts[1:])})' if len(parts) > 1 else '')
 
 
 class WorkdirLock:
@@ -166,19 +170,26 @@ class WorkdirLock:
       os.rename(aside, self.path)
       return
     os.remove(aside)
-    logging.warning('Removed the stale lock %s of %s, which no longer runs.', self.path,
-                    describe(holder))
+    logging.warning(
+      'Removed the stale lock %s of %s, which no longer runs.', self.path, describe(holder)
+    )
 
   def _refusal(self, holder: dict[str, Any], alive: bool | None) -> str:
     workdir = os.path.dirname(self.path)
     if alive is None and holder.get('host') is not None:
-      how = (f"This host cannot see processes of host {holder.get('host')}: if that run is "
-             f"over (check `ps -p {holder.get('pid')}` there), remove {self.path} and run again.")
+      how = (
+        f'This host cannot see processes of host {holder.get("host")}: if that run is '
+        f'over (check `ps -p {holder.get("pid")}` there), remove {self.path} and run again.'
+      )
     else:
-      how = ('Wait for it to finish or stop it (SIGTERM checkpoints it), or give this run '
-             'another --workdir.')
-    return (f'The workdir {workdir} is in use by another training run: {describe(holder)}, '
-            f'which holds {self.path}. Nothing was changed. {how}')
+      how = (
+        'Wait for it to finish or stop it (SIGTERM checkpoints it), or give this run '
+        'another --workdir.'
+      )
+    return (
+      f'The workdir {workdir} is in use by another training run: {describe(holder)}, '
+      f'which holds {self.path}. Nothing was changed. {how}'
+    )
 
   def release(self) -> None:
     """Removes the lock if it is still this process's."""

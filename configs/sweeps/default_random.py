@@ -13,9 +13,14 @@ from transformer.tools import sweeps
 
 def sweep() -> list[dict]:
   """12 draws: learning-rate scale, warmup, dropout and label smoothing."""
-  return sweeps.random_search({
-    'lr_scale': sweeps.log_uniform(0.25, 2.0),
-    'warmup_steps': sweeps.choice([200, 400, 800]),
-    'model.dropout_rate': sweeps.uniform(0.0, 0.3),
-    'label_smoothing': sweeps.choice([0.0, 0.1]),
-  }, num_trials=12, seed=0, digits=2)
+  return sweeps.random_search(
+    {
+      'lr_scale': sweeps.log_uniform(0.25, 2.0),
+      'warmup_steps': sweeps.choice([200, 400, 800]),
+      'model.dropout_rate': sweeps.uniform(0.0, 0.3),
+      'label_smoothing': sweeps.choice([0.0, 0.1]),
+    },
+    num_trials=12,
+    seed=0,
+    digits=2,
+  )

@@ -13,5 +13,9 @@ docs/language_model.md, "Length extrapolation").
 
 def sweep() -> list[dict]:
   """The base (sinusoidal, the paper's), then learned, rotary and ALiBi positions."""
-  return [{}, {'model.position': 'learned'}, {'model.position': 'rope'},
-          {'model.position': 'alibi'}]
+  return [
+    {},
+    {'model.position': 'learned'},
+    {'model.position': 'rope'},
+    {'model.position': 'alibi'},
+  ]

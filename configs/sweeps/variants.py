@@ -16,12 +16,14 @@ from transformer.tools import sweeps
 
 def sweep() -> list[dict]:
   """The baseline (post_ln, sinusoidal, relu, biases), then each other switch value alone."""
-  return sweeps.one_at_a_time({
-    'model.norm': ['pre_ln', 'rmsnorm'],
-    'model.position': ['learned', 'rope', 'alibi'],
-    'model.ffn_activation': ['gelu', 'swiglu'],  # SwiGLU: 1.5x the FFN parameters at one d_ff.
-    'model.use_bias': [False],
-  }) + [
+  return sweeps.one_at_a_time(
+    {
+      'model.norm': ['pre_ln', 'rmsnorm'],
+      'model.position': ['learned', 'rope', 'alibi'],
+      'model.ffn_activation': ['gelu', 'swiglu'],  # SwiGLU: 1.5x the FFN parameters at one d_ff.
+      'model.use_bias': [False],
+    }
+  ) + [
     # SwiGLU at the FFN size of the baseline (Shazeer 2020 shrinks d_ff by 2/3; 680 ~ 1024 * 2/3).
     {'model.ffn_activation': 'swiglu', 'model.d_ff': 680},
   ]

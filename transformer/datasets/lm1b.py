@@ -22,10 +22,10 @@ from tensorflow_datasets.datasets.lm1b import lm1b_dataset_builder as catalog
 DOWNLOAD_URL = catalog._DOWNLOAD_URL
 TOP_LEVEL_DIR = catalog._TOP_LEVEL_DIR
 ARCHIVE = os.path.basename(DOWNLOAD_URL)
-TRAIN_GLOB = os.path.join(
-    TOP_LEVEL_DIR, 'training-monolingual.tokenized.shuffled', 'news.en-*')
+TRAIN_GLOB = os.path.join(TOP_LEVEL_DIR, 'training-monolingual.tokenized.shuffled', 'news.en-*')
 TEST_GLOB = os.path.join(
-    TOP_LEVEL_DIR, 'heldout-monolingual.tokenized.shuffled', 'news.en.heldout-*')
+  TOP_LEVEL_DIR, 'heldout-monolingual.tokenized.shuffled', 'news.en.heldout-*'
+)
 
 
 class Lm1b(catalog.Builder, skip_registration=True):
@@ -53,8 +53,9 @@ class Lm1b(catalog.Builder, skip_registration=True):
       if (local / ARCHIVE).exists():
         return epath.Path(dl_manager.extract(local / ARCHIVE))
       raise ValueError(
-          f'config.data.manual_dir={self._source_dir} holds neither {TOP_LEVEL_DIR}/ nor '
-          f'{ARCHIVE}; unset it to download lm1b.')
+        f'config.data.manual_dir={self._source_dir} holds neither {TOP_LEVEL_DIR}/ nor '
+        f'{ARCHIVE}; unset it to download lm1b.'
+      )
     return epath.Path(dl_manager.download_and_extract(DOWNLOAD_URL))
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):

@@ -23,8 +23,7 @@ from absl import logging
 from transformer.datasets import parallel_text, text_files
 
 URL_TEMPLATE = (
-    'https://raw.githubusercontent.com/multi30k/dataset/master/'
-    'data/task1/raw/{split}.{lang}.gz'
+  'https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{split}.{lang}.gz'
 )
 LANGUAGES = ('cs', 'de', 'en', 'fr')
 REQUIRED_SPLITS = ('train', 'validation', 'test_2016_flickr')
@@ -34,11 +33,9 @@ OPTIONAL_SPLITS = ('test_2017_flickr', 'test_2017_mscoco', 'test_2018_flickr')
 def source_urls() -> dict[tuple[str, str], str]:
   """Returns {(split, lang): url} of every file the builder may download."""
   return {
-      (split, lang): URL_TEMPLATE.format(
-          split=text_files.raw_split_name(split), lang=lang
-      )
-      for split in REQUIRED_SPLITS + OPTIONAL_SPLITS
-      for lang in LANGUAGES
+    (split, lang): URL_TEMPLATE.format(split=text_files.raw_split_name(split), lang=lang)
+    for split in REQUIRED_SPLITS + OPTIONAL_SPLITS
+    for lang in LANGUAGES
   }
 
 
@@ -48,9 +45,9 @@ class Multi30k(parallel_text.ParallelText):
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Initial release.'}
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      'Optional: put the files of https://github.com/multi30k/dataset '
-      'data/task1/raw (train.en.gz, val.de.gz, test_2016_flickr.fr.gz, ...; '
-      'gzip or plain text) in the manual directory.'
+    'Optional: put the files of https://github.com/multi30k/dataset '
+    'data/task1/raw (train.en.gz, val.de.gz, test_2016_flickr.fr.gz, ...; '
+    'gzip or plain text) in the manual directory.'
   )
   LANGUAGES = LANGUAGES
   REQUIRED_SPLITS = REQUIRED_SPLITS
@@ -62,7 +59,7 @@ class Multi30k(parallel_text.ParallelText):
 
   @classmethod
   def select_files(
-      cls, manual_dir: str | None, languages: Sequence[str] | None = None
+    cls, manual_dir: str | None, languages: Sequence[str] | None = None
   ) -> tuple[text_files.SplitFiles | None, list[str]]:
     """See base class; without `manual_dir`, files are downloaded later."""
     if manual_dir is None:
@@ -71,7 +68,7 @@ class Multi30k(parallel_text.ParallelText):
 
   @classmethod
   def source_fingerprint(
-      cls, manual_dir: str | None, languages: Sequence[str] | None = None
+    cls, manual_dir: str | None, languages: Sequence[str] | None = None
   ) -> str:
     """sha256 of the local files, or of the URLs when downloading."""
     if manual_dir is not None:
@@ -81,22 +78,16 @@ class Multi30k(parallel_text.ParallelText):
       digest.update(f'\0{url}'.encode())
     return digest.hexdigest()
 
-  def _source_files(
-      self, dl_manager: tfds.download.DownloadManager
-  ) -> text_files.SplitFiles:
+  def _source_files(self, dl_manager: tfds.download.DownloadManager) -> text_files.SplitFiles:
     if self._files is not None:
       return self._files
     return self._keep_parallel_splits(self._download(dl_manager), LANGUAGES)
 
-  def _download(
-      self, dl_manager: tfds.download.DownloadManager
-  ) -> text_files.SplitFiles:
+  def _download(self, dl_manager: tfds.download.DownloadManager) -> text_files.SplitFiles:
     """Downloads the required files, then each optional file that exists."""
     urls = source_urls()
     required = {
-        f'{split}.{lang}': urls[split, lang]
-        for split in REQUIRED_SPLITS
-        for lang in LANGUAGES
+      f'{split}.{lang}': urls[split, lang] for split in REQUIRED_SPLITS for lang in LANGUAGES
     }
     paths = dl_manager.download(required)
     files: text_files.SplitFiles = {}
@@ -108,8 +99,7 @@ class Multi30k(parallel_text.ParallelText):
           path = dl_manager.download(urls[split, lang])
         except Exception as e:  # pylint: disable=broad-except
           # Not every test set exists for every language (e.g. 2017 has no cs).
-          logging.info('multi30k: %s.%s is not available (%s); skipping it.',
-                       split, lang, e)
+          logging.info('multi30k: %s.%s is not available (%s); skipping it.', split, lang, e)
           continue
         files.setdefault(split, {})[lang] = str(path)
     return files

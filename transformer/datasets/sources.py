@@ -27,9 +27,9 @@ from tensorflow_datasets.proto import tf_example_pb2
 from transformer.datasets import lm1b, multi30k, parallel_text, text_lines, wmt14
 
 LOCAL_BUILDERS: Mapping[str, type[parallel_text.ParallelText]] = {
-    'multi30k': multi30k.Multi30k,
-    'parallel_text': parallel_text.ParallelText,
-    'text_lines': text_lines.TextLines,
+  'multi30k': multi30k.Multi30k,
+  'parallel_text': parallel_text.ParallelText,
+  'text_lines': text_lines.TextLines,
 }
 CATALOG_DATASETS = ('wmt14_translate/de-en', 'wmt14_translate/fr-en', 'lm1b')
 DATASETS = tuple(LOCAL_BUILDERS) + CATALOG_DATASETS
@@ -41,9 +41,7 @@ FILE_FORMAT = 'array_record'
 def _check_name(data_config: ml_collections.ConfigDict) -> str:
   name = data_config.dataset
   if name not in DATASETS:
-    raise ValueError(
-        f'config.data.dataset={name!r} is not supported; use one of {DATASETS}.'
-    )
+    raise ValueError(f'config.data.dataset={name!r} is not supported; use one of {DATASETS}.')
   return name
 
 
@@ -77,13 +75,13 @@ def fingerprint(data_config: ml_collections.ConfigDict) -> str:
   name = _check_name(data_config)
   if name in LOCAL_BUILDERS:
     return LOCAL_BUILDERS[name].source_fingerprint(
-        _manual_dir(data_config), _languages_to_require(data_config)
+      _manual_dir(data_config), _languages_to_require(data_config)
     )
   return name.replace('/', '-')
 
 
 def _languages_to_require(
-    data_config: ml_collections.ConfigDict,
+  data_config: ml_collections.ConfigDict,
 ) -> list[str] | None:
   # Multi30k has fixed languages (all required); parallel_text requires the
   # train and validation files of the configured source and target, text_lines
@@ -135,30 +133,28 @@ def prepare(data_config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
   manual_dir = _manual_dir(data_config)
   if name in LOCAL_BUILDERS:
     builder = LOCAL_BUILDERS[name](
-        manual_dir=manual_dir,
-        languages=_languages_to_require(data_config),
-        data_dir=dataset_dir(data_config),
-        file_format=FILE_FORMAT,
+      manual_dir=manual_dir,
+      languages=_languages_to_require(data_config),
+      data_dir=dataset_dir(data_config),
+      file_format=FILE_FORMAT,
     )
   elif name == 'lm1b':
     builder = lm1b.Lm1b(
-        manual_dir=manual_dir,
-        data_dir=_data_root(data_config),
-        file_format=FILE_FORMAT,
+      manual_dir=manual_dir,
+      data_dir=_data_root(data_config),
+      file_format=FILE_FORMAT,
     )
   else:
     builder = wmt14.Wmt14Translate(
-        config=name.split('/')[1],
-        manual_dir=manual_dir,
-        data_dir=_data_root(data_config),
-        file_format=FILE_FORMAT,
+      config=name.split('/')[1],
+      manual_dir=manual_dir,
+      data_dir=_data_root(data_config),
+      file_format=FILE_FORMAT,
     )
   if name not in LM_DATASETS:
     _check_languages(data_config, available=languages(builder))
   builder.download_and_prepare(
-      download_config=tfds.download.DownloadConfig(
-          manual_dir=manual_dir, try_download_gcs=False
-      )
+    download_config=tfds.download.DownloadConfig(manual_dir=manual_dir, try_download_gcs=False)
   )
   logging.info('Dataset %s ready in %s.', name, builder.data_dir)
   return builder
@@ -173,21 +169,20 @@ def languages(builder: tfds.core.DatasetBuilder) -> list[str]:
 
 
 def _check_languages(
-    data_config: ml_collections.ConfigDict,
-    available: Sequence[str],
-    where: str = '',
+  data_config: ml_collections.ConfigDict,
+  available: Sequence[str],
+  where: str = '',
 ) -> None:
   for key in ('source_lang', 'target_lang'):
     lang = data_config[key]
     if lang not in available:
       raise ValueError(
-          f'config.data.{key}={lang!r} is not a language of dataset '
-          f'{data_config.dataset!r}{where}; available: {sorted(available)}.'
+        f'config.data.{key}={lang!r} is not a language of dataset '
+        f'{data_config.dataset!r}{where}; available: {sorted(available)}.'
       )
   if data_config.source_lang == data_config.target_lang:
     raise ValueError(
-        'config.data.source_lang and config.data.target_lang are both '
-        f'{data_config.source_lang!r}.'
+      f'config.data.source_lang and config.data.target_lang are both {data_config.source_lang!r}.'
     )
 
 
@@ -198,9 +193,7 @@ def split_languages(builder: tfds.core.DatasetBuilder, split: str) -> list[str]:
   return list(by_split.get(split, languages(builder)))
 
 
-def split_num_lines(
-    data_config: ml_collections.ConfigDict, split: str
-) -> int | None:
+def split_num_lines(data_config: ml_collections.ConfigDict, split: str) -> int | None:
   """Lines in the split's source files, counting dropped empty lines.
 
   Args:
@@ -214,9 +207,7 @@ def split_num_lines(
   return metadata.get('num_lines', {}).get(split)
 
 
-def get_data_source(
-    data_config: ml_collections.ConfigDict, split: str
-) -> Any:
+def get_data_source(data_config: ml_collections.ConfigDict, split: str) -> Any:
   """Returns a random-access source of `split` (prepares the data if needed).
 
   Elements are dicts: `{'translation': {lang: bytes}, 'index': int}` for the
@@ -236,13 +227,11 @@ def get_data_source(
   builder = prepare(data_config)
   if split not in builder.info.splits:
     raise ValueError(
-        f'Split {split!r} is not in dataset {data_config.dataset!r}; '
-        f'available: {sorted(builder.info.splits)}.'
+      f'Split {split!r} is not in dataset {data_config.dataset!r}; '
+      f'available: {sorted(builder.info.splits)}.'
     )
   if not is_monolingual(data_config):
-    _check_languages(
-        data_config, split_languages(builder, split), f' split {split!r}'
-    )
+    _check_languages(data_config, split_languages(builder, split), f' split {split!r}')
   return builder.as_data_source(split)
 
 
@@ -276,7 +265,7 @@ def read_examples(source: Any, positions: list[int]) -> list[dict[str, Any]]:
 
 
 def translation_pair(
-    example: Mapping[str, Any], source_lang: str, target_lang: str
+  example: Mapping[str, Any], source_lang: str, target_lang: str
 ) -> tuple[str, str]:
   """Returns the (source, target) strings of a data source element."""
   texts = example.get('translation', example)

@@ -73,8 +73,9 @@ def discover_files(directory: str) -> SplitFiles:
       `validation.en`).
   """
   if not os.path.isdir(directory):
-    raise ValueError(f'Parallel text directory {directory!r} (config.data.manual_dir) does not '
-                     'exist.')
+    raise ValueError(
+      f'Parallel text directory {directory!r} (config.data.manual_dir) does not exist.'
+    )
   files: SplitFiles = {}
   for name in sorted(os.listdir(directory)):
     path = os.path.join(directory, name)
@@ -85,22 +86,20 @@ def discover_files(directory: str) -> SplitFiles:
     previous = files.setdefault(split, {}).get(lang)
     if previous is not None:
       raise ValueError(
-          f'Both {previous} and {path} give split {split!r}, language '
-          f'{lang!r}; keep only one of them.'
+        f'Both {previous} and {path} give split {split!r}, language '
+        f'{lang!r}; keep only one of them.'
       )
     files[split][lang] = path
   return files
 
 
-def missing_files(
-    files: SplitFiles, splits: Iterable[str], languages: Iterable[str]
-) -> list[str]:
+def missing_files(files: SplitFiles, splits: Iterable[str], languages: Iterable[str]) -> list[str]:
   """Lists the `SPLIT.LANG` names (raw split names) absent from `files`."""
   return [
-      f'{raw_split_name(split)}.{lang}'
-      for split in splits
-      for lang in languages
-      if lang not in files.get(split, {})
+    f'{raw_split_name(split)}.{lang}'
+    for split in splits
+    for lang in languages
+    if lang not in files.get(split, {})
   ]
 
 
@@ -121,8 +120,8 @@ def _lines_of_gzip_or_plain(path: str, f: BinaryIO) -> Iterator[bytes]:
       raw = f.readline()
     except (EOFError, OSError, zlib.error) as e:  # BadGzipFile is an OSError.
       raise ValueError(
-          f'{path}: corrupt or truncated gzip data at line {line_number + 1} '
-          f'({type(e).__name__}: {e}); lines 1-{line_number} read. Replace the file.'
+        f'{path}: corrupt or truncated gzip data at line {line_number + 1} '
+        f'({type(e).__name__}: {e}); lines 1-{line_number} read. Replace the file.'
       ) from e
     if not raw:
       return
@@ -151,8 +150,8 @@ def read_lines(path: str) -> Iterator[str]:
         text = raw.decode('utf-8')
       except UnicodeDecodeError as e:
         raise ValueError(
-            f'{path}: line {line_number} is not valid UTF-8 ({e.reason} at '
-            f'byte {e.start} of the line).'
+          f'{path}: line {line_number} is not valid UTF-8 ({e.reason} at '
+          f'byte {e.start} of the line).'
         ) from e
       if line_number == 1:
         text = text.removeprefix('\ufeff')
@@ -191,15 +190,15 @@ def check_split(split: str, paths: Mapping[str, str]) -> SplitStats:
   for lang in langs[1:]:
     if counts[lang] != counts[first]:
       raise ValueError(
-          f'Parallel files of split {split!r} have different line counts: '
-          f'{paths[first]} has {counts[first]} lines but {paths[lang]} has '
-          f'{counts[lang]} lines.'
+        f'Parallel files of split {split!r} have different line counts: '
+        f'{paths[first]} has {counts[first]} lines but {paths[lang]} has '
+        f'{counts[lang]} lines.'
       )
   return SplitStats(num_lines=counts[first], num_dropped=dropped)
 
 
 def iter_examples(
-    paths: Mapping[str, str], languages: Sequence[str]
+  paths: Mapping[str, str], languages: Sequence[str]
 ) -> Iterator[tuple[int, dict[str, str]]]:
   """Yields `(line_index, {lang: text})` for the non-empty lines of a split.
 
@@ -244,7 +243,9 @@ def log_split_stats(name: str, split: str, stats: SplitStats) -> None:
   logging.info('%s: split %s has %d lines.', name, split, stats.num_lines)
   if stats.num_dropped:
     logging.warning(
-        '%s: split %s: dropped %d of %d lines that are empty or whitespace '
-        'only in some language.',
-        name, split, stats.num_dropped, stats.num_lines,
+      '%s: split %s: dropped %d of %d lines that are empty or whitespace only in some language.',
+      name,
+      split,
+      stats.num_dropped,
+      stats.num_lines,
     )

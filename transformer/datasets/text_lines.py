@@ -33,13 +33,13 @@ class TextLines(parallel_text.ParallelText):
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Initial release.'}
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      'Put one file per split named SPLIT.LANG or SPLIT.LANG.gz (e.g. '
-      'train.en, val.en) in the manual directory.'
+    'Put one file per split named SPLIT.LANG or SPLIT.LANG.gz (e.g. '
+    'train.en, val.en) in the manual directory.'
   )
 
   @classmethod
   def select_files(
-      cls, manual_dir: str | None, languages: Sequence[str] | None = None
+    cls, manual_dir: str | None, languages: Sequence[str] | None = None
   ) -> tuple[text_files.SplitFiles | None, list[str]]:
     """Finds the files of the one language in `languages` (see base class).
 
@@ -49,49 +49,48 @@ class TextLines(parallel_text.ParallelText):
     """
     if languages is None or len(languages) != 1:
       raise ValueError(
-          f'{cls.name} reads the files of one language, got {languages}: set '
-          'config.data.target_lang.'
+        f'{cls.name} reads the files of one language, got {languages}: set config.data.target_lang.'
       )
     if manual_dir is None:
       raise ValueError(
-          f'{cls.name} reads local files: set config.data.manual_dir to a '
-          'directory of SPLIT.LANG or SPLIT.LANG.gz files.'
+        f'{cls.name} reads local files: set config.data.manual_dir to a '
+        'directory of SPLIT.LANG or SPLIT.LANG.gz files.'
       )
     (language,) = languages
     found = text_files.discover_files(manual_dir)
     missing = text_files.missing_files(found, cls.REQUIRED_SPLITS, languages)
     if missing:
       raise ValueError(
-          f'{manual_dir} (config.data.manual_dir) lacks required files: '
-          f'{", ".join(missing)} (each may also be gzipped, with a .gz suffix).'
+        f'{manual_dir} (config.data.manual_dir) lacks required files: '
+        f'{", ".join(missing)} (each may also be gzipped, with a .gz suffix).'
       )
     files = {
-        split: {language: paths[language]}
-        for split, paths in sorted(found.items())
-        if language in paths
+      split: {language: paths[language]}
+      for split, paths in sorted(found.items())
+      if language in paths
     }
     return files, [language]
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self,
-        description=(
-            'Monolingual text, one example per non-empty line, in file order. '
-            '`index` is the 0-based line number in the source file; metadata '
-            'holds each split\'s line count (`num_lines`) and dropped empty '
-            'lines (`num_dropped`).'
-        ),
-        features=tfds.features.FeaturesDict({
-            'text': tfds.features.Text(),
-            'index': np.int64,
-        }),
-        disable_shuffling=True,
-        metadata=tfds.core.MetadataDict(),
+      builder=self,
+      description=(
+        'Monolingual text, one example per non-empty line, in file order. '
+        '`index` is the 0-based line number in the source file; metadata '
+        "holds each split's line count (`num_lines`) and dropped empty "
+        'lines (`num_dropped`).'
+      ),
+      features=tfds.features.FeaturesDict(
+        {
+          'text': tfds.features.Text(),
+          'index': np.int64,
+        }
+      ),
+      disable_shuffling=True,
+      metadata=tfds.core.MetadataDict(),
     )
 
-  def _generate_examples(
-      self, paths: Mapping[str, str]
-  ) -> Iterator[tuple[int, dict[str, Any]]]:
+  def _generate_examples(self, paths: Mapping[str, str]) -> Iterator[tuple[int, dict[str, Any]]]:
     (language,) = self._languages
     for index, texts in text_files.iter_examples(paths, self._languages):
       yield index, {'text': texts[language], 'index': index}

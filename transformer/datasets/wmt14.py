@@ -58,8 +58,9 @@ class _LocalArchives:
     archive = os.path.join(self.manual_dir, name)
     if not os.path.exists(archive):
       raise ValueError(
-          f'config.data.manual_dir={self.manual_dir} lacks {name} (the file at {url}); '
-          'unset config.data.manual_dir to download WMT14.')
+        f'config.data.manual_dir={self.manual_dir} lacks {name} (the file at {url}); '
+        'unset config.data.manual_dir to download WMT14.'
+      )
     target = os.path.join(self._extract_dir, name)
     if not os.path.isdir(target):
       logging.info('Extracting %s to %s.', archive, target)

@@ -102,7 +102,7 @@ def documents(config: ml_collections.ConfigDict, split: str) -> Documents:
 
 
 def encoded_lines(
-    config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, split: str
+  config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, split: str
 ) -> prepared_ids.EncodedSplit:
   """The prepared ids of the examples (lines) of `split`, encoded first if needed."""
   return prepared_ids.encoded_split(config, tokenizer, split, prepared_ids.DocumentText())
@@ -140,14 +140,17 @@ class PackDocuments:
     # Windows of `length` positions of each stream (ids + EOS, or BOS + ids).
     windows = -(-(doc_ids + 1) // self.length)
     item = np.repeat(np.arange(len(documents)), windows)
-    offsets = (np.arange(windows.sum()) - np.repeat(np.cumsum(windows) - windows, windows))
+    offsets = np.arange(windows.sum()) - np.repeat(np.cumsum(windows) - windows, windows)
     offsets *= self.length
     lengths = np.minimum(self.length, doc_ids[item] + 1 - offsets)
     return packing.pack(
-        {'tgt': packing.Windows(ids, doc_starts[item], doc_ids[item], offsets, lengths,
-                                with_inputs=True)},
-        self.length,
-        self.open_rows,
+      {
+        'tgt': packing.Windows(
+          ids, doc_starts[item], doc_ids[item], offsets, lengths, with_inputs=True
+        )
+      },
+      self.length,
+      self.open_rows,
     )
 
 
@@ -156,11 +159,11 @@ def _num_documents(split: prepared_ids.EncodedSplit, lines: int) -> int:
 
 
 def train_iterator(
-    config: ml_collections.ConfigDict,
-    tokenizer: tokenizer_lib.Tokenizer,
-    *,
-    shard_index: int = 0,
-    shard_count: int = 1,
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  *,
+  shard_index: int = 0,
+  shard_count: int = 1,
 ) -> grain.DatasetIterator:
   """The infinite iterator of packed training batches of one process.
 
@@ -174,23 +177,23 @@ def train_iterator(
   data = config.data
   split = encoded_lines(config, tokenizer, data.train_split)
   return input_pipeline.packed_train_iterator(
-      config,
-      _num_documents(split, data.lines_per_document),
-      lambda length, open_rows: PackDocuments(split, data.lines_per_document, length, open_rows),
-      shard_index=shard_index,
-      shard_count=shard_count,
+    config,
+    _num_documents(split, data.lines_per_document),
+    lambda length, open_rows: PackDocuments(split, data.lines_per_document, length, open_rows),
+    shard_index=shard_index,
+    shard_count=shard_count,
   )
 
 
 def eval_batches(
-    config: ml_collections.ConfigDict,
-    tokenizer: tokenizer_lib.Tokenizer,
-    split: str,
-    length: int | None = None,
-    *,
-    rows_multiple_of: int = 1,
-    shard_index: int = 0,
-    shard_count: int = 1,
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  split: str,
+  length: int | None = None,
+  *,
+  rows_multiple_of: int = 1,
+  shard_index: int = 0,
+  shard_count: int = 1,
 ) -> grain.IterDataset:
   """The packed batches of a whole split, for perplexity.
 
@@ -206,13 +209,13 @@ def eval_batches(
   encoded = encoded_lines(config, tokenizer, split)
   lines = config.data.lines_per_document
   return input_pipeline.packed_eval_batches(
-      config,
-      _num_documents(encoded, lines),
-      lambda length, open_rows: PackDocuments(encoded, lines, length, open_rows),
-      length or config.data.max_eval_len,
-      rows_multiple_of=rows_multiple_of,
-      shard_index=shard_index,
-      shard_count=shard_count,
+    config,
+    _num_documents(encoded, lines),
+    lambda length, open_rows: PackDocuments(encoded, lines, length, open_rows),
+    length or config.data.max_eval_len,
+    rows_multiple_of=rows_multiple_of,
+    shard_index=shard_index,
+    shard_count=shard_count,
   )
 
 
@@ -230,7 +233,7 @@ class _PadPrompts:
     index = np.full((self.batch_size,), -1, np.int32)
     valid = np.zeros((self.batch_size,), bool)
     for row, element in enumerate(elements):
-      tokens[row, :len(element['prompt'])] = element['prompt']
+      tokens[row, : len(element['prompt'])] = element['prompt']
       index[row], valid[row] = element['index'], True
     return {'prompt_tokens': tokens, 'index': index, 'valid': valid}
 
@@ -249,10 +252,10 @@ class _EncodePrompt:
 
 
 def prompt_batches(
-    prompts: Sequence[str],
-    tokenizer: tokenizer_lib.Tokenizer,
-    batch_size: int,
-    max_len: int,
+  prompts: Sequence[str],
+  tokenizer: tokenizer_lib.Tokenizer,
+  batch_size: int,
+  max_len: int,
 ) -> grain.MapDataset:
   """Batches of prompts to continue, in input order.
 
@@ -272,14 +275,17 @@ def prompt_batches(
 # --- Generation -----------------------------------------------------------------------------------
 
 
-def _init_state(params, prompt_tokens_BP: jax.Array, model_config: ModelConfig,
-                   max_decode_len: int):
+def _init_state(
+  params, prompt_tokens_BP: jax.Array, model_config: ModelConfig, max_decode_len: int
+):
   """Creates the decoder-only model's cache and the prompt-forcing state."""
-  model = Transformer(model_config.replace(deterministic=True, decode=True,
-                                           max_decode_len=max_decode_len))
+  model = Transformer(
+    model_config.replace(deterministic=True, decode=True, max_decode_len=max_decode_len)
+  )
   bos_B1 = jnp.full((prompt_tokens_BP.shape[0], 1), tokenizer_lib.BOS_ID, jnp.int32)
-  _, variables = model.apply({'params': params}, None, None, bos_B1,
-                             method=Transformer.decode, mutable=['cache'])
+  _, variables = model.apply(
+    {'params': params}, None, None, bos_B1, method=Transformer.decode, mutable=['cache']
+  )
   state = {
     'cache': variables['cache'],
     'prompt': prompt_tokens_BP,
@@ -297,27 +303,43 @@ def _logits_fn(model: Transformer, params):
 
   def step(tokens_N1, state):
     logits_N1V, variables = model.apply(
-      {'params': params, 'cache': state['cache']}, None, None, tokens_N1,
-      method=Transformer.decode, mutable=['cache'])
+      {'params': params, 'cache': state['cache']},
+      None,
+      None,
+      tokens_N1,
+      method=Transformer.decode,
+      mutable=['cache'],
+    )
     logits_NV = logits_N1V[:, 0]
     prompt_NP, position = state['prompt'], state['step']
     forced_N = jax.lax.dynamic_index_in_dim(
-      prompt_NP, jnp.minimum(position, prompt_NP.shape[1] - 1), axis=1, keepdims=False)
-    only_forced_NV = jnp.where(jnp.arange(logits_NV.shape[-1]) == forced_N[:, None], 0.0,
-                               decoding.NEG_INF)
+      prompt_NP, jnp.minimum(position, prompt_NP.shape[1] - 1), axis=1, keepdims=False
+    )
+    only_forced_NV = jnp.where(
+      jnp.arange(logits_NV.shape[-1]) == forced_N[:, None], 0.0, decoding.NEG_INF
+    )
     in_prompt_N1 = (position < state['prompt_lengths'])[:, None]
     logits_NV = jnp.where(in_prompt_N1, only_forced_NV, logits_NV)
     # PAD and BOS never occur inside a document (they are never training targets).
     vocab_V = jnp.arange(logits_NV.shape[-1])
-    logits_NV = jnp.where((vocab_V == tokenizer_lib.PAD_ID) | (vocab_V == tokenizer_lib.BOS_ID),
-                          decoding.NEG_INF, logits_NV)
+    logits_NV = jnp.where(
+      (vocab_V == tokenizer_lib.PAD_ID) | (vocab_V == tokenizer_lib.BOS_ID),
+      decoding.NEG_INF,
+      logits_NV,
+    )
     return logits_NV, {**state, 'cache': variables['cache'], 'step': position + 1}
 
   return step
 
 
-def generate(params, prompt_tokens_BP: jax.Array, rng: jax.Array, *, model_config: ModelConfig,
-             options: inference.DecodeOptions) -> jax.Array:
+def generate(
+  params,
+  prompt_tokens_BP: jax.Array,
+  rng: jax.Array,
+  *,
+  model_config: ModelConfig,
+  options: inference.DecodeOptions,
+) -> jax.Array:
   """Each prompt followed by its continuation, int32 [B, P + max_extra_len], 0-padded after EOS.
 
   `prompt_tokens_BP`: pieces without BOS or EOS, 0-padded on the right (an
@@ -326,20 +348,27 @@ def generate(params, prompt_tokens_BP: jax.Array, rng: jax.Array, *, model_confi
   continuation ends at EOS, the end of the document. Greedy or sampling only.
   """
   if options.decoder == 'beam':
-    raise ValueError("Generation decodes greedily or by sampling; decoder='beam' is for "
-                     'translation.')
+    raise ValueError(
+      "Generation decodes greedily or by sampling; decoder='beam' is for translation."
+    )
   max_decode_len = prompt_tokens_BP.shape[1] + options.max_extra_len
   model, state = _init_state(params, prompt_tokens_BP, model_config, max_decode_len)
   max_lengths_B = state['prompt_lengths'] + options.max_extra_len
-  return inference.run_decoder(_logits_fn(model, params), state, rng, options, max_decode_len,
-                      max_lengths_B)
+  return inference.run_decoder(
+    _logits_fn(model, params), state, rng, options, max_decode_len, max_lengths_B
+  )
 
 
-def make_generate_fn(model_config: ModelConfig, options: inference.DecodeOptions,
-                     mesh: Mesh | None = None, rules: sharding.Rules = ()):
+def make_generate_fn(
+  model_config: ModelConfig,
+  options: inference.DecodeOptions,
+  mesh: Mesh | None = None,
+  rules: sharding.Rules = (),
+):
   """`generate(params, prompt_tokens, rng)` jitted once per prompt width (`inference.jit_rows`)."""
   return inference.jit_rows(
-    functools.partial(generate, model_config=model_config, options=options), mesh, rules)
+    functools.partial(generate, model_config=model_config, options=options), mesh, rules
+  )
 
 
 # --- Evaluation -----------------------------------------------------------------------------------
@@ -348,13 +377,19 @@ def make_generate_fn(model_config: ModelConfig, options: inference.DecodeOptions
 def _score_sums(params, batch, *, model: Transformer, band_width: int, num_bands: int):
   """Summed NLL, correct predictions and token counts, overall and per position band."""
   logits_BLV = model.apply(
-    {'params': params}, None, batch['tgt_input_tokens'], tgt_segments_BL=batch['tgt_segments'],
-    tgt_positions_BL=batch['tgt_positions'])
+    {'params': params},
+    None,
+    batch['tgt_input_tokens'],
+    tgt_segments_BL=batch['tgt_segments'],
+    tgt_positions_BL=batch['tgt_positions'],
+  )
   _, nll_BL = losses.token_losses(logits_BLV, batch['tgt_tokens'], 0.0)
   weights_BL = (batch['tgt_tokens'] != 0).astype(jnp.float32)
   correct_BL = (jnp.argmax(logits_BLV, -1) == batch['tgt_tokens']).astype(jnp.float32)
-  band_BLN = jax.nn.one_hot(jnp.minimum(batch['tgt_positions'] // band_width, num_bands - 1),
-                            num_bands) * weights_BL[..., None]
+  band_BLN = (
+    jax.nn.one_hot(jnp.minimum(batch['tgt_positions'] // band_width, num_bands - 1), num_bands)
+    * weights_BL[..., None]
+  )
   return {
     'nll_sum': jnp.sum(nll_BL * weights_BL),
     'correct_sum': jnp.sum(correct_BL * weights_BL),
@@ -365,8 +400,13 @@ def _score_sums(params, batch, *, model: Transformer, band_width: int, num_bands
 
 
 def score_split(
-  config: ml_collections.ConfigDict, params, split: str, *, length: int | None = None,
-  tokenizer: tokenizer_lib.Tokenizer | None = None, mesh: Mesh | None = None,
+  config: ml_collections.ConfigDict,
+  params,
+  split: str,
+  *,
+  length: int | None = None,
+  tokenizer: tokenizer_lib.Tokenizer | None = None,
+  mesh: Mesh | None = None,
   rules: sharding.Rules = (),
 ) -> dict[str, Any]:
   """Perplexity of `split` in windows of `length` tokens (default `config.data.max_eval_len`).
@@ -383,12 +423,19 @@ def score_split(
   model = Transformer(ModelConfig.from_config(config).replace(deterministic=True))
   if mesh is None:
     mesh, rules = sharding.create_mesh(config.mesh), sharding.axis_rules(config.mesh)
-  step = jax.jit(functools.partial(_score_sums, model=model, band_width=band_width,
-                                   num_bands=num_bands), out_shardings=sharding.replicated(mesh))
+  step = jax.jit(
+    functools.partial(_score_sums, model=model, band_width=band_width, num_bands=num_bands),
+    out_shardings=sharding.replicated(mesh),
+  )
   batches = eval_batches(
-    config, tokenizer, split, length,
+    config,
+    tokenizer,
+    split,
+    length,
     rows_multiple_of=sharding.batch_shards(dict(mesh.shape), rules),
-    shard_index=jax.process_index(), shard_count=jax.process_count())
+    shard_index=jax.process_index(),
+    shard_count=jax.process_count(),
+  )
   total = None
   for batch in batches:
     with sharding.activated(mesh, rules):
@@ -399,8 +446,9 @@ def score_split(
   total = jax.device_get(total)
   num_tokens = float(total['num_tokens'])
   bands = {}
-  for band, (nll, count) in enumerate(zip(total['band_nll_sum'], total['band_num_tokens'],
-                                          strict=True)):
+  for band, (nll, count) in enumerate(
+    zip(total['band_nll_sum'], total['band_num_tokens'], strict=True)
+  ):
     last = min((band + 1) * band_width, length) - 1
     bands[f'{band * band_width}-{last}'] = _perplexity(float(nll), float(count))
   return {
@@ -418,8 +466,13 @@ def _perplexity(nll_sum: float, num_tokens: float) -> float | None:
 
 
 def length_extrapolation(
-  config: ml_collections.ConfigDict, params, split: str, lengths: Sequence[int], *,
-  mesh: Mesh | None = None, rules: sharding.Rules = (),
+  config: ml_collections.ConfigDict,
+  params,
+  split: str,
+  lengths: Sequence[int],
+  *,
+  mesh: Mesh | None = None,
+  rules: sharding.Rules = (),
 ) -> dict[str, Any]:
   """`score_split` at each window length, e.g. (64, 128, 256) for a model trained on 64.
 
@@ -428,22 +481,33 @@ def length_extrapolation(
   """
   tokenizer = tokenizer_lib.get_tokenizer(config)
   model_config = ModelConfig.from_config(config)
-  results: dict[str, Any] = {'position': model_config.position,
-                             'train_length': config.data.max_len, 'split': split}
+  results: dict[str, Any] = {
+    'position': model_config.position,
+    'train_length': config.data.max_len,
+    'split': split,
+  }
   for length in lengths:
     if model_config.position == 'learned' and length > model_config.max_len:
       results[str(length)] = {
         'skipped': f'learned positions exist for {model_config.max_len} positions only '
-                   f'(config.model.max_len)'}
+        f'(config.model.max_len)'
+      }
       continue
-    results[str(length)] = score_split(config, params, split, length=length,
-                                       tokenizer=tokenizer, mesh=mesh, rules=rules)
+    results[str(length)] = score_split(
+      config, params, split, length=length, tokenizer=tokenizer, mesh=mesh, rules=rules
+    )
   return results
 
 
 def continue_prompts(
-  config: ml_collections.ConfigDict, params, prompts: Sequence[str], *,
-  options: inference.DecodeOptions, batch_size: int, seed: int = 0, mesh: Mesh | None = None,
+  config: ml_collections.ConfigDict,
+  params,
+  prompts: Sequence[str],
+  *,
+  options: inference.DecodeOptions,
+  batch_size: int,
+  seed: int = 0,
+  mesh: Mesh | None = None,
   rules: sharding.Rules = (),
 ) -> list[str]:
   """Each prompt followed by the model's continuation (up to EOS or `max_extra_len` tokens).
@@ -454,8 +518,9 @@ def continue_prompts(
   tokenizer = tokenizer_lib.get_tokenizer(config)
   generate_fn = make_generate_fn(ModelConfig.from_config(config), options, mesh, rules)
   batches = prompt_batches(prompts, tokenizer, batch_size, config.model.max_len)
-  texts, _ = inference.decode_batches(generate_fn, params, batches, tokenizer,
-                                      jax.random.key(seed), input_key='prompt_tokens')
+  texts, _ = inference.decode_batches(
+    generate_fn, params, batches, tokenizer, jax.random.key(seed), input_key='prompt_tokens'
+  )
   return [texts[i] for i in range(len(prompts))]
 
 
@@ -497,8 +562,11 @@ class LanguageModel:
 
   @staticmethod
   def validation_metrics_fn(
-    config: ml_collections.ConfigDict, model_config: ModelConfig,
-    tokenizer: tokenizer_lib.Tokenizer, mesh: Mesh, rules: sharding.Rules,
+    config: ml_collections.ConfigDict,
+    model_config: ModelConfig,
+    tokenizer: tokenizer_lib.Tokenizer,
+    mesh: Mesh,
+    rules: sharding.Rules,
   ) -> Callable[[Any], dict[str, float]]:
     """`params -> metrics` that training adds to each evaluation.
 
@@ -508,8 +576,9 @@ class LanguageModel:
     return lambda params: {}
 
   @staticmethod
-  def decode_option_errors(config: ml_collections.ConfigDict,
-                           options: inference.DecodeOptions) -> list[str]:
+  def decode_option_errors(
+    config: ml_collections.ConfigDict, options: inference.DecodeOptions
+  ) -> list[str]:
     """eval.py's decoding options that this model cannot decode with."""
     del config
     if options.decoder == 'beam':
@@ -518,20 +587,46 @@ class LanguageModel:
 
   @staticmethod
   def decode_lines(
-    config: ml_collections.ConfigDict, params, lines: Sequence[str], *,
-    options: inference.DecodeOptions, batch_size: int, seed: int = 0, max_tokens: int = 0,
-    mesh: Mesh | None = None, rules: sharding.Rules = (),
+    config: ml_collections.ConfigDict,
+    params,
+    lines: Sequence[str],
+    *,
+    options: inference.DecodeOptions,
+    batch_size: int,
+    seed: int = 0,
+    max_tokens: int = 0,
+    mesh: Mesh | None = None,
+    rules: sharding.Rules = (),
   ) -> list[str]:
     """Each line (a prompt) followed by its continuation (`continue_prompts`)."""
     del max_tokens  # Prompts are decoded in input order.
-    return continue_prompts(config, params, lines, options=options, batch_size=batch_size,
-                            seed=seed, mesh=mesh, rules=rules)
+    return continue_prompts(
+      config,
+      params,
+      lines,
+      options=options,
+      batch_size=batch_size,
+      seed=seed,
+      mesh=mesh,
+      rules=rules,
+    )
 
   @staticmethod
   def evaluate_checkpoint(
-    config: ml_collections.ConfigDict, params, *, workdir: str, label: str, split: str,
-    options: inference.DecodeOptions, batch_size: int, max_tokens: int, seed: int,
-    n_bootstrap: int, lengths: Sequence[int], mesh: Mesh, rules: sharding.Rules,
+    config: ml_collections.ConfigDict,
+    params,
+    *,
+    workdir: str,
+    label: str,
+    split: str,
+    options: inference.DecodeOptions,
+    batch_size: int,
+    max_tokens: int,
+    seed: int,
+    n_bootstrap: int,
+    lengths: Sequence[int],
+    mesh: Mesh,
+    rules: sharding.Rules,
   ) -> tuple[str, str]:
     """eval.py on a split: perplexity, written to WORKDIR/eval/.
 

@@ -62,13 +62,13 @@ from transformer.model import Transformer
 Batch = dict[str, np.ndarray]
 # Keys of every `train_iterator` / `eval_batches` batch.
 BATCH_KEYS = (
-    'src_tokens',
-    'src_segments',
-    'src_positions',
-    'tgt_input_tokens',
-    'tgt_tokens',
-    'tgt_segments',
-    'tgt_positions',
+  'src_tokens',
+  'src_segments',
+  'src_positions',
+  'tgt_input_tokens',
+  'tgt_tokens',
+  'tgt_segments',
+  'tgt_positions',
 )
 
 
@@ -101,17 +101,17 @@ class PackChunk:
     else:
       starts, num_ids = starts[~too_long], num_ids[~too_long]
     return packing.pack(
-        {
-            'src': packing.Windows.whole(ids, starts[:, 0], num_ids[:, 0], with_inputs=False),
-            'tgt': packing.Windows.whole(ids, starts[:, 1], num_ids[:, 1], with_inputs=True),
-        },
-        self.length,
-        self.open_rows,
+      {
+        'src': packing.Windows.whole(ids, starts[:, 0], num_ids[:, 0], with_inputs=False),
+        'tgt': packing.Windows.whole(ids, starts[:, 1], num_ids[:, 1], with_inputs=True),
+      },
+      self.length,
+      self.open_rows,
     )
 
 
 def encoded_pairs(
-    config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, split: str
+  config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, split: str
 ) -> prepared_ids.EncodedSplit:
   """The prepared ids of `split` (source and target), encoded first if needed."""
   texts = prepared_ids.PairTexts(config.data.source_lang, config.data.target_lang)
@@ -125,11 +125,11 @@ def prepare_ids(config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Toke
 
 
 def train_iterator(
-    config: ml_collections.ConfigDict,
-    tokenizer: tokenizer_lib.Tokenizer,
-    *,
-    shard_index: int = 0,
-    shard_count: int = 1,
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  *,
+  shard_index: int = 0,
+  shard_count: int = 1,
 ) -> grain.DatasetIterator:
   """Returns the infinite iterator of packed training batches of one process.
 
@@ -152,26 +152,25 @@ def train_iterator(
   data = config.data
   split = encoded_pairs(config, tokenizer, data.train_split)
   dropped = input_pipeline.Counter(
-      f'Dropped %d training pairs longer than config.data.max_len={data.max_len} '
-      '(running count).'
+    f'Dropped %d training pairs longer than config.data.max_len={data.max_len} (running count).'
   )
   return input_pipeline.packed_train_iterator(
-      config,
-      len(split),
-      lambda length, open_rows: PackChunk(split, length, open_rows, False, dropped),
-      shard_index=shard_index,
-      shard_count=shard_count,
+    config,
+    len(split),
+    lambda length, open_rows: PackChunk(split, length, open_rows, False, dropped),
+    shard_index=shard_index,
+    shard_count=shard_count,
   )
 
 
 def eval_batches(
-    config: ml_collections.ConfigDict,
-    tokenizer: tokenizer_lib.Tokenizer,
-    split: str,
-    *,
-    rows_multiple_of: int = 1,
-    shard_index: int = 0,
-    shard_count: int = 1,
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  split: str,
+  *,
+  rows_multiple_of: int = 1,
+  shard_index: int = 0,
+  shard_count: int = 1,
 ) -> grain.IterDataset:
   """Returns the packed batches of a whole split, for loss evaluation.
 
@@ -198,17 +197,17 @@ def eval_batches(
   data = config.data
   encoded = encoded_pairs(config, tokenizer, split)
   truncated = input_pipeline.Counter(
-      f'Truncated %d {split} pairs to config.data.max_eval_len='
-      f'{data.max_eval_len} tokens (running count).'
+    f'Truncated %d {split} pairs to config.data.max_eval_len='
+    f'{data.max_eval_len} tokens (running count).'
   )
   return input_pipeline.packed_eval_batches(
-      config,
-      len(encoded),
-      lambda length, open_rows: PackChunk(encoded, length, open_rows, True, truncated),
-      data.max_eval_len,
-      rows_multiple_of=rows_multiple_of,
-      shard_index=shard_index,
-      shard_count=shard_count,
+    config,
+    len(encoded),
+    lambda length, open_rows: PackChunk(encoded, length, open_rows, True, truncated),
+    data.max_eval_len,
+    rows_multiple_of=rows_multiple_of,
+    shard_index=shard_index,
+    shard_count=shard_count,
   )
 
 
@@ -238,8 +237,8 @@ class _InputOrder:
 
 def _input_order(source: Sequence[Any]) -> _InputOrder:
   indices = np.array(
-      [datasets.example_index(ex, pos) for pos, ex in _read_all(source)],
-      np.int64,
+    [datasets.example_index(ex, pos) for pos, ex in _read_all(source)],
+    np.int64,
   )
   order = np.argsort(indices, kind='stable')
   return _InputOrder(source, order, indices[order])
@@ -262,11 +261,11 @@ class _EncodeSource:
 
 
 def _encode_source(
-    tokenizer: tokenizer_lib.Tokenizer,
-    index: int,
-    text: str,
-    max_len: int,
-    truncated: input_pipeline.Counter,
+  tokenizer: tokenizer_lib.Tokenizer,
+  index: int,
+  text: str,
+  max_len: int,
+  truncated: input_pipeline.Counter,
 ) -> dict[str, Any]:
   """Source pieces + EOS, cut to `max_len` tokens (counted), with the input index."""
   ids = tokenizer.encode(text)
@@ -296,10 +295,10 @@ class _PadTranslationBatch:
 
 
 def translation_batches(
-    config: ml_collections.ConfigDict,
-    tokenizer: tokenizer_lib.Tokenizer,
-    split: str,
-    batch_size: int,
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  split: str,
+  batch_size: int,
 ) -> grain.MapDataset:
   """Returns source batches of a split in input order, for decoding.
 
@@ -331,16 +330,14 @@ def translation_batches(
   data = config.data
   source = datasets.get_data_source(data, split)
   truncated = input_pipeline.Counter(
-      f'Truncated %d {split} sources to config.data.max_eval_len='
-      f'{data.max_eval_len} tokens (running count).'
+    f'Truncated %d {split} sources to config.data.max_eval_len='
+    f'{data.max_eval_len} tokens (running count).'
   )
   encode = _EncodeSource(
-      tokenizer, data.source_lang, data.target_lang, data.max_eval_len, truncated
+    tokenizer, data.source_lang, data.target_lang, data.max_eval_len, truncated
   )
   ds = grain.MapDataset.source(_input_order(source)).map(encode)
-  return ds.batch(
-      batch_size, batch_fn=_PadTranslationBatch(batch_size, data.max_eval_len)
-  )
+  return ds.batch(batch_size, batch_fn=_PadTranslationBatch(batch_size, data.max_eval_len))
 
 
 def translation_references(config: ml_collections.ConfigDict, split: str) -> list[str]:
@@ -353,8 +350,8 @@ def translation_references(config: ml_collections.ConfigDict, split: str) -> lis
   source = datasets.get_data_source(data, split)
   ordered = _input_order(source)
   return [
-      datasets.translation_pair(ordered[i][1], data.source_lang, data.target_lang)[1]
-      for i in range(len(ordered))
+    datasets.translation_pair(ordered[i][1], data.source_lang, data.target_lang)[1]
+    for i in range(len(ordered))
   ]
 
 
@@ -372,10 +369,10 @@ class _EncodeText:
 
 
 def text_batches(
-    texts: Sequence[str],
-    tokenizer: tokenizer_lib.Tokenizer,
-    batch_size: int,
-    max_len: int,
+  texts: Sequence[str],
+  tokenizer: tokenizer_lib.Tokenizer,
+  batch_size: int,
+  max_len: int,
 ) -> grain.MapDataset:
   """Batches of arbitrary source sentences, shaped like `translation_batches`' batches.
 
@@ -385,7 +382,8 @@ def text_batches(
   if batch_size < 1:
     raise ValueError(f'batch_size={batch_size} must be positive.')
   truncated = input_pipeline.Counter(
-      f'Truncated %d input lines to {max_len} tokens (running count).')
+    f'Truncated %d input lines to {max_len} tokens (running count).'
+  )
   indexed = [(i, text) for i, text in enumerate(texts) if text.strip()]
   ds = grain.MapDataset.source(indexed).map(_EncodeText(tokenizer, max_len, truncated))
   return ds.batch(batch_size, batch_fn=_PadTranslationBatch(batch_size, max_len))
@@ -396,14 +394,22 @@ def text_batches(
 
 def _init_state(params, src_tokens_BS: jax.Array, model_config: ModelConfig, max_decode_len: int):
   """Encodes the source and creates the decoding cache (index 0, cross K/V filled)."""
-  model = Transformer(model_config.replace(deterministic=True, decode=True,
-                                           max_decode_len=max_decode_len))
+  model = Transformer(
+    model_config.replace(deterministic=True, decode=True, max_decode_len=max_decode_len)
+  )
   src_segments_BS = (src_tokens_BS != 0).astype(jnp.int32)
-  encoded_BSD = model.apply({'params': params}, src_tokens_BS, src_segments_BS,
-                            method=Transformer.encode)
+  encoded_BSD = model.apply(
+    {'params': params}, src_tokens_BS, src_segments_BS, method=Transformer.encode
+  )
   bos_B1 = jnp.full((src_tokens_BS.shape[0], 1), tokenizer_lib.BOS_ID, jnp.int32)
-  _, variables = model.apply({'params': params}, encoded_BSD, src_segments_BS, bos_B1,
-                             method=Transformer.decode, mutable=['cache'])
+  _, variables = model.apply(
+    {'params': params},
+    encoded_BSD,
+    src_segments_BS,
+    bos_B1,
+    method=Transformer.decode,
+    mutable=['cache'],
+  )
   return model, {'cache': variables['cache'], 'src_segments': src_segments_BS}
 
 
@@ -414,8 +420,13 @@ def _logits_fn(model: Transformer, params):
     # The encoder output is only read when the cache is created; steps use the
     # cross-attention keys and values held in the cache.
     logits_N1V, variables = model.apply(
-      {'params': params, 'cache': state['cache']}, None, state['src_segments'], tokens_N1,
-      method=Transformer.decode, mutable=['cache'])
+      {'params': params, 'cache': state['cache']},
+      None,
+      state['src_segments'],
+      tokens_N1,
+      method=Transformer.decode,
+      mutable=['cache'],
+    )
     return logits_N1V[:, 0], {**state, 'cache': variables['cache']}
 
   return step
@@ -437,8 +448,14 @@ def _reorder_beam_state(state, beam_indices_BW: jax.Array):
   return jax.tree_util.tree_map_with_path(reorder, state)
 
 
-def translate(params, src_tokens_BS: jax.Array, rng: jax.Array, *, model_config: ModelConfig,
-              options: inference.DecodeOptions) -> jax.Array:
+def translate(
+  params,
+  src_tokens_BS: jax.Array,
+  rng: jax.Array,
+  *,
+  model_config: ModelConfig,
+  options: inference.DecodeOptions,
+) -> jax.Array:
   """Best translation of each source row, int32 [B, S + max_extra_len], 0-padded after EOS.
 
   Each row's output is limited to its own source length + `max_extra_len`
@@ -451,39 +468,62 @@ def translate(params, src_tokens_BS: jax.Array, rng: jax.Array, *, model_config:
   # An all-PAD row (batch padding) is no sentence: one step ends it, instead of its running
   # to the length limit and holding up the loop.
   max_lengths_B = jnp.where(src_lengths_B > 0, src_lengths_B + options.max_extra_len, 1)
-  return inference.run_decoder(_logits_fn(model, params), state, rng, options, max_decode_len,
-                               max_lengths_B, _reorder_beam_state)
+  return inference.run_decoder(
+    _logits_fn(model, params),
+    state,
+    rng,
+    options,
+    max_decode_len,
+    max_lengths_B,
+    _reorder_beam_state,
+  )
 
 
-def make_translate_fn(model_config: ModelConfig, options: inference.DecodeOptions,
-                      mesh: Mesh | None = None, rules: sharding.Rules = ()):
+def make_translate_fn(
+  model_config: ModelConfig,
+  options: inference.DecodeOptions,
+  mesh: Mesh | None = None,
+  rules: sharding.Rules = (),
+):
   """`translate(params, src_tokens, rng)` jitted once per source length (`inference.jit_rows`)."""
   return inference.jit_rows(
-    functools.partial(translate, model_config=model_config, options=options), mesh, rules)
+    functools.partial(translate, model_config=model_config, options=options), mesh, rules
+  )
 
 
 # --- Evaluation -----------------------------------------------------------------------------------
 
 
-def validation_bleu(config: ml_collections.ConfigDict, params, vocab: tokenizer_lib.Tokenizer,
-                    translate_fn) -> dict[str, float]:
+def validation_bleu(
+  config: ml_collections.ConfigDict, params, vocab: tokenizer_lib.Tokenizer, translate_fn
+) -> dict[str, float]:
   """sacreBLEU of the first `config.eval_bleu_sentences` validation sentences."""
   count = config.eval_bleu_sentences
   split = config.data.eval_split
   batches = translation_batches(config, vocab, split, min(64, count))
   translations, speed = inference.decode_batches(
-    translate_fn, params, batches, vocab, jax.random.key(config.seed), max_sentences=count)
+    translate_fn, params, batches, vocab, jax.random.key(config.seed), max_sentences=count
+  )
   hypotheses = [translations[i] for i in sorted(translations)][:count]
-  references = translation_references(config, split)[:len(hypotheses)]
-  return {'eval_bleu': scoring.corpus_scores(hypotheses, references)['bleu'],
-          'eval_decode_sentences_per_sec': speed['sentences_per_sec']}
+  references = translation_references(config, split)[: len(hypotheses)]
+  return {
+    'eval_bleu': scoring.corpus_scores(hypotheses, references)['bleu'],
+    'eval_decode_sentences_per_sec': speed['sentences_per_sec'],
+  }
 
 
 def evaluate_split(
-  config: ml_collections.ConfigDict, params, *, split: str, options: inference.DecodeOptions,
-  batch_size: int, seed: int = 0, tokenizer: tokenizer_lib.Tokenizer | None = None,
+  config: ml_collections.ConfigDict,
+  params,
+  *,
+  split: str,
+  options: inference.DecodeOptions,
+  batch_size: int,
+  seed: int = 0,
+  tokenizer: tokenizer_lib.Tokenizer | None = None,
   max_tokens: int = inference.MAX_DECODE_TOKENS,
-  n_bootstrap: int = scoring.DEFAULT_BOOTSTRAP, mesh: Mesh | None = None,
+  n_bootstrap: int = scoring.DEFAULT_BOOTSTRAP,
+  mesh: Mesh | None = None,
   rules: sharding.Rules = (),
 ) -> tuple[list[str], dict]:
   """Translates every line of `split` in input order and scores it against the references.
@@ -498,13 +538,16 @@ def evaluate_split(
   the rows of each batch are split over its batch axes (`inference.jit_rows`).
   """
   tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
-  translate_fn = make_translate_fn(
-    ModelConfig.from_config(config), options, mesh, rules)
+  translate_fn = make_translate_fn(ModelConfig.from_config(config), options, mesh, rules)
   batches = inference.length_sorted_batches(
     translation_batches(config, tokenizer, split, batch_size),
-    max_tokens=max_tokens, max_rows=batch_size, max_len=config.data.max_eval_len)
-  translations, speed = inference.decode_batches(translate_fn, params, batches, tokenizer,
-                                       jax.random.key(seed))
+    max_tokens=max_tokens,
+    max_rows=batch_size,
+    max_len=config.data.max_eval_len,
+  )
+  translations, speed = inference.decode_batches(
+    translate_fn, params, batches, tokenizer, jax.random.key(seed)
+  )
   references = translation_references(config, split)
   ordered = [translations[i] for i in sorted(translations)]
   results = scoring.corpus_scores(ordered, references, n_bootstrap)
@@ -519,9 +562,15 @@ def evaluate_split(
 
 
 def translate_lines(
-  config: ml_collections.ConfigDict, params, lines: Sequence[str], *,
-  options: inference.DecodeOptions, batch_size: int, seed: int = 0,
-  max_tokens: int = inference.MAX_DECODE_TOKENS, mesh: Mesh | None = None,
+  config: ml_collections.ConfigDict,
+  params,
+  lines: Sequence[str],
+  *,
+  options: inference.DecodeOptions,
+  batch_size: int,
+  seed: int = 0,
+  max_tokens: int = inference.MAX_DECODE_TOKENS,
+  mesh: Mesh | None = None,
   rules: sharding.Rules = (),
 ) -> list[str]:
   """One translation per input line; empty input lines give empty output lines.
@@ -530,22 +579,33 @@ def translate_lines(
   """
   tokenizer = tokenizer_lib.get_tokenizer(config)
   max_len = config.data.max_eval_len
-  too_long = [number for number, line in enumerate(lines, start=1)
-              if line.strip() and len(tokenizer.encode(line)) > max_len - 1]
+  too_long = [
+    number
+    for number, line in enumerate(lines, start=1)
+    if line.strip() and len(tokenizer.encode(line)) > max_len - 1
+  ]
   if too_long:
     shown = ', '.join(map(str, too_long[:20])) + (
-      f' and {len(too_long) - 20} more' if len(too_long) > 20 else '')
+      f' and {len(too_long) - 20} more' if len(too_long) > 20 else ''
+    )
     logging.warning(
       '%d input lines are longer than the model reads (config.data.max_eval_len=%d tokens, EOS '
       'included): each was truncated to fit, so its translation covers only its start. '
-      'Lines: %s.', len(too_long), max_len, shown)
-  translate_fn = make_translate_fn(
-    ModelConfig.from_config(config), options, mesh, rules)
+      'Lines: %s.',
+      len(too_long),
+      max_len,
+      shown,
+    )
+  translate_fn = make_translate_fn(ModelConfig.from_config(config), options, mesh, rules)
   batches = inference.length_sorted_batches(
     text_batches(lines, tokenizer, batch_size, max_len),
-    max_tokens=max_tokens, max_rows=batch_size, max_len=max_len)
-  translations, _ = inference.decode_batches(translate_fn, params, batches, tokenizer,
-                                   jax.random.key(seed))
+    max_tokens=max_tokens,
+    max_rows=batch_size,
+    max_len=max_len,
+  )
+  translations, _ = inference.decode_batches(
+    translate_fn, params, batches, tokenizer, jax.random.key(seed)
+  )
   return [translations.get(i, '') for i in range(len(lines))]
 
 
@@ -573,8 +633,9 @@ def write_references(config: ml_collections.ConfigDict, workdir: str, split: str
   return path
 
 
-def write_split_results(workdir: str, label: str, split: str, lines: Sequence[str],
-                        results: dict, tag: str = '') -> str:
+def write_split_results(
+  workdir: str, label: str, split: str, lines: Sequence[str], results: dict, tag: str = ''
+) -> str:
   """WORKDIR/eval/<label>-<split>[-<tag>].{txt,json}; returns the .json path.
 
   `tag` names non-default decoding settings (`DecodeOptions.tag()`), so that a
@@ -592,10 +653,18 @@ def write_split_results(workdir: str, label: str, split: str, lines: Sequence[st
 
 
 def watch(
-  config: ml_collections.ConfigDict, workdir: str, abstract_state, *, split: str,
-  options: inference.DecodeOptions, batch_size: int, poll_seconds: float = 30.0,
-  timeout_seconds: float | None = None, max_tokens: int = inference.MAX_DECODE_TOKENS,
-  mesh: Mesh | None = None, rules: sharding.Rules = (),
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  abstract_state,
+  *,
+  split: str,
+  options: inference.DecodeOptions,
+  batch_size: int,
+  poll_seconds: float = 30.0,
+  timeout_seconds: float | None = None,
+  max_tokens: int = inference.MAX_DECODE_TOKENS,
+  mesh: Mesh | None = None,
+  rules: sharding.Rules = (),
 ) -> list[int]:
   """Evaluates each new checkpoint as it appears, until the run's final step is done.
 
@@ -620,9 +689,17 @@ def watch(
       steps = checkpoints.available_steps(workdir)
       for step in sorted(set(steps) - set(evaluated)):
         params, label = checkpoints.load_params(workdir, target, str(step))
-        lines, results = evaluate_split(config, params, split=split, options=options,
-                                        batch_size=batch_size, tokenizer=tokenizer,
-                                        max_tokens=max_tokens, mesh=mesh, rules=rules)
+        lines, results = evaluate_split(
+          config,
+          params,
+          split=split,
+          options=options,
+          batch_size=batch_size,
+          tokenizer=tokenizer,
+          max_tokens=max_tokens,
+          mesh=mesh,
+          rules=rules,
+        )
         write_split_results(workdir, label, split, lines, results, options.tag())
         write_references(config, workdir, split)
         writer.write(step, {f'{split}_bleu': results['bleu'], f'{split}_chrf': results['chrf']})
@@ -634,18 +711,27 @@ def watch(
       last = f'step {max(steps)}' if steps else 'none yet'
       alive = None if holder is None else workdir_lock.holder_alive(holder)
       if holder is None or alive is False:
-        why = (f'no {workdir_lock.LOCK_FILE} in it' if holder is None
-               else f'{workdir_lock.describe(holder)} is dead')
+        why = (
+          f'no {workdir_lock.LOCK_FILE} in it'
+          if holder is None
+          else f'{workdir_lock.describe(holder)} is dead'
+        )
         logging.warning(
           'Stopped watching: the training run of %s is no longer running (%s), so no new '
           'checkpoint can come; its last checkpoint (%s) is evaluated, short of the final step '
           '%d. Run the same train.py command to resume it, then eval.py --watch again.',
-          workdir, why, last, config.num_train_steps)
+          workdir,
+          why,
+          last,
+          config.num_train_steps,
+        )
         return evaluated
-      message = (f'Waiting for a checkpoint after {last} (the run ends at step '
-                 f'{config.num_train_steps}; it is trained by {workdir_lock.describe(holder)}'
-                 + ('' if alive else ', on another host: not checked') +
-                 f'); looking every {poll_seconds:g} s.')
+      message = (
+        f'Waiting for a checkpoint after {last} (the run ends at step '
+        f'{config.num_train_steps}; it is trained by {workdir_lock.describe(holder)}'
+        + ('' if alive else ', on another host: not checked')
+        + f'); looking every {poll_seconds:g} s.'
+      )
       if message != waiting_for:
         logging.info('%s', message)
         waiting_for = message
@@ -687,8 +773,11 @@ class Translation:
 
   @staticmethod
   def validation_metrics_fn(
-    config: ml_collections.ConfigDict, model_config: ModelConfig,
-    tokenizer: tokenizer_lib.Tokenizer, mesh: Mesh, rules: sharding.Rules,
+    config: ml_collections.ConfigDict,
+    model_config: ModelConfig,
+    tokenizer: tokenizer_lib.Tokenizer,
+    mesh: Mesh,
+    rules: sharding.Rules,
   ) -> Callable[[Any], dict[str, float]]:
     """`params -> metrics` that training adds to each evaluation.
 
@@ -698,26 +787,41 @@ class Translation:
     if config.eval_bleu_sentences == 0:
       return lambda params: {}
     translate_fn = make_translate_fn(
-      model_config, inference.DecodeOptions(decoder=config.eval_bleu_decoder), mesh, rules)
+      model_config, inference.DecodeOptions(decoder=config.eval_bleu_decoder), mesh, rules
+    )
     return lambda params: validation_bleu(config, params, tokenizer, translate_fn)
 
   @staticmethod
-  def decode_option_errors(config: ml_collections.ConfigDict,
-                           options: inference.DecodeOptions) -> list[str]:
+  def decode_option_errors(
+    config: ml_collections.ConfigDict, options: inference.DecodeOptions
+  ) -> list[str]:
     """eval.py's decoding options that this model cannot decode with."""
     longest = config.data.max_eval_len + options.max_extra_len
     if longest > config.model.max_len:
-      return [f'--max_extra_len={options.max_extra_len}: outputs of up to '
-              f'config.data.max_eval_len + {options.max_extra_len} = {longest} tokens exceed '
-              f'config.model.max_len={config.model.max_len}, the longest position the model '
-              'supports.']
+      return [
+        f'--max_extra_len={options.max_extra_len}: outputs of up to '
+        f'config.data.max_eval_len + {options.max_extra_len} = {longest} tokens exceed '
+        f'config.model.max_len={config.model.max_len}, the longest position the model '
+        'supports.'
+      ]
     return []
 
   @staticmethod
   def evaluate_checkpoint(
-    config: ml_collections.ConfigDict, params, *, workdir: str, label: str, split: str,
-    options: inference.DecodeOptions, batch_size: int, max_tokens: int, seed: int,
-    n_bootstrap: int, lengths: Sequence[int], mesh: Mesh, rules: sharding.Rules,
+    config: ml_collections.ConfigDict,
+    params,
+    *,
+    workdir: str,
+    label: str,
+    split: str,
+    options: inference.DecodeOptions,
+    batch_size: int,
+    max_tokens: int,
+    seed: int,
+    n_bootstrap: int,
+    lengths: Sequence[int],
+    mesh: Mesh,
+    rules: sharding.Rules,
   ) -> tuple[str, str]:
     """eval.py on a split: translations, BLEU and chrF, written to WORKDIR/eval/.
 
@@ -726,18 +830,38 @@ class Translation:
     """
     del lengths  # Language models only.
     lines, results = evaluate_split(
-      config, params, split=split, options=options, batch_size=batch_size,
-      max_tokens=max_tokens, seed=seed, n_bootstrap=n_bootstrap, mesh=mesh, rules=rules)
-    results.update(checkpoint=label, split=split, decoder=options.decoder,
-                   beam_size=options.beam_size, alpha=options.alpha)
+      config,
+      params,
+      split=split,
+      options=options,
+      batch_size=batch_size,
+      max_tokens=max_tokens,
+      seed=seed,
+      n_bootstrap=n_bootstrap,
+      mesh=mesh,
+      rules=rules,
+    )
+    results.update(
+      checkpoint=label,
+      split=split,
+      decoder=options.decoder,
+      beam_size=options.beam_size,
+      alpha=options.alpha,
+    )
     tag = options.tag() + (f'_seed{seed}' if options.decoder == 'sample' else '')
     path = write_split_results(workdir, label, split, lines, results, tag)
     write_references(config, workdir, split)
-    interval = (f' (± 95% bootstrap interval, {n_bootstrap} resamples)'
-                if n_bootstrap > 1 else '')
-    text = (f'{label} {split} ({results["num_sentences"]} sentences): BLEU '
-            f'{scoring.format_score(results, "bleu")}, chrF '
-            f'{scoring.format_score(results, "chrf")}{interval}\n'
-            + json.dumps({k: v for k, v in results.items()
-                          if k in ('bleu', 'bleu_ci', 'chrf', 'chrf_ci', 'num_sentences')}))
+    interval = f' (± 95% bootstrap interval, {n_bootstrap} resamples)' if n_bootstrap > 1 else ''
+    text = (
+      f'{label} {split} ({results["num_sentences"]} sentences): BLEU '
+      f'{scoring.format_score(results, "bleu")}, chrF '
+      f'{scoring.format_score(results, "chrf")}{interval}\n'
+      + json.dumps(
+        {
+          k: v
+          for k, v in results.items()
+          if k in ('bleu', 'bleu_ci', 'chrf', 'chrf_ci', 'num_sentences')
+        }
+      )
+    )
     return path, text

@@ -87,8 +87,9 @@ def _forward_with_intermediates(model_config: ModelConfig):
   model = Transformer(model_config.replace(deterministic=True, decode=False))
 
   def forward(params, src_tokens_1S, tgt_input_tokens_1L):
-    _, variables = model.apply({'params': params}, src_tokens_1S, tgt_input_tokens_1L,
-                               mutable=['intermediates'])
+    _, variables = model.apply(
+      {'params': params}, src_tokens_1S, tgt_input_tokens_1L, mutable=['intermediates']
+    )
     return variables['intermediates']
 
   return jax.jit(forward)
@@ -119,9 +120,11 @@ def collect_attention(
   longest = max(src_S.size, tgt_L.size)
   if longest > model_config.max_len:
     raise ValueError(
-      f'A sequence of {longest} tokens exceeds the model max_len={model_config.max_len}.')
+      f'A sequence of {longest} tokens exceeds the model max_len={model_config.max_len}.'
+    )
   sown = _forward_with_intermediates(model_config)(
-    nn.meta.unbox(params), jnp.asarray(src_S[None]), jnp.asarray(decoder_inputs(tgt_L)[None]))
+    nn.meta.unbox(params), jnp.asarray(src_S[None]), jnp.asarray(decoder_inputs(tgt_L)[None])
+  )
   weights = {}
   for kind, (stack, module) in _SOWN_AT.items():
     weights[kind] = []
@@ -133,8 +136,11 @@ def collect_attention(
 
 def token_labels(tokenizer: tokenizer_lib.Tokenizer, tokens) -> list[str]:
   """Piece strings of ids (padding dropped), e.g. for `plot_attention`'s labels."""
-  return [tokenizer.id_to_piece(int(t)) for t in np.asarray(tokens).reshape(-1)
-          if int(t) != tokenizer_lib.PAD_ID]
+  return [
+    tokenizer.id_to_piece(int(t))
+    for t in np.asarray(tokens).reshape(-1)
+    if int(t) != tokenizer_lib.PAD_ID
+  ]
 
 
 def _escape(label: str) -> str:
@@ -159,7 +165,8 @@ def attention_figure(
   if len(row_labels) != rows or len(column_labels) != columns:
     raise ValueError(
       f'{title}: weights are [{heads}, {rows}, {columns}] but there are {len(row_labels)} '
-      f'row labels and {len(column_labels)} column labels.')
+      f'row labels and {len(column_labels)} column labels.'
+    )
   ncols = min(heads, _MAX_PANEL_COLUMNS)
   nrows = math.ceil(heads / ncols)
   panel_w = max(_MIN_PANEL_INCHES, _INCHES_PER_TOKEN * columns + 1.2)
@@ -173,8 +180,9 @@ def attention_figure(
     if h >= heads:
       fig.delaxes(ax)  # Empty slots of the last row.
       continue
-    image = ax.imshow(weights_HQK[h], vmin=0.0, vmax=1.0, cmap='viridis', aspect='auto',
-                      interpolation='nearest')
+    image = ax.imshow(
+      weights_HQK[h], vmin=0.0, vmax=1.0, cmap='viridis', aspect='auto', interpolation='nearest'
+    )
     ax.set_title(f'head {h}', fontsize=9)
     ax.set_xticks(range(columns), [_escape(x) for x in column_labels], rotation=90, fontsize=7)
     ax.set_yticks(range(rows), [_escape(y) for y in row_labels], fontsize=7)
@@ -214,8 +222,12 @@ def plot_attention(
   tgt_labels = list(tgt_labels)
   axes_of = {
     ENCODER_SELF_ATTENTION: (list(src_labels), list(src_labels), 'source', 'source'),
-    DECODER_SELF_ATTENTION: (tgt_labels, [_BOS_LABEL] + tgt_labels[:-1],
-                             'target (predicting)', 'target (reading)'),
+    DECODER_SELF_ATTENTION: (
+      tgt_labels,
+      [_BOS_LABEL] + tgt_labels[:-1],
+      'target (predicting)',
+      'target (reading)',
+    ),
     CROSS_ATTENTION: (tgt_labels, list(src_labels), 'target (predicting)', 'source'),
   }
   os.makedirs(out_dir, exist_ok=True)
@@ -226,8 +238,13 @@ def plot_attention(
     rows, columns, row_axis, column_axis = axes_of[kind]
     for layer, weights_HQK in enumerate(weights[kind]):
       fig = attention_figure(
-        np.asarray(weights_HQK), rows, columns, f'{_TITLES[kind]}, layer {layer}',
-        row_axis=row_axis, column_axis=column_axis)
+        np.asarray(weights_HQK),
+        rows,
+        columns,
+        f'{_TITLES[kind]}, layer {layer}',
+        row_axis=row_axis,
+        column_axis=column_axis,
+      )
       path = os.path.join(out_dir, f'{kind}_layer{layer}.png')
       fig.savefig(path, dpi=100)
       paths.append(path)
@@ -236,7 +253,10 @@ def plot_attention(
 
 
 def translate_and_plot(
-  config: ml_collections.ConfigDict, params, text: str, options: inference.DecodeOptions,
+  config: ml_collections.ConfigDict,
+  params,
+  text: str,
+  options: inference.DecodeOptions,
   out_dir: str,
 ) -> list[str]:
   """Translates `text`, then draws the model's attention over source and translation.
@@ -249,14 +269,14 @@ def translate_and_plot(
   src_tokens = np.asarray(tokenizer.encode(text) + [tokenizer_lib.EOS_ID], np.int32)[None]
   translate_fn = translation.make_translate_fn(model_config, options)
   output = np.asarray(translate_fn(params, src_tokens, jax.random.key(0)))[0]
-  output = output[:np.flatnonzero(output == tokenizer_lib.EOS_ID)[0] + 1] if (
-    output == tokenizer_lib.EOS_ID).any() else output[output != 0]
+  output = (
+    output[: np.flatnonzero(output == tokenizer_lib.EOS_ID)[0] + 1]
+    if (output == tokenizer_lib.EOS_ID).any()
+    else output[output != 0]
+  )
   logging.info('Translation: %s', tokenizer.decode(output.tolist()))
   weights = collect_attention(params, model_config, src_tokens[0], output)
   os.makedirs(out_dir, exist_ok=True)
   return plot_attention(
-    weights, token_labels(tokenizer, src_tokens[0]),
-    token_labels(tokenizer, output), out_dir)
-
-
-
+    weights, token_labels(tokenizer, src_tokens[0]), token_labels(tokenizer, output), out_dir
+  )

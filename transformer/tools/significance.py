@@ -55,8 +55,11 @@ def _read_lines(path: str) -> list[str]:
 
 def _result_in_workdir(workdir: str, split: str | None) -> str:
   """The one translation result of `split` (any split if None) in WORKDIR/eval/."""
-  paths = sorted(p for p in glob.glob(os.path.join(workdir, 'eval', '*.json'))
-                 if not p.endswith(_RESULT_SUFFIXES))
+  paths = sorted(
+    p
+    for p in glob.glob(os.path.join(workdir, 'eval', '*.json'))
+    if not p.endswith(_RESULT_SUFFIXES)
+  )
   candidates = []
   for path in paths:
     with open(path) as f:
@@ -66,9 +69,11 @@ def _result_in_workdir(workdir: str, split: str | None) -> str:
   if len(candidates) != 1:
     what = f' of split {split!r}' if split else ''
     found = ': ' + ', '.join(os.path.basename(p) for p in candidates) if candidates else ''
-    raise ValueError(f'{workdir} holds {len(candidates)} eval.py translation results{what} '
-                     f'(in {os.path.join(workdir, "eval")}{found}); name the .json file to '
-                     'compare' + (' or pass --split.' if not split else '.'))
+    raise ValueError(
+      f'{workdir} holds {len(candidates)} eval.py translation results{what} '
+      f'(in {os.path.join(workdir, "eval")}{found}); name the .json file to '
+      'compare' + (' or pass --split.' if not split else '.')
+    )
   return candidates[0]
 
 
@@ -88,27 +93,40 @@ def load_system(path: str, split: str | None = None) -> System:
   if not isinstance(results, dict) or 'bleu' not in results or 'split' not in results:
     raise ValueError(f'{path} is not an eval.py translation result (no bleu and split).')
   if split is not None and results['split'] != split:
-    raise ValueError(f"{path} scores split {results['split']!r}, not {split!r}.")
-  hypotheses_path = path[:-len('.json')] + '.txt'
-  references_path = os.path.join(os.path.dirname(path), f"references-{results['split']}.txt")
+    raise ValueError(f'{path} scores split {results["split"]!r}, not {split!r}.')
+  hypotheses_path = path[: -len('.json')] + '.txt'
+  references_path = os.path.join(os.path.dirname(path), f'references-{results["split"]}.txt')
   for needed in (hypotheses_path, references_path):
     if not os.path.isfile(needed):
-      raise FileNotFoundError(f'{needed} is missing: {path} cannot be compared (eval.py writes '
-                              'both next to its results; run it again).')
+      raise FileNotFoundError(
+        f'{needed} is missing: {path} cannot be compared (eval.py writes '
+        'both next to its results; run it again).'
+      )
   lines = _read_lines(hypotheses_path)
   unscored = set(results.get('unscored_lines', []))
   hypotheses = [line for number, line in enumerate(lines, start=1) if number not in unscored]
   references = _read_lines(references_path)
   if len(hypotheses) != len(references):
-    raise ValueError(f'{hypotheses_path} has {len(hypotheses)} scored lines, but '
-                     f'{references_path} has {len(references)} references.')
+    raise ValueError(
+      f'{hypotheses_path} has {len(hypotheses)} scored lines, but '
+      f'{references_path} has {len(references)} references.'
+    )
   digest = scoring.references_digest(references)
   if results.get('references_sha256', digest) != digest:
-    raise ValueError(f'{references_path} is not what {path} was scored against (it changed '
-                     'since; run eval.py again).')
-  return System(name=name, result_path=path, hypotheses_path=hypotheses_path,
-                references_path=references_path, split=results['split'],
-                hypotheses=hypotheses, references=references, results=results)
+    raise ValueError(
+      f'{references_path} is not what {path} was scored against (it changed '
+      'since; run eval.py again).'
+    )
+  return System(
+    name=name,
+    result_path=path,
+    hypotheses_path=hypotheses_path,
+    references_path=references_path,
+    split=results['split'],
+    hypotheses=hypotheses,
+    references=references,
+    results=results,
+  )
 
 
 def check_comparable(systems: Sequence[System]) -> None:
@@ -119,18 +137,26 @@ def check_comparable(systems: Sequence[System]) -> None:
   for system in systems[1:]:
     pair = f'{baseline.result_path} and {system.result_path}'
     if system.split != baseline.split:
-      raise ValueError(f'{pair} score different splits ({baseline.split!r} and '
-                       f'{system.split!r}).')
+      raise ValueError(f'{pair} score different splits ({baseline.split!r} and {system.split!r}).')
     if len(system.hypotheses) != len(baseline.hypotheses):
-      raise ValueError(f'{baseline.hypotheses_path} and {system.hypotheses_path} differ in line '
-                       f'count ({len(baseline.hypotheses)} and {len(system.hypotheses)} scored '
-                       'lines).')
+      raise ValueError(
+        f'{baseline.hypotheses_path} and {system.hypotheses_path} differ in line '
+        f'count ({len(baseline.hypotheses)} and {len(system.hypotheses)} scored '
+        'lines).'
+      )
     if system.references != baseline.references:
-      line = next(i for i, (a, b) in enumerate(
-        zip(baseline.references, system.references, strict=True), start=1) if a != b)
-      raise ValueError(f'{baseline.references_path} and {system.references_path} differ '
-                       f'(first at line {line}): {pair} were not scored against the same '
-                       'references.')
+      line = next(
+        i
+        for i, (a, b) in enumerate(
+          zip(baseline.references, system.references, strict=True), start=1
+        )
+        if a != b
+      )
+      raise ValueError(
+        f'{baseline.references_path} and {system.references_path} differ '
+        f'(first at line {line}): {pair} were not scored against the same '
+        'references.'
+      )
 
 
 def pool(name: str, systems: Sequence[System]) -> System:
@@ -143,12 +169,15 @@ def pool(name: str, systems: Sequence[System]) -> System:
     check_comparable(systems)
   first = systems[0]
   return System(
-    name=name, result_path=', '.join(s.result_path for s in systems),
+    name=name,
+    result_path=', '.join(s.result_path for s in systems),
     hypotheses_path=', '.join(s.hypotheses_path for s in systems),
-    references_path=first.references_path, split=first.split,
+    references_path=first.references_path,
+    split=first.split,
     hypotheses=[line for s in systems for line in s.hypotheses],
     references=[line for s in systems for line in s.references],
-    results={'pooled': [s.result_path for s in systems]})
+    results={'pooled': [s.result_path for s in systems]},
+  )
 
 
 def _sacrebleu_metrics(metrics: Sequence[str]) -> dict:
@@ -159,8 +188,9 @@ def _sacrebleu_metrics(metrics: Sequence[str]) -> dict:
   return {name: make[name]() for name in metrics}
 
 
-def compare(systems: Sequence[System], metrics: Sequence[str] = METRICS, test: str = 'bs',
-            n_samples: int = 0) -> dict[str, Any]:
+def compare(
+  systems: Sequence[System], metrics: Sequence[str] = METRICS, test: str = 'bs', n_samples: int = 0
+) -> dict[str, Any]:
   """Each system's scores with 95% intervals, and its p-value against the first (the baseline).
 
   Args:
@@ -180,15 +210,22 @@ def compare(systems: Sequence[System], metrics: Sequence[str] = METRICS, test: s
   if test not in TESTS:
     raise ValueError(f'test={test!r}: expected one of {sorted(TESTS)}.')
   if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 0:
-    raise ValueError(f'n_samples={n_samples!r} must be an integer >= 0 (0: sacreBLEU\'s '
-                     'default).')
+    raise ValueError(f"n_samples={n_samples!r} must be an integer >= 0 (0: sacreBLEU's default).")
   check_comparable(systems)
   named = [(system.name, system.hypotheses) for system in systems]
-  paired = PairedTest(named, _sacrebleu_metrics(metrics), [systems[0].references],
-                      test_type=test, n_samples=n_samples, n_ar_confidence=0)
+  paired = PairedTest(
+    named,
+    _sacrebleu_metrics(metrics),
+    [systems[0].references],
+    test_type=test,
+    n_samples=n_samples,
+    n_ar_confidence=0,
+  )
   if paired._seed == 0:  # sacreBLEU passes `seed or None` to its tests.
-    raise ValueError('SACREBLEU_SEED=0 leaves sacreBLEU\'s paired tests unseeded (it reads 0 '
-                     'as no seed): choose another seed.')
+    raise ValueError(
+      "SACREBLEU_SEED=0 leaves sacreBLEU's paired tests unseeded (it reads 0 "
+      'as no seed): choose another seed.'
+    )
   signatures, table = paired()
   metric_names = [key for key in table if key != 'System']  # sacreBLEU's: 'BLEU', 'chrF2'.
   rows = []
@@ -200,18 +237,34 @@ def compare(systems: Sequence[System], metrics: Sequence[str] = METRICS, test: s
     for metric in metric_names:
       result = table[metric][index]
       p_value = 1.0 if identical else _float(result.p_value)
-      scores[metric] = {'score': result.score, 'mean': _float(result.mean),
-                        'ci': _float(result.ci), 'p_value': p_value}
+      scores[metric] = {
+        'score': result.score,
+        'mean': _float(result.mean),
+        'ci': _float(result.ci),
+        'p_value': p_value,
+      }
       if index > 0:
         scores[metric]['significant'] = p_value < ALPHA
-    rows.append({'name': system.name, 'result': system.result_path, 'scores': scores,
-                 'identical_to_baseline': identical})
+    rows.append(
+      {
+        'name': system.name,
+        'result': system.result_path,
+        'scores': scores,
+        'identical_to_baseline': identical,
+      }
+    )
   return {
     # The seed as sacreBLEU's signatures give it ('none' for SACREBLEU_SEED=none: unseeded).
-    'test': test, 'n_samples': paired.n_samples, 'seed': str(paired._seed).lower(),
-    'alpha': ALPHA, 'split': systems[0].split, 'num_sentences': len(systems[0].references),
+    'test': test,
+    'n_samples': paired.n_samples,
+    'seed': str(paired._seed).lower(),
+    'alpha': ALPHA,
+    'split': systems[0].split,
+    'num_sentences': len(systems[0].references),
     'references': systems[0].references_path,
-    'signatures': {name: str(sig) for name, sig in signatures.items()}, 'systems': rows}
+    'signatures': {name: str(sig) for name, sig in signatures.items()},
+    'systems': rows,
+  }
 
 
 def _float(value: Any) -> float | None:
@@ -219,8 +272,8 @@ def _float(value: Any) -> float | None:
 
 
 def _with_ci(values: dict[str, Any]) -> str:
-  text = f"{values['score']:.2f}"
-  return text + (f" ± {values['ci']:.2f}" if values['ci'] is not None else '')
+  text = f'{values["score"]:.2f}'
+  return text + (f' ± {values["ci"]:.2f}' if values['ci'] is not None else '')
 
 
 def verdicts(comparison: dict[str, Any]) -> list[str]:
@@ -229,13 +282,15 @@ def verdicts(comparison: dict[str, Any]) -> list[str]:
   sentences = []
   for row in comparison['systems'][1:]:
     if row['identical_to_baseline']:
-      sentences.append(f"{row['name']}: the same translations as the baseline (p = 1).")
+      sentences.append(f'{row["name"]}: the same translations as the baseline (p = 1).')
       continue
     for metric, values in row['scores'].items():
       difference = values['score'] - baseline['scores'][metric]['score']
-      verdict = ('significant' if values['significant'] else 'not significant')
-      sentences.append(f"{row['name']}: {metric} {difference:+.2f} against the baseline, "
-                       f"p = {values['p_value']:.4f}: {verdict} at {comparison['alpha']}.")
+      verdict = 'significant' if values['significant'] else 'not significant'
+      sentences.append(
+        f'{row["name"]}: {metric} {difference:+.2f} against the baseline, '
+        f'p = {values["p_value"]:.4f}: {verdict} at {comparison["alpha"]}.'
+      )
   return sentences
 
 
@@ -246,13 +301,23 @@ def to_text(comparison: dict[str, Any]) -> str:
   rows = []
   for index, row in enumerate(comparison['systems']):
     name = row['name'] + (' (baseline)' if index == 0 else '')
-    p_values = [('-' if index == 0 else f"{row['scores'][m]['p_value']:.4f}"
-                 + ('*' if row['scores'][m]['significant'] else '')) for m in metrics]
+    p_values = [
+      (
+        '-'
+        if index == 0
+        else f'{row["scores"][m]["p_value"]:.4f}' + ('*' if row['scores'][m]['significant'] else '')
+      )
+      for m in metrics
+    ]
     rows.append([name] + [_with_ci(row['scores'][m]) for m in metrics] + p_values)
   widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-  table = ['  '.join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()
-           for r in [header, *rows]]
-  title = (f"{TESTS[comparison['test']].capitalize()} ({comparison['n_samples']} samples, "
-           f"seed {comparison['seed']}) on {comparison['split']} "
-           f"({comparison['num_sentences']} sentences); * significant at {comparison['alpha']}:")
+  table = [
+    '  '.join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()
+    for r in [header, *rows]
+  ]
+  title = (
+    f'{TESTS[comparison["test"]].capitalize()} ({comparison["n_samples"]} samples, '
+    f'seed {comparison["seed"]}) on {comparison["split"]} '
+    f'({comparison["num_sentences"]} sentences); * significant at {comparison["alpha"]}:'
+  )
   return '\n'.join([title, *table, '', *verdicts(comparison)]) + '\n'

@@ -33,8 +33,20 @@ from matplotlib.figure import Figure
 
 from transformer.tools import significance, sweeps
 
-COLUMNS = ('rank', 'trial', 'status', 'steps', 'train_loss', 'eval_loss', 'best_eval_bleu',
-           'tokens_per_sec', 'decode_bleu', 'decode_result', 'error', 'workdir')
+COLUMNS = (
+  'rank',
+  'trial',
+  'status',
+  'steps',
+  'train_loss',
+  'eval_loss',
+  'best_eval_bleu',
+  'tokens_per_sec',
+  'decode_bleu',
+  'decode_result',
+  'error',
+  'workdir',
+)
 
 
 @dataclasses.dataclass
@@ -75,8 +87,9 @@ def _read_metrics(workdir: str) -> list[dict[str, float]]:
 def collect(sweep: sweeps.Sweep, trial: sweeps.Trial) -> TrialResult:
   """One trial's status and metrics, from its workdir."""
   workdir = sweep.workdir(trial)
-  result = TrialResult(name=trial.name, overrides=trial.overrides, workdir=workdir,
-                       status=sweeps.trial_status(workdir))
+  result = TrialResult(
+    name=trial.name, overrides=trial.overrides, workdir=workdir, status=sweeps.trial_status(workdir)
+  )
   rows = _read_metrics(workdir)
   train_rows = [r for r in rows if 'train_loss' in r]
   eval_rows = [r for r in rows if 'eval_loss' in r]
@@ -129,10 +142,15 @@ def to_csv(results: Sequence[TrialResult], swept_keys: Sequence[str]) -> str:
   writer = csv.writer(out, lineterminator='\n')
   writer.writerow(['rank', 'best', 'trial', *swept_keys, *COLUMNS[2:]])
   for result in results:
-    writer.writerow([
-      _cell(result.rank), 'yes' if result.rank == 1 else '', result.name,
-      *(_override_cell(result, key) for key in swept_keys),
-      *(_cell(getattr(result, column)) for column in COLUMNS[2:])])
+    writer.writerow(
+      [
+        _cell(result.rank),
+        'yes' if result.rank == 1 else '',
+        result.name,
+        *(_override_cell(result, key) for key in swept_keys),
+        *(_cell(getattr(result, column)) for column in COLUMNS[2:]),
+      ]
+    )
   return out.getvalue()
 
 
@@ -140,38 +158,61 @@ def _fixed(value: float | None, digits: int) -> str:
   return '' if value is None else f'{value:.{digits}f}'
 
 
-def to_markdown(results: Sequence[TrialResult], swept_keys: Sequence[str], target_metric: str,
-                title: str) -> str:
+def to_markdown(
+  results: Sequence[TrialResult], swept_keys: Sequence[str], target_metric: str, title: str
+) -> str:
   """A table ranked by the target metric, the best trial in bold, failures with their error."""
   column, higher_is_better = sweeps.TARGET_METRICS[target_metric]
   how = 'highest best' if higher_is_better else 'lowest final'
-  lines = [f'# {title}', '',
-           f'Ranked by `{target_metric}` ({how} `{column}`); plots in summary.png.', '',
-           *_trials_table(results, swept_keys)]
+  lines = [
+    f'# {title}',
+    '',
+    f'Ranked by `{target_metric}` ({how} `{column}`); plots in summary.png.',
+    '',
+    *_trials_table(results, swept_keys),
+  ]
   return '\n'.join(lines) + '\n'
 
 
 def _trials_table(results: Sequence[TrialResult], swept_keys: Sequence[str]) -> list[str]:
   """The per-trial markdown table, then the failed trials with their errors."""
   has_decode = any(r.decode_bleu is not None for r in results)
-  header = ['rank', 'trial', *swept_keys, 'status', 'steps', 'train loss', 'val loss',
-            'best val BLEU', 'tokens/s', *(['eval.py BLEU'] if has_decode else [])]
+  header = [
+    'rank',
+    'trial',
+    *swept_keys,
+    'status',
+    'steps',
+    'train loss',
+    'val loss',
+    'best val BLEU',
+    'tokens/s',
+    *(['eval.py BLEU'] if has_decode else []),
+  ]
   lines = ['| ' + ' | '.join(header) + ' |', '|' + ' --- |' * len(header)]
   for result in results:
     cells = [
-      'best' if result.rank == 1 else _cell(result.rank), f'`{result.name}`',
-      *(_override_cell(result, key) for key in swept_keys), result.status,
-      _cell(result.steps), _fixed(result.train_loss, 4), _fixed(result.eval_loss, 4),
-      _fixed(result.best_eval_bleu, 2), _fixed(result.tokens_per_sec, 0),
-      *([_fixed(result.decode_bleu, 2)] if has_decode else [])]
+      'best' if result.rank == 1 else _cell(result.rank),
+      f'`{result.name}`',
+      *(_override_cell(result, key) for key in swept_keys),
+      result.status,
+      _cell(result.steps),
+      _fixed(result.train_loss, 4),
+      _fixed(result.eval_loss, 4),
+      _fixed(result.best_eval_bleu, 2),
+      _fixed(result.tokens_per_sec, 0),
+      *([_fixed(result.decode_bleu, 2)] if has_decode else []),
+    ]
     if result.rank == 1:
       cells = [f'**{cell}**' if cell else cell for cell in cells]
     lines.append('| ' + ' | '.join(cells) + ' |')
   failures = [r for r in results if r.status == 'failed']
   if failures:
     lines += ['', 'Failed trials (their output is in the log file named):', '']
-    lines += [f'* `{r.name}`: {r.error or "see the log"} '
-              f'({os.path.join(r.name, "train.log")})' for r in failures]
+    lines += [
+      f'* `{r.name}`: {r.error or "see the log"} ({os.path.join(r.name, "train.log")})'
+      for r in failures
+    ]
   return lines
 
 
@@ -199,15 +240,19 @@ def _key_axis(ax, key: str, values: Sequence[Any]) -> Callable[[Any], Any]:
     ax.set_xscale('log')
     ax.minorticks_off()
   if not numeric or len(values) <= 8:  # Ticks at the values tried.
-    ax.set_xticks([to_x(v) for v in values], [sweeps.flag_value(v) for v in values],
-                  rotation=0 if numeric else 20)
+    ax.set_xticks(
+      [to_x(v) for v in values],
+      [sweeps.flag_value(v) for v in values],
+      rotation=0 if numeric else 20,
+    )
   ax.set_xlabel(key)
   ax.grid(alpha=0.3)
   return to_x
 
 
-def _learning_curves(ax, runs: Sequence[tuple[str, bool, Sequence[TrialResult]]],
-                     title: str) -> None:
+def _learning_curves(
+  ax, runs: Sequence[tuple[str, bool, Sequence[TrialResult]]], title: str
+) -> None:
   """Train (solid) and validation (dashed) loss of each `(name, is_best, trials)`, a colour each."""
   colors = colormaps['tab10']
   for index, (name, is_best, trials) in enumerate(runs):
@@ -216,12 +261,19 @@ def _learning_curves(ax, runs: Sequence[tuple[str, bool, Sequence[TrialResult]]]
     for number, trial in enumerate(trials):
       if trial.train_curve:
         steps, losses = zip(*trial.train_curve, strict=True)
-        ax.plot(steps, losses, color=color, linewidth=width, alpha=0.8,
-                label=name if number == 0 else None)
+        ax.plot(
+          steps,
+          losses,
+          color=color,
+          linewidth=width,
+          alpha=0.8,
+          label=name if number == 0 else None,
+        )
       if trial.eval_curve:
         steps, losses = zip(*trial.eval_curve, strict=True)
-        ax.plot(steps, losses, color=color, linewidth=width, linestyle='--', marker='o',
-                markersize=3)
+        ax.plot(
+          steps, losses, color=color, linewidth=width, linestyle='--', marker='o', markersize=3
+        )
   ax.set_xlabel('step')
   ax.set_ylabel('loss (solid: train, dashed: validation)')
   ax.set_title(title)
@@ -230,33 +282,47 @@ def _learning_curves(ax, runs: Sequence[tuple[str, bool, Sequence[TrialResult]]]
     ax.legend(fontsize='x-small')
 
 
-def plot(results: Sequence[TrialResult], swept_keys: Sequence[str], target_metric: str,
-         path: str) -> None:
+def plot(
+  results: Sequence[TrialResult], swept_keys: Sequence[str], target_metric: str, path: str
+) -> None:
   """The target metric against each swept key, then every trial's learning curves."""
   column, _ = sweeps.TARGET_METRICS[target_metric]
   fig, axes = _figure(len(swept_keys) + 1)
   scored = [r for r in results if getattr(r, column) is not None]
   for ax, key in zip(axes, swept_keys, strict=False):
-    points = [(r.overrides[key], getattr(r, column), r.rank == 1)
-              for r in scored if key in r.overrides]
+    points = [
+      (r.overrides[key], getattr(r, column), r.rank == 1) for r in scored if key in r.overrides
+    ]
     to_x = _key_axis(ax, key, sorted({p[0] for p in points}, key=str))
     ax.scatter([to_x(p[0]) for p in points], [p[1] for p in points], color='tab:blue')
     best = [p for p in points if p[2]]
-    ax.scatter([to_x(p[0]) for p in best], [p[1] for p in best], s=160, marker='*',
-               color='tab:red', label='best', zorder=3)
+    ax.scatter(
+      [to_x(p[0]) for p in best],
+      [p[1] for p in best],
+      s=160,
+      marker='*',
+      color='tab:red',
+      label='best',
+      zorder=3,
+    )
     ax.set_ylabel(column)
     if best:
       ax.legend(fontsize='small')
-  _learning_curves(axes[len(swept_keys)], [(r.name, r.rank == 1, [r]) for r in results],
-                   'learning curves')
+  _learning_curves(
+    axes[len(swept_keys)], [(r.name, r.rank == 1, [r]) for r in results], 'learning curves'
+  )
   fig.savefig(path, dpi=90)
 
 
 # --- Seeds: one row per configuration ---------------------------------------------------------
 
 # Trial columns summarized over seeds: (column, markdown header, digits).
-GROUP_METRICS = (('eval_loss', 'val loss', 4), ('best_eval_bleu', 'best val BLEU', 2),
-                 ('decode_bleu', 'eval.py BLEU', 2), ('train_loss', 'train loss', 4))
+GROUP_METRICS = (
+  ('eval_loss', 'val loss', 4),
+  ('best_eval_bleu', 'best val BLEU', 2),
+  ('decode_bleu', 'eval.py BLEU', 2),
+  ('train_loss', 'train loss', 4),
+)
 STATISTICS = ('mean', 'std', 'min', 'max')
 
 
@@ -278,9 +344,12 @@ class GroupResult:
     values = self.values(column)
     if not values:
       return dict.fromkeys(STATISTICS)
-    return {'mean': statistics.fmean(values),
-            'std': statistics.stdev(values) if len(values) > 1 else None,
-            'min': min(values), 'max': max(values)}
+    return {
+      'mean': statistics.fmean(values),
+      'std': statistics.stdev(values) if len(values) > 1 else None,
+      'min': min(values),
+      'max': max(values),
+    }
 
   def status(self) -> str:
     """'finished' when every seed finished, else the count per status ('finished 1, failed 1')."""
@@ -317,18 +386,36 @@ def groups_to_csv(groups: Sequence[GroupResult], swept_keys: Sequence[str]) -> s
   """A header line, then one line per configuration: mean, std, min and max of each metric."""
   out = io.StringIO()
   writer = csv.writer(out, lineterminator='\n')
-  writer.writerow(['rank', 'best', 'configuration', *swept_keys, 'seeds', 'status',
-                   *(f'{column}_{stat}' for column, _, _ in GROUP_METRICS for stat in STATISTICS),
-                   'trials'])
+  writer.writerow(
+    [
+      'rank',
+      'best',
+      'configuration',
+      *swept_keys,
+      'seeds',
+      'status',
+      *(f'{column}_{stat}' for column, _, _ in GROUP_METRICS for stat in STATISTICS),
+      'trials',
+    ]
+  )
   for result in groups:
-    writer.writerow([
-      _cell(result.rank), 'yes' if result.rank == 1 else '', result.name,
-      *(sweeps.flag_value(result.overrides[key]) if key in result.overrides else ''
-        for key in swept_keys),
-      len(result.trials), result.status(),
-      *(_cell(result.stats(column)[stat]) for column, _, _ in GROUP_METRICS
-        for stat in STATISTICS),
-      ' '.join(t.name for t in result.trials)])
+    writer.writerow(
+      [
+        _cell(result.rank),
+        'yes' if result.rank == 1 else '',
+        result.name,
+        *(
+          sweeps.flag_value(result.overrides[key]) if key in result.overrides else ''
+          for key in swept_keys
+        ),
+        len(result.trials),
+        result.status(),
+        *(
+          _cell(result.stats(column)[stat]) for column, _, _ in GROUP_METRICS for stat in STATISTICS
+        ),
+        ' '.join(t.name for t in result.trials),
+      ]
+    )
   return out.getvalue()
 
 
@@ -336,14 +423,15 @@ def _spread(stats: dict[str, float | None], digits: int) -> str:
   """'4.8123 ± 0.0123 [4.8000, 4.8246]'; no ± for a single seed; '' without values."""
   if stats['mean'] is None:
     return ''
-  text = f"{stats['mean']:.{digits}f}"
+  text = f'{stats["mean"]:.{digits}f}'
   if stats['std'] is not None:
-    text += f" ± {stats['std']:.{digits}f} [{stats['min']:.{digits}f}, {stats['max']:.{digits}f}]"
+    text += f' ± {stats["std"]:.{digits}f} [{stats["min"]:.{digits}f}, {stats["max"]:.{digits}f}]'
   return text
 
 
-def paired_tests(groups: Sequence[GroupResult],
-                 compare_to: str | None = None) -> tuple[dict[str, Any] | None, str]:
+def paired_tests(
+  groups: Sequence[GroupResult], compare_to: str | None = None
+) -> tuple[dict[str, Any] | None, str]:
   """sacreBLEU's paired bootstrap test of the best configuration (or `compare_to`) against the rest.
 
   On eval.py's translations, all seeds pooled: seed k of the best configuration is
@@ -375,11 +463,19 @@ def paired_tests(groups: Sequence[GroupResult],
     except (OSError, ValueError) as e:  # Not a translation result (a language model), or stale.
       missing[result.name] = f'`{result.name}` ({e})'
   if ranked[0].name in missing:
-    return None, ('No paired tests: they need eval.py translations of every seed of '
-                  f'`{ranked[0].name}` (run the sweep with --eval); missing: '
-                  + '; '.join(missing.values()) + '.')
-  note = ('Left out of the paired tests, without eval.py translations of every seed: '
-          + '; '.join(missing.values()) + '.' if missing else '')
+    return None, (
+      'No paired tests: they need eval.py translations of every seed of '
+      f'`{ranked[0].name}` (run the sweep with --eval); missing: '
+      + '; '.join(missing.values())
+      + '.'
+    )
+  note = (
+    'Left out of the paired tests, without eval.py translations of every seed: '
+    + '; '.join(missing.values())
+    + '.'
+    if missing
+    else ''
+  )
   if len(pooled) < 2:
     return None, note
   try:
@@ -388,27 +484,44 @@ def paired_tests(groups: Sequence[GroupResult],
     return None, f'No paired tests: {e}'
 
 
-def groups_to_markdown(groups: Sequence[GroupResult], results: Sequence[TrialResult],
-                       swept_keys: Sequence[str], target_metric: str, title: str,
-                       seeds: int, compare_to: str | None = None) -> str:
+def groups_to_markdown(
+  groups: Sequence[GroupResult],
+  results: Sequence[TrialResult],
+  swept_keys: Sequence[str],
+  target_metric: str,
+  title: str,
+  seeds: int,
+  compare_to: str | None = None,
+) -> str:
   """Configurations ranked by the mean over seeds, the paired tests, then every trial."""
   column, higher_is_better = sweeps.TARGET_METRICS[target_metric]
   how = 'highest best' if higher_is_better else 'lowest final'
   has_decode = any(g.values('decode_bleu') for g in groups)
   metrics = [m for m in GROUP_METRICS if m[0] != 'decode_bleu' or has_decode]
   header = ['rank', 'configuration', *swept_keys, 'seeds', 'status', *(m[1] for m in metrics)]
-  lines = [f'# {title}', '',
-           f'{seeds} seeds per configuration (config.seed, +1, ...), ranked by the mean of '
-           f'`{target_metric}` ({how} `{column}`). Cells: mean ± standard deviation '
-           '[min, max] over the seeds; error bars in summary.png; every trial (ranked as its '
-           'configuration) in trials.csv and below.', '',
-           '| ' + ' | '.join(header) + ' |', '|' + ' --- |' * len(header)]
+  lines = [
+    f'# {title}',
+    '',
+    f'{seeds} seeds per configuration (config.seed, +1, ...), ranked by the mean of '
+    f'`{target_metric}` ({how} `{column}`). Cells: mean ± standard deviation '
+    '[min, max] over the seeds; error bars in summary.png; every trial (ranked as its '
+    'configuration) in trials.csv and below.',
+    '',
+    '| ' + ' | '.join(header) + ' |',
+    '|' + ' --- |' * len(header),
+  ]
   for result in groups:
-    cells = ['best' if result.rank == 1 else _cell(result.rank), f'`{result.name}`',
-             *(sweeps.flag_value(result.overrides[key]) if key in result.overrides else ''
-               for key in swept_keys),
-             str(len(result.trials)), result.status(),
-             *(_spread(result.stats(name), digits) for name, _, digits in metrics)]
+    cells = [
+      'best' if result.rank == 1 else _cell(result.rank),
+      f'`{result.name}`',
+      *(
+        sweeps.flag_value(result.overrides[key]) if key in result.overrides else ''
+        for key in swept_keys
+      ),
+      str(len(result.trials)),
+      result.status(),
+      *(_spread(result.stats(name), digits) for name, _, digits in metrics),
+    ]
     if result.rank == 1:
       cells = [f'**{cell}**' if cell else cell for cell in cells]
     lines.append('| ' + ' | '.join(cells) + ' |')
@@ -419,11 +532,14 @@ def groups_to_markdown(groups: Sequence[GroupResult], results: Sequence[TrialRes
     lines += [
       f"sacreBLEU's paired bootstrap resampling ({comparison['n_samples']} resamples, seed "
       f"{comparison['seed']}) on eval.py's {comparison['split']} translations, all seeds pooled "
-      f"({comparison['num_sentences']} sentence pairs: seed k of {reference} paired with seed k "
+      f'({comparison["num_sentences"]} sentence pairs: seed k of {reference} paired with seed k '
       'of the other; see `sweep_summary.paired_tests` for why pooled). '
-      f"p < {comparison['alpha']}: significant.", '',
-      *_comparison_table(comparison, 'best' if not compare_to else 'reference'), '',
-      *(f'* {sentence}' for sentence in significance.verdicts(comparison))]
+      f'p < {comparison["alpha"]}: significant.',
+      '',
+      *_comparison_table(comparison, 'best' if not compare_to else 'reference'),
+      '',
+      *(f'* {sentence}' for sentence in significance.verdicts(comparison)),
+    ]
   if note:
     lines += ['', note]
   lines += ['', '## Trials', '', *_trials_table(results, [*swept_keys, 'seed'])]
@@ -432,21 +548,31 @@ def groups_to_markdown(groups: Sequence[GroupResult], results: Sequence[TrialRes
 
 def _comparison_table(comparison: dict[str, Any], role: str) -> list[str]:
   metrics = list(comparison['systems'][0]['scores'])
-  header = ['configuration', *(f'{m} (pooled, ± 95% CI)' for m in metrics),
-            *(f'p ({m})' for m in metrics)]
+  header = [
+    'configuration',
+    *(f'{m} (pooled, ± 95% CI)' for m in metrics),
+    *(f'p ({m})' for m in metrics),
+  ]
   lines = ['| ' + ' | '.join(header) + ' |', '|' + ' --- |' * len(header)]
   for index, row in enumerate(comparison['systems']):
     scores = row['scores']
-    cells = [f"`{row['name']}`" + (f' ({role})' if index == 0 else ''),
-             *(f"{scores[m]['score']:.2f} ± {scores[m]['ci']:.2f}" for m in metrics),
-             *('' if index == 0 else f"{scores[m]['p_value']:.4f}"
-               + (' (significant)' if scores[m]['significant'] else '') for m in metrics)]
+    cells = [
+      f'`{row["name"]}`' + (f' ({role})' if index == 0 else ''),
+      *(f'{scores[m]["score"]:.2f} ± {scores[m]["ci"]:.2f}' for m in metrics),
+      *(
+        ''
+        if index == 0
+        else f'{scores[m]["p_value"]:.4f}' + (' (significant)' if scores[m]['significant'] else '')
+        for m in metrics
+      ),
+    ]
     lines.append('| ' + ' | '.join(cells) + ' |')
   return lines
 
 
-def plot_groups(groups: Sequence[GroupResult], swept_keys: Sequence[str], target_metric: str,
-                path: str) -> Figure:
+def plot_groups(
+  groups: Sequence[GroupResult], swept_keys: Sequence[str], target_metric: str, path: str
+) -> Figure:
   """Per swept key: the mean of the target metric with ± std error bars and each seed's value;
   then every trial's learning curves, one colour per configuration. Returns the figure."""
   column, _ = sweeps.TARGET_METRICS[target_metric]
@@ -458,17 +584,33 @@ def plot_groups(groups: Sequence[GroupResult], swept_keys: Sequence[str], target
     for g in members:
       stats = g.stats(column)
       best = g.rank == 1
-      ax.errorbar([to_x(g.overrides[key])], [stats['mean']], yerr=[stats['std'] or 0.0],
-                  fmt='*' if best else 'o', markersize=12 if best else 6, capsize=4,
-                  color='tab:red' if best else 'tab:blue', zorder=3,
-                  label='best (mean ± std)' if best else None)
-      ax.scatter([to_x(g.overrides[key])] * len(g.values(column)), g.values(column), s=10,
-                 color='gray', alpha=0.7, zorder=2)
+      ax.errorbar(
+        [to_x(g.overrides[key])],
+        [stats['mean']],
+        yerr=[stats['std'] or 0.0],
+        fmt='*' if best else 'o',
+        markersize=12 if best else 6,
+        capsize=4,
+        color='tab:red' if best else 'tab:blue',
+        zorder=3,
+        label='best (mean ± std)' if best else None,
+      )
+      ax.scatter(
+        [to_x(g.overrides[key])] * len(g.values(column)),
+        g.values(column),
+        s=10,
+        color='gray',
+        alpha=0.7,
+        zorder=2,
+      )
     ax.set_ylabel(f'{column} (mean ± std; dots: seeds)')
     if any(g.rank == 1 for g in members):
       ax.legend(fontsize='small')
-  _learning_curves(axes[len(swept_keys)], [(g.name, g.rank == 1, g.trials) for g in groups],
-                   'learning curves (one colour per configuration)')
+  _learning_curves(
+    axes[len(swept_keys)],
+    [(g.name, g.rank == 1, g.trials) for g in groups],
+    'learning curves (one colour per configuration)',
+  )
   fig.savefig(path, dpi=90)
   return fig
 
@@ -501,31 +643,44 @@ def write(sweep: sweeps.Sweep) -> list[TrialResult] | list[GroupResult]:
   os.makedirs(sweep.root, exist_ok=True)
   if sweep.seeds > 1:
     return _write_groups(sweep, results, target_metric)
-  title = (f'Sweep {os.path.basename(sweep.sweep_file)} over '
-           f'{os.path.basename(sweep.config_file)}: {len(results)} trials')
+  title = (
+    f'Sweep {os.path.basename(sweep.sweep_file)} over '
+    f'{os.path.basename(sweep.config_file)}: {len(results)} trials'
+  )
   _write_text(os.path.join(sweep.root, 'summary.csv'), to_csv(results, swept_keys))
-  _write_text(os.path.join(sweep.root, 'summary.md'),
-              to_markdown(results, swept_keys, target_metric, title))
-  _replace(os.path.join(sweep.root, 'summary.png'),
-           lambda tmp: plot(results, swept_keys, target_metric, tmp))
+  _write_text(
+    os.path.join(sweep.root, 'summary.md'), to_markdown(results, swept_keys, target_metric, title)
+  )
+  _replace(
+    os.path.join(sweep.root, 'summary.png'),
+    lambda tmp: plot(results, swept_keys, target_metric, tmp),
+  )
   return results
 
 
-def _write_groups(sweep: sweeps.Sweep, results: list[TrialResult],
-                  target_metric: str) -> list[GroupResult]:
+def _write_groups(
+  sweep: sweeps.Sweep, results: list[TrialResult], target_metric: str
+) -> list[GroupResult]:
   """summary.{csv,md,png} per configuration, trials.csv per trial."""
   swept_keys = [key for key in sweep.swept_keys() if key != 'seed']
   groups = rank_groups(group(sweep, results), target_metric)
-  title = (f'Sweep {os.path.basename(sweep.sweep_file)} over '
-           f'{os.path.basename(sweep.config_file)}: {len(groups)} configurations x '
-           f'{sweep.seeds} seeds')
+  title = (
+    f'Sweep {os.path.basename(sweep.sweep_file)} over '
+    f'{os.path.basename(sweep.config_file)}: {len(groups)} configurations x '
+    f'{sweep.seeds} seeds'
+  )
   # Trials in the order of their configurations, each ranked as its configuration.
   trials = [dataclasses.replace(t, rank=g.rank) for g in groups for t in g.trials]
   _write_text(os.path.join(sweep.root, 'trials.csv'), to_csv(trials, [*swept_keys, 'seed']))
   _write_text(os.path.join(sweep.root, 'summary.csv'), groups_to_csv(groups, swept_keys))
-  _write_text(os.path.join(sweep.root, 'summary.md'),
-              groups_to_markdown(groups, trials, swept_keys, target_metric, title, sweep.seeds,
-                                 sweep.compare_to))
-  _replace(os.path.join(sweep.root, 'summary.png'),
-           lambda tmp: plot_groups(groups, swept_keys, target_metric, tmp))
+  _write_text(
+    os.path.join(sweep.root, 'summary.md'),
+    groups_to_markdown(
+      groups, trials, swept_keys, target_metric, title, sweep.seeds, sweep.compare_to
+    ),
+  )
+  _replace(
+    os.path.join(sweep.root, 'summary.png'),
+    lambda tmp: plot_groups(groups, swept_keys, target_metric, tmp),
+  )
   return groups

@@ -63,8 +63,7 @@ _NAME_UNSAFE = re.compile(r'[^A-Za-z0-9._+=,-]')
 def _check_axes(axes: Mapping[str, Sequence[Any]], helper: str) -> None:
   for key, values in axes.items():
     if isinstance(values, str | bytes) or not isinstance(values, Sequence) or not values:
-      raise ValueError(f'{helper}: the values of {key!r} must be a non-empty list, got '
-                       f'{values!r}.')
+      raise ValueError(f'{helper}: the values of {key!r} must be a non-empty list, got {values!r}.')
 
 
 def grid(axes: Mapping[str, Sequence[Any]]) -> list[Overrides]:
@@ -140,8 +139,9 @@ def _round_significant(value: Any, digits: int) -> Any:
   return value
 
 
-def random_search(space: Mapping[str, Sampler], num_trials: int, seed: int,
-                  digits: int = 3) -> list[Overrides]:
+def random_search(
+  space: Mapping[str, Sampler], num_trials: int, seed: int, digits: int = 3
+) -> list[Overrides]:
   """`num_trials` distinct draws from `space` ({key: sampler}), the same for the same seed.
 
   Floats are rounded to `digits` significant digits, so that trial names and
@@ -159,8 +159,9 @@ def random_search(space: Mapping[str, Sampler], num_trials: int, seed: int,
       seen.add(signature)
       trials.append(draw)
   if len(trials) < num_trials:
-    raise ValueError(f'random_search: only {len(trials)} distinct trials in the space, '
-                     f'{num_trials} asked for.')
+    raise ValueError(
+      f'random_search: only {len(trials)} distinct trials in the space, {num_trials} asked for.'
+    )
   return trials
 
 
@@ -180,12 +181,14 @@ def load_overrides(sweep_file: str) -> list[Overrides]:
     raise ValueError(f'{sweep_file} defines no function sweep() returning override dicts.')
   trials = module.sweep()
   if not isinstance(trials, list | tuple) or not trials:
-    raise ValueError(f'{sweep_file}: sweep() must return a non-empty list of dicts, got '
-                     f'{type(trials).__name__}.')
+    raise ValueError(
+      f'{sweep_file}: sweep() must return a non-empty list of dicts, got {type(trials).__name__}.'
+    )
   for index, overrides in enumerate(trials):
     if not isinstance(overrides, Mapping) or not all(isinstance(k, str) for k in overrides):
-      raise ValueError(f'{sweep_file}: trial {index} is not a dict with dotted string keys: '
-                       f'{overrides!r}.')
+      raise ValueError(
+        f'{sweep_file}: trial {index} is not a dict with dotted string keys: {overrides!r}.'
+      )
   return [dict(overrides) for overrides in trials]
 
 
@@ -207,12 +210,16 @@ def _typed_value(config: ml_collections.ConfigDict, key: str, value: Any) -> Any
   for parent in parents:
     node = node[parent]
   if isinstance(node[leaf], ml_collections.ConfigDict):
-    raise ValueError(f'{key!r} is a group of config keys, not one value; override its fields '
-                     f'(e.g. {key}.{next(iter(node[leaf]))}).')
+    raise ValueError(
+      f'{key!r} is a group of config keys, not one value; override its fields '
+      f'(e.g. {key}.{next(iter(node[leaf]))}).'
+    )
   field_type = node.get_ref(leaf).get_type()
   if not isinstance(value, str | numbers.Real | np.bool_):  # bool is a Real too.
-    raise ValueError(f'{key}={value!r}: only str, int, float and bool values can be passed to '
-                     'train.py on its command line.')
+    raise ValueError(
+      f'{key}={value!r}: only str, int, float and bool values can be passed to '
+      'train.py on its command line.'
+    )
   is_bool = isinstance(value, bool | np.bool_)
   # NumPy scalars become Python ones; an int may stand for a float, never a bool for a number.
   if field_type is float and isinstance(value, numbers.Real) and not is_bool:
@@ -223,8 +230,10 @@ def _typed_value(config: ml_collections.ConfigDict, key: str, value: Any) -> Any
     return bool(value)
   if field_type is str and isinstance(value, str):
     return value
-  raise ValueError(f'{key}={value!r} has type {type(value).__name__}, but config.{key} has '
-                   f'type {field_type.__name__}.')
+  raise ValueError(
+    f'{key}={value!r} has type {type(value).__name__}, but config.{key} has '
+    f'type {field_type.__name__}.'
+  )
 
 
 def check_overrides(config: ml_collections.ConfigDict, overrides: Overrides) -> Overrides:
@@ -257,8 +266,9 @@ def flag_value(value: Any) -> str:
 def _short_keys(keys: Sequence[str]) -> dict[str, str]:
   """Each key's last component where that is unambiguous among `keys`, else the dotted key."""
   leaves = [key.rsplit('.', 1)[-1] for key in keys]
-  return {key: leaf if leaves.count(leaf) == 1 else key
-          for key, leaf in zip(keys, leaves, strict=True)}
+  return {
+    key: leaf if leaves.count(leaf) == 1 else key for key, leaf in zip(keys, leaves, strict=True)
+  }
 
 
 def trial_name(overrides: Overrides, short_keys: Mapping[str, str]) -> str:
@@ -267,7 +277,7 @@ def trial_name(overrides: Overrides, short_keys: Mapping[str, str]) -> str:
   name = _NAME_UNSAFE.sub('_', ','.join(parts)) or 'base'
   if len(name) > _NAME_MAX_CHARS:  # Keep it readable, and unique through a hash of the whole.
     digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    name = f'{name[:_NAME_MAX_CHARS - 11]}-{digest}'
+    name = f'{name[: _NAME_MAX_CHARS - 11]}-{digest}'
   return name
 
 
@@ -281,8 +291,9 @@ class Trial:
   group: str | None = None  # With --seeds: its configuration (the name without the seed).
 
 
-def apply_overrides(config: ml_collections.ConfigDict,
-                    overrides: Overrides) -> ml_collections.ConfigDict:
+def apply_overrides(
+  config: ml_collections.ConfigDict, overrides: Overrides
+) -> ml_collections.ConfigDict:
   """A copy of `config` with `{'model.d_ff': 48, ...}` set (dotted keys; the input is kept)."""
   resolved = config.copy_and_resolve_references()
   for key, value in overrides.items():
@@ -294,8 +305,12 @@ def apply_overrides(config: ml_collections.ConfigDict,
   return resolved
 
 
-def make_trials(config: ml_collections.ConfigDict, overrides_list: Sequence[Overrides],
-                source: str = 'sweep()', fixed: Mapping[str, Any] | None = None) -> list[Trial]:
+def make_trials(
+  config: ml_collections.ConfigDict,
+  overrides_list: Sequence[Overrides],
+  source: str = 'sweep()',
+  fixed: Mapping[str, Any] | None = None,
+) -> list[Trial]:
   """Checks every override against `config` and names the trials; nothing runs.
 
   `fixed` are the keys set for every trial on the command line; a trial may not
@@ -310,8 +325,9 @@ def make_trials(config: ml_collections.ConfigDict, overrides_list: Sequence[Over
       raise ValueError(f'{source}: trial {index} {overrides}: {e}') from None
     both = sorted(set(typed) & set(fixed))
     if both:
-      raise ValueError(f'{source}: trial {index} sets {both}, which the command line already '
-                       'sets for every trial.')
+      raise ValueError(
+        f'{source}: trial {index} sets {both}, which the command line already sets for every trial.'
+      )
     typed_list.append(typed)
   all_keys = sorted({key for typed in typed_list for key in typed})
   short_keys = _short_keys(all_keys)
@@ -319,14 +335,17 @@ def make_trials(config: ml_collections.ConfigDict, overrides_list: Sequence[Over
   for index, typed in enumerate(typed_list):
     name = trial_name(typed, short_keys)
     if name in first_index:
-      raise ValueError(f'{source}: trials {first_index[name]} and {index} are the same run '
-                       f'({name}); give each trial different overrides.')
+      raise ValueError(
+        f'{source}: trials {first_index[name]} and {index} are the same run '
+        f'({name}); give each trial different overrides.'
+      )
     first_index[name] = index
     resolved = apply_overrides(config, typed)
     errors = config_lib.config_errors(resolved)
     if errors:  # Every value in its domain before any trial runs.
-      raise ValueError(f'{source}: trial {index} {typed} gives an invalid config:\n  '
-                       + '\n  '.join(errors))
+      raise ValueError(
+        f'{source}: trial {index} {typed} gives an invalid config:\n  ' + '\n  '.join(errors)
+      )
     trials.append(Trial(name=name, overrides=typed, config=resolved))
   return trials
 
@@ -334,13 +353,19 @@ def make_trials(config: ml_collections.ConfigDict, overrides_list: Sequence[Over
 def check_seeds(seeds: int) -> None:
   """Raises a ValueError unless `seeds` is an integer >= 1."""
   if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-    raise ValueError(f'seeds={seeds!r} must be an integer >= 1 (the runs of each trial, with '
-                     'config.seed, config.seed + 1, ...).')
+    raise ValueError(
+      f'seeds={seeds!r} must be an integer >= 1 (the runs of each trial, with '
+      'config.seed, config.seed + 1, ...).'
+    )
 
 
-def with_seeds(config: ml_collections.ConfigDict, overrides_list: Sequence[Overrides],
-               seeds: int, source: str = 'sweep()',
-               fixed: Mapping[str, Any] | None = None) -> list[Trial]:
+def with_seeds(
+  config: ml_collections.ConfigDict,
+  overrides_list: Sequence[Overrides],
+  seeds: int,
+  source: str = 'sweep()',
+  fixed: Mapping[str, Any] | None = None,
+) -> list[Trial]:
   """`make_trials` of every override dict run with `seeds` seeds, grouped by configuration.
 
   Trial k of a configuration sets `seed` to config.seed + k; the seed varies
@@ -350,19 +375,29 @@ def with_seeds(config: ml_collections.ConfigDict, overrides_list: Sequence[Overr
   """
   check_seeds(seeds)
   if 'seed' in (fixed or {}):
-    raise ValueError(f'--seeds={seeds} sets config.seed of every trial; the command line may '
-                     'not set it too.')
+    raise ValueError(
+      f'--seeds={seeds} sets config.seed of every trial; the command line may not set it too.'
+    )
   for index, overrides in enumerate(overrides_list):
     if 'seed' in overrides:
-      raise ValueError(f'{source}: trial {index} {overrides} sets seed, which --seeds={seeds} '
-                       'sets for every trial.')
-  seeded = [{**overrides, 'seed': config.seed + k}
-            for k in range(seeds) for overrides in overrides_list]
+      raise ValueError(
+        f'{source}: trial {index} {overrides} sets seed, which --seeds={seeds} '
+        'sets for every trial.'
+      )
+  seeded = [
+    {**overrides, 'seed': config.seed + k} for k in range(seeds) for overrides in overrides_list
+  ]
   trials = make_trials(config, seeded, source=source, fixed=fixed)
   short_keys = _short_keys(sorted({key for overrides in seeded for key in overrides}))
-  return [dataclasses.replace(trial, group=trial_name(
-    {key: value for key, value in trial.overrides.items() if key != 'seed'}, short_keys))
-    for trial in trials]
+  return [
+    dataclasses.replace(
+      trial,
+      group=trial_name(
+        {key: value for key, value in trial.overrides.items() if key != 'seed'}, short_keys
+      ),
+    )
+    for trial in trials
+  ]
 
 
 # --- A sweep: what runs where ---------------------------------------------------------------------
@@ -394,26 +429,54 @@ class Sweep:
     for trial in self.trials:
       if trial.name == name:
         return trial
-    raise ValueError(f'No trial named {name!r} in {self.sweep_file}; its trials are '
-                     f'{[t.name for t in self.trials]}.')
+    raise ValueError(
+      f'No trial named {name!r} in {self.sweep_file}; its trials are '
+      f'{[t.name for t in self.trials]}.'
+    )
 
   def commands(self, trial: Trial) -> list[tuple[str, list[str]]]:
     """[(stage, argv)]: train.py, then eval.py when `eval_flags` is set."""
-    flags = [f'--config.{key}={flag_value(value)}'
-             for key, value in {**self.shared_overrides, **trial.overrides}.items()]
-    stages = [('train', [sys.executable, os.path.join(REPO_DIR, 'train.py'),
-                         f'--config={self.config_file}', f'--workdir={self.workdir(trial)}',
-                         *flags])]
+    flags = [
+      f'--config.{key}={flag_value(value)}'
+      for key, value in {**self.shared_overrides, **trial.overrides}.items()
+    ]
+    stages = [
+      (
+        'train',
+        [
+          sys.executable,
+          os.path.join(REPO_DIR, 'train.py'),
+          f'--config={self.config_file}',
+          f'--workdir={self.workdir(trial)}',
+          *flags,
+        ],
+      )
+    ]
     if self.eval_flags is not None:
-      stages.append(('eval', [sys.executable, os.path.join(REPO_DIR, 'eval.py'),
-                              f'--workdir={self.workdir(trial)}', *self.eval_flags]))
+      stages.append(
+        (
+          'eval',
+          [
+            sys.executable,
+            os.path.join(REPO_DIR, 'eval.py'),
+            f'--workdir={self.workdir(trial)}',
+            *self.eval_flags,
+          ],
+        )
+      )
     return stages
 
 
-def create(config_file: str, config: ml_collections.ConfigDict, sweep_file: str, root: str,
-           shared_overrides: Overrides | None = None,
-           eval_flags: Sequence[str] | None = None, seeds: int = 1,
-           compare_to: str | None = None) -> Sweep:
+def create(
+  config_file: str,
+  config: ml_collections.ConfigDict,
+  sweep_file: str,
+  root: str,
+  shared_overrides: Overrides | None = None,
+  eval_flags: Sequence[str] | None = None,
+  seeds: int = 1,
+  compare_to: str | None = None,
+) -> Sweep:
   """Loads and checks the sweep file against `config` (before anything runs).
 
   With `seeds` > 1 every trial of the file runs that many times (`with_seeds`),
@@ -431,20 +494,29 @@ def create(config_file: str, config: ml_collections.ConfigDict, sweep_file: str,
     trials = make_trials(config, overrides_list, source=sweep_file, fixed=shared_overrides)
   if compare_to is not None:
     if seeds < 2:
-      raise ValueError(f'--compare_to={compare_to} names the configuration that the summary of a '
-                       'sweep with --seeds=N (N >= 2) tests the others against; add --seeds.')
+      raise ValueError(
+        f'--compare_to={compare_to} names the configuration that the summary of a '
+        'sweep with --seeds=N (N >= 2) tests the others against; add --seeds.'
+      )
     names = list(dict.fromkeys(trial.group for trial in trials))
     if compare_to not in names:
       close = difflib.get_close_matches(compare_to, names, n=1)
-      raise ValueError(f'--compare_to={compare_to} is not a configuration of {sweep_file}: '
-                       f'{names}.' + (f' Did you mean {close[0]!r}?' if close else ''))
+      raise ValueError(
+        f'--compare_to={compare_to} is not a configuration of {sweep_file}: '
+        f'{names}.' + (f' Did you mean {close[0]!r}?' if close else '')
+      )
   return Sweep(
     config_file=os.path.abspath(os.path.expanduser(path)) + colon + argument,
-    config=config, shared_overrides=shared_overrides,
+    config=config,
+    shared_overrides=shared_overrides,
     sweep_file=os.path.abspath(os.path.expanduser(sweep_file)),
-    root=os.path.abspath(os.path.expanduser(root)), trials=tuple(trials),
-    eval_flags=None if eval_flags is None else tuple(eval_flags), cwd=os.getcwd(), seeds=seeds,
-    compare_to=compare_to)
+    root=os.path.abspath(os.path.expanduser(root)),
+    trials=tuple(trials),
+    eval_flags=None if eval_flags is None else tuple(eval_flags),
+    cwd=os.getcwd(),
+    seeds=seeds,
+    compare_to=compare_to,
+  )
 
 
 # --- Trial state: ROOT/<name>/trial.json ----------------------------------------------------------
@@ -514,8 +586,9 @@ def _error_line(log_path: str, offset: int) -> str:
     lines = [line.rstrip() for line in f if line.strip()]
   for index in range(len(lines) - 1, -1, -1):
     if re.match(r'^(\w+\.)*\w*(Error|Exception|Interrupt)\b|^FATAL', lines[index]):
-      message = [lines[index]] + list(itertools.takewhile(
-        lambda line: line.startswith(' '), lines[index + 1:]))
+      message = [lines[index]] + list(
+        itertools.takewhile(lambda line: line.startswith(' '), lines[index + 1 :])
+      )
       return ' '.join(part.strip() for part in message)[:500]
   return lines[-1][:500] if lines else ''
 
@@ -563,13 +636,18 @@ class _Runner:
       return 'running'
     holder = workdir_lock.read_holder(workdir)
     if holder is not None and workdir_lock.holder_alive(holder) is not False:
-      logging.warning('%s: its workdir is in use by another training run, %s; left alone.',
-                      trial.name, workdir_lock.describe(holder))
+      logging.warning(
+        '%s: its workdir is in use by another training run, %s; left alone.',
+        trial.name,
+        workdir_lock.describe(holder),
+      )
       return 'running'
     commands = self.sweep.commands(trial)
     # After a stage runs, the later ones run again: they read what it wrote.
-    first = next((i for i, (stage, command) in enumerate(commands)
-                  if not _is_done(state, stage, command)), None)
+    first = next(
+      (i for i, (stage, command) in enumerate(commands) if not _is_done(state, stage, command)),
+      None,
+    )
     if first is None:
       return 'skipped'
     os.makedirs(workdir, exist_ok=True)
@@ -585,24 +663,32 @@ class _Runner:
         return status
     return 'finished'
 
-  def _run_stage(self, trial: Trial, state: dict[str, Any], stage: str,
-                 command: list[str]) -> str:
+  def _run_stage(self, trial: Trial, state: dict[str, Any], stage: str, command: list[str]) -> str:
     workdir = self.sweep.workdir(trial)
     log_path = os.path.join(workdir, f'{stage}.log')
     previous = state['stages'].get(stage, {})
-    record = {'command': command, 'status': 'running', 'started': _now(),
-              'attempts': previous.get('attempts', 0) + 1, 'log': os.path.basename(log_path)}
+    record = {
+      'command': command,
+      'status': 'running',
+      'started': _now(),
+      'attempts': previous.get('attempts', 0) + 1,
+      'log': os.path.basename(log_path),
+    }
     started = time.time()
     with open(log_path, 'a') as log:
-      log.write(f'\n=== {record["started"]} attempt {record["attempts"]}: '
-                f'{shlex.join(command)}\n')
+      log.write(f'\n=== {record["started"]} attempt {record["attempts"]}: {shlex.join(command)}\n')
       log.flush()
       offset = log.tell()
       with self._lock:
         if self.stopping.is_set():
           return 'interrupted'
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, cwd=self.sweep.cwd)
+        process = subprocess.Popen(
+          command,
+          stdout=log,
+          stderr=subprocess.STDOUT,
+          stdin=subprocess.DEVNULL,
+          cwd=self.sweep.cwd,
+        )
         self._processes[trial.name] = process
       state.update(status='running', host=socket.gethostname(), pid=process.pid)
       state['stages'][stage] = record
@@ -636,8 +722,11 @@ class _Runner:
 
 def _newest_eval_result(workdir: str, since: float) -> str | None:
   """The eval/*.json that eval.py wrote (relative to the workdir), or None."""
-  paths = [p for p in glob.glob(os.path.join(workdir, 'eval', '*.json'))
-           if os.path.getmtime(p) >= since - 1]
+  paths = [
+    p
+    for p in glob.glob(os.path.join(workdir, 'eval', '*.json'))
+    if os.path.getmtime(p) >= since - 1
+  ]
   return os.path.relpath(max(paths, key=os.path.getmtime), workdir) if paths else None
 
 
@@ -653,9 +742,13 @@ def run(sweep: Sweep, parallel: int = 1, only: str | None = None) -> dict[str, s
   if parallel < 1:
     raise ValueError(f'--parallel={parallel} must be at least 1.')
   trials = [sweep.trial(only)] if only else list(sweep.trials)
-  pending = [t for t in trials
-             if not all(_is_done(read_state(sweep.workdir(t)), stage, command)
-                        for stage, command in sweep.commands(t))]
+  pending = [
+    t
+    for t in trials
+    if not all(
+      _is_done(read_state(sweep.workdir(t)), stage, command) for stage, command in sweep.commands(t)
+    )
+  ]
   if parallel > 1 and len(pending) > 1:
     prepare_data(pending)
   runner = _Runner(sweep)
@@ -671,8 +764,14 @@ def run(sweep: Sweep, parallel: int = 1, only: str | None = None) -> dict[str, s
         outcomes[trial.name] = future.result()
         stages = (read_state(sweep.workdir(trial)) or {}).get('stages', {}).values()
         error = next((r['error'] for r in stages if r['status'] == 'failed'), None)
-        logging.info('[%d/%d] %s: %s%s', len(outcomes), len(trials), trial.name,
-                     outcomes[trial.name], f' ({error})' if error else '')
+        logging.info(
+          '[%d/%d] %s: %s%s',
+          len(outcomes),
+          len(trials),
+          trial.name,
+          outcomes[trial.name],
+          f' ({error})' if error else '',
+        )
     except KeyboardInterrupt:
       runner.stop()
       pool.shutdown(wait=True, cancel_futures=True)
@@ -706,16 +805,22 @@ def dry_run(sweep: Sweep) -> list[str]:
 
 def sweep_command(sweep: Sweep, *extra: str) -> list[str]:
   """The sweep.py command line that reproduces `sweep` (plus `extra` flags)."""
-  command = [sys.executable, os.path.join(REPO_DIR, 'sweep.py'), f'--config={sweep.config_file}',
-             f'--sweep={sweep.sweep_file}', f'--workdir={sweep.root}']
+  command = [
+    sys.executable,
+    os.path.join(REPO_DIR, 'sweep.py'),
+    f'--config={sweep.config_file}',
+    f'--sweep={sweep.sweep_file}',
+    f'--workdir={sweep.root}',
+  ]
   if sweep.eval_flags is not None:
     command += ['--eval', f'--eval_flags={shlex.join(sweep.eval_flags)}']
   if sweep.seeds > 1:
     command.append(f'--seeds={sweep.seeds}')
   if sweep.compare_to is not None:
     command.append(f'--compare_to={sweep.compare_to}')
-  command += [f'--config.{key}={flag_value(value)}'
-              for key, value in sweep.shared_overrides.items()]
+  command += [
+    f'--config.{key}={flag_value(value)}' for key, value in sweep.shared_overrides.items()
+  ]
   return command + list(extra)
 
 

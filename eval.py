@@ -24,7 +24,7 @@ import sys
 from absl import app, flags, logging
 
 from transformer import config as config_lib
-from transformer import evaluation, inference, scoring, tasks
+from transformer import evaluation, inference, scoring
 from transformer.tools import attention_maps
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
@@ -88,7 +88,8 @@ def main(argv):
     raise app.UsageError('--attention_plot needs --input_text.')
   _check_flags()
   config = evaluation.load_run_config(_WORKDIR.value)
-  task = tasks.get_task(config)
+  run = evaluation.setup(config)  # Model config, task, mesh, rules: built once, passed down.
+  task = run.task
   unsupported = [f'--{name}' for name in task.unsupported_eval_flags if flags.FLAGS[name].value]
   if unsupported:
     verb = 'is' if len(unsupported) == 1 else 'are'
@@ -107,20 +108,20 @@ def main(argv):
   if errors:
     raise app.UsageError('\n'.join(errors))
   split = _SPLIT.value or config.data.test_split
-  mesh, rules = evaluation.mesh_and_rules(config)
 
   if _WATCH.value:
     task.watch(
       config,
+      run.model_config,
       _WORKDIR.value,
-      evaluation.abstract_state(config),
+      run.abstract_state,
       split=split,
       options=options,
       batch_size=_BATCH_SIZE.value,
       max_tokens=_MAX_TOKENS.value,
       poll_seconds=_POLL_SECONDS.value,
-      mesh=mesh,
-      rules=rules,
+      mesh=run.mesh,
+      rules=run.rules,
     )
     return
 
@@ -129,11 +130,11 @@ def main(argv):
     lines = evaluation.read_input_lines(_INPUT_FILE.value)  # Fails before any restore.
   if _PROMPT.value:
     lines = (lines or []) + list(_PROMPT.value)
-  params, label = evaluation.restore_params(config, _WORKDIR.value, _CHECKPOINT.value)
+  params, label = evaluation.restore_params(run, _WORKDIR.value, _CHECKPOINT.value)
 
   if _ATTENTION_PLOT.value:
     paths = attention_maps.translate_and_plot(
-      config, params, _INPUT_TEXT.value, options, _ATTENTION_PLOT.value
+      config, run.model_config, params, _INPUT_TEXT.value, options, _ATTENTION_PLOT.value
     )
     logging.info('Wrote %d attention maps to %s.', len(paths), _ATTENTION_PLOT.value)
     return
@@ -142,14 +143,15 @@ def main(argv):
     _write_output(
       task.decode_lines(
         config,
+        run.model_config,
         params,
         lines,
         options=options,
         batch_size=_BATCH_SIZE.value,
         max_tokens=_MAX_TOKENS.value,
         seed=_SEED.value,
-        mesh=mesh,
-        rules=rules,
+        mesh=run.mesh,
+        rules=run.rules,
       )
     )
     return
@@ -157,6 +159,7 @@ def main(argv):
   lengths = [int(length) for length in _LENGTHS.value or []]  # Checked by _check_flags.
   path, text = task.evaluate_checkpoint(
     config,
+    run.model_config,
     params,
     workdir=_WORKDIR.value,
     label=label,
@@ -167,8 +170,8 @@ def main(argv):
     seed=_SEED.value,
     n_bootstrap=_N_BOOTSTRAP.value,
     lengths=lengths,
-    mesh=mesh,
-    rules=rules,
+    mesh=run.mesh,
+    rules=run.rules,
   )
   print(text)
   logging.info('Wrote %s', path)

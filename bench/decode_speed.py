@@ -95,7 +95,7 @@ def load_params(config: ml_collections.ConfigDict):
   model, _ = training.create_models(ModelConfig.from_config(config))
   if _WORKDIR.value:
     return checkpoints.load_params(
-      _WORKDIR.value, evaluation.abstract_state(config), _CHECKPOINT.value
+      _WORKDIR.value, evaluation.setup(config).abstract_state, _CHECKPOINT.value
     )
   tokens = jnp.ones((1, config.data.max_len), jnp.int32)
   init = jax.jit(lambda key: model.init(key, tokens, tokens)['params'])

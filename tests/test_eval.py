@@ -83,7 +83,7 @@ def test_beam_eval_writes_translations_and_bleu_equal_to_sacrebleu_by_hand(run):
 
 def test_checkpoint_averaging_averages_parameters(run):
   workdir, config = run
-  target = evaluation.abstract_state(config)
+  target = evaluation.setup(config).abstract_state
   averaged, label = checkpoints.load_params(workdir, target, 'avg:2')
   assert label == 'avg2_30-60'
   p30, _ = checkpoints.load_params(workdir, target, '30')
@@ -108,14 +108,19 @@ def test_greedy_results_do_not_overwrite_beam_results(run):
 
 def test_translate_lines_keeps_empty_lines_and_alignment(run):
   workdir, config = run
-  params, _ = evaluation.restore_params(config, workdir, 'latest')
+  run = evaluation.setup(config)
+  params, _ = evaluation.restore_params(run, workdir, 'latest')
   lines = ['A man is riding a bike.', '', '   ', 'Two dogs play in the snow.']
   options = inference.DecodeOptions(decoder='greedy')
-  outputs = translation.translate_lines(config, params, lines, options=options, batch_size=2)
+  outputs = translation.translate_lines(
+    config, run.model_config, params, lines, options=options, batch_size=2
+  )
   assert len(outputs) == 4
   assert outputs[1] == '' and outputs[2] == ''
   assert outputs[0] and outputs[3]
-  alone = translation.translate_lines(config, params, lines[3:], options=options, batch_size=2)
+  alone = translation.translate_lines(
+    config, run.model_config, params, lines[3:], options=options, batch_size=2
+  )
   assert alone == outputs[3:]
 
 

@@ -327,13 +327,16 @@ def test_lm_tiny_trains_and_eval_scores_and_generates(lm_run):
   assert len(train_losses) == 4 and train_losses[-1] < train_losses[0] - 0.5, train_losses
   assert 'eval_bleu' not in final
 
-  params, _ = evaluation.restore_params(config, str(workdir), 'latest')
-  scores = language_model.score_split(config, params, 'validation')
+  run = evaluation.setup(config)
+  params, _ = evaluation.restore_params(run, str(workdir), 'latest')
+  scores = language_model.score_split(config, run.model_config, params, 'validation')
   assert scores['perplexity'] == pytest.approx(final['eval_perplexity'], rel=1e-4)
   assert scores['num_tokens'] > 2_000  # Every token of 200 lines of 3 to 14 words.
   learned = config.copy_and_resolve_references()
   learned.model.position = 'learned'
-  skipped = language_model.length_extrapolation(learned, params, 'validation', [256])
+  skipped = language_model.length_extrapolation(
+    learned, ModelConfig.from_config(learned), params, 'validation', [256]
+  )
   assert 'config.model.max_len' in skipped['256']['skipped']
 
   result = subprocess.run(

@@ -327,7 +327,7 @@ def _flip_middle_byte(path):
 def test_every_damaged_array_file_is_detected_or_harmless(reference, tmp_path):
   """A flipped byte in any data file of a checkpoint is reported, or the arrays come out intact."""
   config = tiny.get_config()
-  abstract = evaluation.abstract_state(config)
+  abstract = evaluation.setup(config).abstract_state
   original = jax.tree.leaves(_state(reference, 6))
   data_files = sorted((reference / 'checkpoints' / '6' / 'state').rglob('d/*'))
   assert len(data_files) > 3
@@ -700,10 +700,12 @@ def test_watch_says_what_it_waits_for_and_stops_when_the_run_is_gone(
   options = inference.DecodeOptions(decoder='greedy')
 
   def watch(config, workdir, **kwargs):
+    run = evaluation.setup(config)
     return translation.watch(
       config,
+      run.model_config,
       workdir,
-      evaluation.abstract_state(config),
+      run.abstract_state,
       split='validation',
       options=options,
       batch_size=16,
@@ -735,11 +737,17 @@ def test_watch_says_what_it_waits_for_and_stops_when_the_run_is_gone(
 def test_over_long_input_lines_are_reported_by_number(small_run, caplog):
   workdir = small_run[0]
   config = evaluation.load_run_config(str(workdir))
-  params, _ = evaluation.restore_params(config, str(workdir), 'latest')
+  run = evaluation.setup(config)
+  params, _ = evaluation.restore_params(run, str(workdir), 'latest')
   lines = ['Bada kelo.', 'bada ' * 200, '', 'Sopi ' * 30 + 'ra ' * 40]
   caplog.set_level('WARNING')
   outputs = translation.translate_lines(
-    config, params, lines, batch_size=4, options=inference.DecodeOptions(decoder='greedy')
+    config,
+    run.model_config,
+    params,
+    lines,
+    batch_size=4,
+    options=inference.DecodeOptions(decoder='greedy'),
   )
   assert len(outputs) == 4 and outputs[2] == ''
   assert (

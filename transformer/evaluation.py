@@ -1,18 +1,23 @@
-"""A trained run, loaded for evaluation: its config, mesh, restored parameters; input lines.
+"""A trained run, loaded for evaluation: its config, what it becomes, restored parameters.
 
-What is evaluated, and how, is the task's (`transformer.tasks`): BLEU of
-translations, perplexity of a language model.
+`setup(config)` turns the run's config into model config, task, mesh, rules and
+restore target once; eval.py passes them down. What is evaluated, and how, is
+the task's (`transformer.tasks`): BLEU of translations, perplexity of a
+language model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
+from typing import Any
 
 import jax
 import ml_collections
 from absl import logging
+from jax.sharding import Mesh
 
 from transformer import checkpoints, optim, sharding, tasks, training
 from transformer import config as config_lib
@@ -46,23 +51,33 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   return config
 
 
-def mesh_and_rules(config: ml_collections.ConfigDict):
-  """The config's mesh over every device, and its logical axis rules."""
-  return sharding.create_mesh(config.mesh), sharding.axis_rules(config.mesh)
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """What a run's config becomes for evaluation, built once (`setup`) and passed down."""
+
+  config: ml_collections.ConfigDict
+  model_config: ModelConfig
+  task: tasks.Task
+  mesh: Mesh  # The config's mesh over every device.
+  rules: sharding.Rules  # Its logical axis rules.
+  abstract_state: Any  # Shapes and shardings of the train state (the restore target).
 
 
-def abstract_state(config: ml_collections.ConfigDict):
-  """Shapes and shardings of the train state (restore targets), nothing allocated."""
-  model, _ = training.create_models(ModelConfig.from_config(config))
-  abstract, _ = training.abstract_state_and_shardings(
-    model, optim.create_optimizer(config), tasks.get_task(config), *mesh_and_rules(config)
+def setup(config: ml_collections.ConfigDict) -> Setup:
+  """The model config, task, mesh, rules and restore target of `config` (nothing allocated)."""
+  model_config = ModelConfig.from_config(config)
+  task = tasks.get_task(config)
+  mesh, rules = sharding.create_mesh(config.mesh), sharding.axis_rules(config.mesh)
+  model, _ = training.create_models(model_config)
+  abstract_state, _ = training.abstract_state_and_shardings(
+    model, optim.create_optimizer(config), task, mesh, rules
   )
-  return abstract
+  return Setup(config, model_config, task, mesh, rules, abstract_state)
 
 
-def restore_params(config: ml_collections.ConfigDict, workdir: str, checkpoint: str):
+def restore_params(run: Setup, workdir: str, checkpoint: str):
   """(params, label) of `checkpoint` ('latest', a step, or 'avg:N') in `workdir`."""
-  return checkpoints.load_params(workdir, abstract_state(config), checkpoint)
+  return checkpoints.load_params(workdir, run.abstract_state, checkpoint)
 
 
 def read_input_lines(path: str) -> list[str]:

@@ -27,11 +27,12 @@ and, for eval.py:
   unsupported_eval_flags  eval.py's flags that do not apply (an error if set).
   decode_option_errors(config, options)
                           decoding options this model cannot decode with.
-  decode_lines(config, params, lines, *, options, batch_size, seed,
-               max_tokens, mesh, rules)
+  decode_lines(config, model_config, params, lines, *, options, batch_size,
+               seed, max_tokens, mesh, rules)
                           one output per input line (translations, or
                           prompts continued).
-  evaluate_checkpoint(config, params, *, workdir, label, split, options, ...)
+  evaluate_checkpoint(config, model_config, params, *, workdir, label, split,
+                      options, ...)
                           scores a split (BLEU, or perplexity), writes
                           WORKDIR/eval/ and returns what eval.py prints.
   watch(...)              translation only (`--watch` is unsupported for a

@@ -401,6 +401,7 @@ def _score_sums(params, batch, *, model: Transformer, band_width: int, num_bands
 
 def score_split(
   config: ml_collections.ConfigDict,
+  model_config: ModelConfig,
   params,
   split: str,
   *,
@@ -420,7 +421,7 @@ def score_split(
   length = length or config.data.max_eval_len
   band_width = config.data.max_len
   num_bands = -(-length // band_width)
-  model = Transformer(ModelConfig.from_config(config).replace(deterministic=True))
+  model = Transformer(model_config.replace(deterministic=True))
   if mesh is None:
     mesh, rules = sharding.create_mesh(config.mesh), sharding.axis_rules(config.mesh)
   step = jax.jit(
@@ -467,6 +468,7 @@ def _perplexity(nll_sum: float, num_tokens: float) -> float | None:
 
 def length_extrapolation(
   config: ml_collections.ConfigDict,
+  model_config: ModelConfig,
   params,
   split: str,
   lengths: Sequence[int],
@@ -480,7 +482,6 @@ def length_extrapolation(
   positions: longer lengths are not scored, and say so (`skipped`).
   """
   tokenizer = tokenizer_lib.get_tokenizer(config)
-  model_config = ModelConfig.from_config(config)
   results: dict[str, Any] = {
     'position': model_config.position,
     'train_length': config.data.max_len,
@@ -494,13 +495,21 @@ def length_extrapolation(
       }
       continue
     results[str(length)] = score_split(
-      config, params, split, length=length, tokenizer=tokenizer, mesh=mesh, rules=rules
+      config,
+      model_config,
+      params,
+      split,
+      length=length,
+      tokenizer=tokenizer,
+      mesh=mesh,
+      rules=rules,
     )
   return results
 
 
 def continue_prompts(
   config: ml_collections.ConfigDict,
+  model_config: ModelConfig,
   params,
   prompts: Sequence[str],
   *,
@@ -516,7 +525,7 @@ def continue_prompts(
   scratch. Greedy decoding or sampling (temperature, top-k, top-p), seeded.
   """
   tokenizer = tokenizer_lib.get_tokenizer(config)
-  generate_fn = make_generate_fn(ModelConfig.from_config(config), options, mesh, rules)
+  generate_fn = make_generate_fn(model_config, options, mesh, rules)
   batches = prompt_batches(prompts, tokenizer, batch_size, config.model.max_len)
   texts, _ = inference.decode_batches(
     generate_fn, params, batches, tokenizer, jax.random.key(seed), input_key='prompt_tokens'
@@ -588,6 +597,7 @@ class LanguageModel:
   @staticmethod
   def decode_lines(
     config: ml_collections.ConfigDict,
+    model_config: ModelConfig,
     params,
     lines: Sequence[str],
     *,
@@ -602,6 +612,7 @@ class LanguageModel:
     del max_tokens  # Prompts are decoded in input order.
     return continue_prompts(
       config,
+      model_config,
       params,
       lines,
       options=options,
@@ -614,6 +625,7 @@ class LanguageModel:
   @staticmethod
   def evaluate_checkpoint(
     config: ml_collections.ConfigDict,
+    model_config: ModelConfig,
     params,
     *,
     workdir: str,
@@ -635,10 +647,12 @@ class LanguageModel:
     """
     del options, batch_size, max_tokens, seed, n_bootstrap  # Translation only.
     if lengths:
-      results = length_extrapolation(config, params, split, lengths, mesh=mesh, rules=rules)
+      results = length_extrapolation(
+        config, model_config, params, split, lengths, mesh=mesh, rules=rules
+      )
       tag = 'extrapolation'
     else:
-      results = score_split(config, params, split, mesh=mesh, rules=rules)
+      results = score_split(config, model_config, params, split, mesh=mesh, rules=rules)
       tag = 'perplexity'
     results['checkpoint'] = label
     return write_results(workdir, label, split, tag, results), json.dumps(results)

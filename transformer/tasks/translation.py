@@ -514,6 +514,7 @@ def validation_bleu(
 
 def evaluate_split(
   config: ml_collections.ConfigDict,
+  model_config: ModelConfig,
   params,
   *,
   split: str,
@@ -538,7 +539,7 @@ def evaluate_split(
   the rows of each batch are split over its batch axes (`inference.jit_rows`).
   """
   tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
-  translate_fn = make_translate_fn(ModelConfig.from_config(config), options, mesh, rules)
+  translate_fn = make_translate_fn(model_config, options, mesh, rules)
   batches = inference.length_sorted_batches(
     translation_batches(config, tokenizer, split, batch_size),
     max_tokens=max_tokens,
@@ -563,6 +564,7 @@ def evaluate_split(
 
 def translate_lines(
   config: ml_collections.ConfigDict,
+  model_config: ModelConfig,
   params,
   lines: Sequence[str],
   *,
@@ -596,7 +598,7 @@ def translate_lines(
       max_len,
       shown,
     )
-  translate_fn = make_translate_fn(ModelConfig.from_config(config), options, mesh, rules)
+  translate_fn = make_translate_fn(model_config, options, mesh, rules)
   batches = inference.length_sorted_batches(
     text_batches(lines, tokenizer, batch_size, max_len),
     max_tokens=max_tokens,
@@ -654,6 +656,7 @@ def write_split_results(
 
 def watch(
   config: ml_collections.ConfigDict,
+  model_config: ModelConfig,
   workdir: str,
   abstract_state,
   *,
@@ -673,7 +676,7 @@ def watch(
   workdir's lock; it reads it (`workdir_lock`) to know whether the run is still
   training, logs what it waits for, and stops with a warning once the run is no
   longer running and every checkpoint it left has been evaluated (no new one
-  can come). `abstract_state` is the restore target (`evaluation.abstract_state`).
+  can come). `abstract_state` is the restore target (`evaluation.Setup`).
   Returns the steps evaluated.
   """
   target = abstract_state
@@ -691,6 +694,7 @@ def watch(
         params, label = checkpoints.load_params(workdir, target, str(step))
         lines, results = evaluate_split(
           config,
+          model_config,
           params,
           split=split,
           options=options,
@@ -809,6 +813,7 @@ class Translation:
   @staticmethod
   def evaluate_checkpoint(
     config: ml_collections.ConfigDict,
+    model_config: ModelConfig,
     params,
     *,
     workdir: str,
@@ -831,6 +836,7 @@ class Translation:
     del lengths  # Language models only.
     lines, results = evaluate_split(
       config,
+      model_config,
       params,
       split=split,
       options=options,

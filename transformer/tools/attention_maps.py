@@ -254,6 +254,7 @@ def plot_attention(
 
 def translate_and_plot(
   config: ml_collections.ConfigDict,
+  model_config: ModelConfig,
   params,
   text: str,
   options: inference.DecodeOptions,
@@ -265,7 +266,6 @@ def translate_and_plot(
   head, subword pieces on the axes. Returns the written paths.
   """
   tokenizer = tokenizer_lib.get_tokenizer(config)
-  model_config = ModelConfig.from_config(config)
   src_tokens = np.asarray(tokenizer.encode(text) + [tokenizer_lib.EOS_ID], np.int32)[None]
   translate_fn = translation.make_translate_fn(model_config, options)
   output = np.asarray(translate_fn(params, src_tokens, jax.random.key(0)))[0]

@@ -291,10 +291,14 @@ def multi30k_data_dir(
   tmp_path_factory: pytest.TempPathFactory, multi30k_dir: pathlib.Path
 ) -> pathlib.Path:
   """A session data_dir where the real Multi30k is prepared once (about 5 s)."""
+  return _prepared_multi30k(tmp_path_factory.mktemp('multi30k_tfds'), multi30k_dir)
+
+
+def _prepared_multi30k(data_dir: pathlib.Path, manual_dir: pathlib.Path) -> pathlib.Path:
+  """`data_dir` with the multi30k builder prepared from the raw files in `manual_dir`."""
   from transformer import datasets  # pylint: disable=g-import-not-at-top
 
-  data_dir = tmp_path_factory.mktemp('multi30k_tfds')
-  datasets.prepare(make_config(data_dir, multi30k_dir, 'multi30k').data)
+  datasets.prepare(make_config(data_dir, manual_dir, 'multi30k').data)
   return data_dir
 
 
@@ -325,8 +329,6 @@ def synthetic_multi30k_data_dir(
   tmp_path_factory: pytest.TempPathFactory, synthetic_multi30k_dir: pathlib.Path
 ) -> pathlib.Path:
   """A session data_dir where `synthetic_multi30k_dir` is prepared once (multi30k builder)."""
-  from transformer import datasets  # pylint: disable=g-import-not-at-top
-
-  data_dir = tmp_path_factory.mktemp('synthetic_multi30k_tfds')
-  datasets.prepare(make_config(data_dir, synthetic_multi30k_dir, 'multi30k').data)
-  return data_dir
+  return _prepared_multi30k(
+    tmp_path_factory.mktemp('synthetic_multi30k_tfds'), synthetic_multi30k_dir
+  )

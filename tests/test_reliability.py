@@ -54,6 +54,12 @@ OVERRIDES = {
 }
 _TIMING = ('steps_per_sec', 'tokens_per_sec')
 
+# A failed TensorStore read of a damaged checkpoint can finish after Orbax closed its event loop;
+# Python reports that from a finalizer (an unraisable exception), harmlessly.
+_IGNORE_FAILED_READ_FINALIZERS = pytest.mark.filterwarnings(
+  'ignore::pytest.PytestUnraisableExceptionWarning'
+)
+
 
 @pytest.fixture(scope='module')
 def train(synthetic_multi30k_dir, synthetic_multi30k_data_dir, tmp_path_factory):
@@ -321,9 +327,7 @@ def _flip_middle_byte(path):
     f.write(bytes([byte[0] ^ 0x10]))
 
 
-# A failed TensorStore read can finish after Orbax closed its event loop; Python reports that
-# from a finalizer ("Event loop is closed"), harmlessly.
-@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+@_IGNORE_FAILED_READ_FINALIZERS
 def test_every_damaged_array_file_is_detected_or_harmless(reference, tmp_path):
   """A flipped byte in any data file of a checkpoint is reported, or the arrays come out intact."""
   config = tiny.get_config()
@@ -358,6 +362,7 @@ def _truncate_largest_file(directory):
   os.truncate(largest, largest.stat().st_size // 2)
 
 
+@_IGNORE_FAILED_READ_FINALIZERS
 def test_unreadable_checkpoint_stops_unless_fallback(
   train, reference, synthetic_multi30k_dir, synthetic_multi30k_data_dir, tmp_path
 ):

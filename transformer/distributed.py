@@ -58,6 +58,21 @@ def is_multi_process(
   return _cluster_processes(environ) > 1
 
 
+def ordered(outputs):
+  """Waits for `outputs` where computations must not overlap: several processes on CPUs.
+
+  XLA:CPU runs computations that do not depend on each other (e.g. the evaluation
+  steps of successive batches) at the same time, on a thread pool, so each process
+  can reach their cross-process collectives in another order, and both then wait
+  forever (seen: two processes hung in `training.evaluate`). Accelerators run a
+  process's computations in launch order, which is the same on every process.
+  Returns `outputs`.
+  """
+  if jax.process_count() > 1 and jax.default_backend() == 'cpu':
+    jax.block_until_ready(outputs)
+  return outputs
+
+
 def initialize() -> None:
   """Starts `jax.distributed` when the run has several processes; a no-op otherwise.
 

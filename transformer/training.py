@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 
 from transformer import (
   checkpoints,
+  distributed,
   divergence,
   losses,
   metrics,
@@ -215,7 +216,7 @@ def evaluate(eval_fn, params, batches: Iterable[dict[str, np.ndarray]], mesh: Me
   """Summed metrics over a whole split (every example counted once, on every process)."""
   total = None
   for batch in batches:
-    sums = eval_fn(params, sharding.global_batch(batch, mesh, rules))
+    sums = distributed.ordered(eval_fn(params, sharding.global_batch(batch, mesh, rules)))
     total = sums if total is None else jax.tree.map(jnp.add, total, sums)
   if total is None:
     raise ValueError('The evaluation split is empty.')

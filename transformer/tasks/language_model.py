@@ -53,6 +53,7 @@ from jax.sharding import Mesh
 from transformer import (
   datasets,
   decoding,
+  distributed,
   inference,
   input_pipeline,
   losses,
@@ -440,7 +441,7 @@ def score_split(
   total = None
   for batch in batches:
     with sharding.activated(mesh, rules):
-      sums = step(params, sharding.global_batch(batch, mesh, rules))
+      sums = distributed.ordered(step(params, sharding.global_batch(batch, mesh, rules)))
     total = sums if total is None else jax.tree.map(jnp.add, total, sums)
   if total is None:
     raise ValueError(f'Split {split!r} is empty.')

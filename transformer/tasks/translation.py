@@ -514,18 +514,15 @@ def validation_bleu(
 
 def evaluate_split(
   config: ml_collections.ConfigDict,
-  model_config: ModelConfig,
   params,
+  translate_fn,
   *,
   split: str,
-  options: inference.DecodeOptions,
   batch_size: int,
   seed: int = 0,
   tokenizer: tokenizer_lib.Tokenizer | None = None,
   max_tokens: int = inference.MAX_DECODE_TOKENS,
   n_bootstrap: int = scoring.DEFAULT_BOOTSTRAP,
-  mesh: Mesh | None = None,
-  rules: sharding.Rules = (),
 ) -> tuple[list[str], dict]:
   """Translates every line of `split` in input order and scores it against the references.
 
@@ -535,11 +532,11 @@ def evaluate_split(
   empty there stay empty) and the scores, each BLEU and chrF with its bootstrap
   95% interval from `n_bootstrap` resamples (1: none); `unscored_lines` lists the
   (1-based) lines left out of the scores (empty source lines), and
-  `references_sha256` identifies the references scored against. With a `mesh`,
-  the rows of each batch are split over its batch axes (`inference.jit_rows`).
+  `references_sha256` identifies the references scored against. `translate_fn`
+  comes from `make_translate_fn` (built once by the caller, so that evaluating
+  several checkpoints compiles once).
   """
   tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
-  translate_fn = make_translate_fn(model_config, options, mesh, rules)
   batches = inference.length_sorted_batches(
     translation_batches(config, tokenizer, split, batch_size),
     max_tokens=max_tokens,
@@ -681,6 +678,8 @@ def watch(
   """
   target = abstract_state
   tokenizer = tokenizer_lib.get_tokenizer(config)
+  translate_fn = make_translate_fn(model_config, options, mesh, rules)  # One compile per shape.
+  references_written = False
   writer = metrics.MetricsWriter(os.path.join(workdir, 'eval'))
   evaluated: list[int] = []
   started = time.monotonic()
@@ -694,18 +693,17 @@ def watch(
         params, label = checkpoints.load_params(workdir, target, str(step))
         lines, results = evaluate_split(
           config,
-          model_config,
           params,
+          translate_fn,
           split=split,
-          options=options,
           batch_size=batch_size,
           tokenizer=tokenizer,
           max_tokens=max_tokens,
-          mesh=mesh,
-          rules=rules,
         )
         write_split_results(workdir, label, split, lines, results, options.tag())
-        write_references(config, workdir, split)
+        if not references_written:  # The same file for every checkpoint.
+          write_references(config, workdir, split)
+          references_written = True
         writer.write(step, {f'{split}_bleu': results['bleu'], f'{split}_chrf': results['chrf']})
         writer.flush()
         logging.info('step %d: %s BLEU %s', step, split, scoring.format_score(results, 'bleu'))
@@ -836,16 +834,13 @@ class Translation:
     del lengths  # Language models only.
     lines, results = evaluate_split(
       config,
-      model_config,
       params,
+      make_translate_fn(model_config, options, mesh, rules),
       split=split,
-      options=options,
       batch_size=batch_size,
       max_tokens=max_tokens,
       seed=seed,
       n_bootstrap=n_bootstrap,
-      mesh=mesh,
-      rules=rules,
     )
     results.update(
       checkpoint=label,

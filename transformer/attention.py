@@ -118,12 +118,7 @@ class _Projection(nn.Module):
       in_shape + self.features,
       jnp.float32,
     )
-    contract = tuple(range(x.ndim - self.in_dims, x.ndim))
-    y = jax.lax.dot_general(
-      x.astype(cfg.dtype),
-      kernel.astype(cfg.dtype),
-      ((contract, tuple(range(self.in_dims))), ((), ())),
-    )
+    y = layers.matmul(x.astype(cfg.dtype), kernel.astype(cfg.dtype), self.in_dims)
     if cfg.use_bias:
       bias_names = self.names[self.in_dims :]
       bias = self.param(

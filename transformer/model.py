@@ -211,7 +211,7 @@ class Decoder(nn.Module):
         kernel_init=nn.with_logical_partitioning(
           nn.initializers.xavier_uniform(), ('embed', 'vocab')
         ),
-      )(y_BLD)
+      )(y_BLD.reshape(-1, cfg.d_model)).reshape(*y_BLD.shape[:-1], cfg.vocab_size)
     logits_BLV = nn.with_logical_constraint(logits_BLV, ('batch', 'length', 'vocab'))
     return logits_BLV.astype(jnp.float32)
 

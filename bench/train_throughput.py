@@ -22,9 +22,20 @@ Reports, from one run on one machine (figures are only comparable side by side):
     the measured matmul peak of the same devices in the config's dtype.
 Compile time is measured separately and excluded from the rates. `--profile_dir`
 writes a profiler trace of the timed steps (`tensorboard --logdir DIR`, Profile tab).
+`--breakdown` also reads that trace back: the time of the step's compiled ops (XLA
+thunks) by what they compute (matrix products, dropout, normalisation, attention's
+softmax and transposes, ...; each op attributed through its HLO `op_name`), and the
+share of the measured peak the step would reach if everything but its matrix
+products took no time.
 """
 
+import collections
+import glob
+import gzip
+import json
+import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +70,9 @@ _BATCH_ROWS = flags.DEFINE_integer(
 )
 _BATCH_LEN = flags.DEFINE_integer('batch_len', 0, 'Real tokens per row of that batch.')
 _PROFILE_DIR = flags.DEFINE_string('profile_dir', None, 'Write a trace of the timed steps here.')
+_BREAKDOWN = flags.DEFINE_bool(
+  'breakdown', False, "Trace the timed steps and print their ops' time by category."
+)
 
 # Published dense bfloat16 matmul peaks, FLOP/s per device, by `device_kind` prefix.
 PEAK_BF16_FLOPS = {
@@ -84,6 +98,68 @@ def published_peak_flops(device) -> float | None:
     if device.device_kind.startswith(kind):
       return peak
   return None
+
+
+# What a non-matmul op computes, from its HLO op_name (first match wins).
+_CATEGORIES = (
+  ('dropout', ('Dropout', 'bernoulli', 'dropout')),
+  ('normalisation', ('norm',)),
+  ('attention: softmax, masks, transposes', ('attention',)),
+  ('feed-forward: activation, bias', ('ffn',)),
+  ('optimizer update', ('scale_by', 'adam', 'optax', 'apply_updates')),
+  ('embeddings, positions, residual sums', ('Transformer',)),
+)
+
+
+def _hlo_ops(hlo_text: str) -> dict[str, tuple[bool, str]]:
+  """{instruction name: (is a matrix product, op_name)} of a compiled HLO module.
+
+  An instruction is a matrix product when it is a `dot` or a fusion (or call) whose
+  computation holds one: XLA:CPU's library matmuls run as such fusions.
+  """
+  computations: dict[str, str] = {}
+  for match in re.finditer(r'^%?([\w.\-]+) [^\n]*\{\n(.*?)^\}', hlo_text, re.M | re.S):
+    computations[match.group(1)] = match.group(2)
+  ops = {}
+  line_re = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = [^ ]+ (\w[\w-]*)\(')
+  for line in hlo_text.splitlines():
+    match = line_re.match(line)
+    if not match:
+      continue
+    name, opcode = match.groups()
+    called = re.search(r'calls=%([\w.\-]+)', line)
+    is_dot = opcode == 'dot' or bool(
+      called and re.search(r' dot\(', computations.get(called.group(1), ''))
+    )
+    op_name = re.search(r'op_name="([^"]*)"', line)
+    ops.setdefault(name, (is_dot, op_name.group(1) if op_name else ''))
+  return ops
+
+
+def breakdown(trace_dir: str, hlo_text: str, steps: int) -> dict[str, float]:
+  """Seconds per step of the traced ops, by category ('matmul: ...' for products)."""
+  traces = sorted(glob.glob(f'{trace_dir}/plugins/profile/*/perfetto_trace.json.gz'))
+  with gzip.open(traces[-1]) as f:
+    events = json.load(f)['traceEvents']
+  ops = _hlo_ops(hlo_text)
+  seconds: collections.Counter[str] = collections.Counter()
+  for event in events:
+    name = event.get('args', {}).get('hlo_op')
+    if event.get('ph') != 'X' or name is None:
+      continue
+    is_dot, op_name = ops.get(name, (False, ''))
+    if is_dot:
+      kind = 'attention' if re.search(r'attention/[^/]*,', op_name) else 'projections, FFN, logits'
+      category = f'matmul: {kind}'
+    elif not op_name:
+      category = 'ops without an op_name (layout copies XLA added, ...)'
+    else:
+      category = next(
+        (label for label, keys in _CATEGORIES if any(k in op_name for k in keys)),
+        'loss, gradients, metrics, other',
+      )
+    seconds[category] += event['dur'] * 1e-6 / steps
+  return dict(seconds)
 
 
 def fixed_length_batches(rows: int, length: int, vocab_size: int, count: int = 4):
@@ -168,8 +244,11 @@ def main(argv):
     jax.block_until_ready(sums)
     compile_seconds = time.perf_counter() - start
 
-    if _PROFILE_DIR.value:
-      jax.profiler.start_trace(_PROFILE_DIR.value)
+    trace_dir = _PROFILE_DIR.value
+    if _BREAKDOWN.value and not trace_dir:
+      trace_dir = tempfile.mkdtemp(prefix='train_throughput_trace_')
+    if trace_dir:
+      jax.profiler.start_trace(trace_dir, create_perfetto_trace=_BREAKDOWN.value)
     tokens = 0.0
     step_seconds = []
     for i in range(_STEPS.value):
@@ -178,8 +257,10 @@ def main(argv):
       state, sums = step_fn(state, batch)
       tokens += float(sums['num_tokens'])  # Waits for the step.
       step_seconds.append(time.perf_counter() - start)
-    if _PROFILE_DIR.value:
+    if trace_dir:
       jax.profiler.stop_trace()
+    if _BREAKDOWN.value:
+      hlo_text = step_fn.lower(state, batch).compile().as_text()
   elapsed = sum(step_seconds)
 
   device = jax.devices()[0]
@@ -217,8 +298,21 @@ def main(argv):
     print(
       f'MFU: {model_flops / total:.1%} of the published bfloat16 peak ({total / 1e12:,.0f} TFLOP/s)'
     )
-  if _PROFILE_DIR.value:
-    print(f'trace: {_PROFILE_DIR.value} (tensorboard --logdir {_PROFILE_DIR.value})')
+  if _BREAKDOWN.value:
+    seconds = breakdown(trace_dir, hlo_text, _STEPS.value)
+    total = sum(seconds.values())
+    print(f'ops of one step ({total:.3f} s summed over the ops; they may overlap):')
+    for category, value in sorted(seconds.items(), key=lambda item: -item[1]):
+      print(f'  {value / total:6.1%} {value * 1e3:8.1f} ms  {category}')
+    matmul = sum(v for k, v in seconds.items() if k.startswith('matmul'))
+    flops_per_step = model_flops * elapsed / _STEPS.value
+    print(
+      f'matrix products alone: {flops_per_step / matmul / 1e9:,.1f} GFLOP/s = '
+      f'{flops_per_step / matmul / measured_peak:.1%} of the measured peak (the step, '
+      'if nothing else took time)'
+    )
+  if trace_dir:
+    print(f'trace: {trace_dir} (tensorboard --logdir {trace_dir})')
 
 
 if __name__ == '__main__':

@@ -1,6 +1,7 @@
 """Confidence intervals and paired tests: compare.py against sacreBLEU's own command line."""
 
 import json
+import math
 import os
 import random
 import re
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scipy.stats
 from conftest import synthetic_pairs, write_lines
 
 from transformer import scoring
@@ -217,3 +219,22 @@ def test_scores_carry_seeded_intervals():
   assert scoring.format_score(plain, 'bleu') == f'{plain["bleu"]:.2f}'
   split = scoring.tokenized_compound_split_scores(hypotheses, references, 'de', n_bootstrap=200)
   assert split['bleu_tokenized_compound_split_ci'] > 0
+
+
+def test_seed_test_is_welchs_t_test():
+  # R: t.test(c(4, 5, 6), c(1, 2, 3)) gives t = 3.6742, df = 4, p-value = 0.02131.
+  test = significance.seed_test([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+  assert test['difference'] == 3.0
+  assert test['p_value'] == pytest.approx(0.02131, abs=5e-6) and test['significant']
+  # Unequal variances: the Welch-Satterthwaite degrees of freedom, by hand.
+  reference, other = [8.69, 8.70, 8.75], [8.68, 12.22, 8.61]
+  v_ref, v_other = (sum((x - sum(v) / 3) ** 2 for x in v) / 2 / 3 for v in (reference, other))
+  t = (sum(other) - sum(reference)) / 3 / math.sqrt(v_ref + v_other)
+  df = (v_ref + v_other) ** 2 / (v_ref**2 / 2 + v_other**2 / 2)
+  test = significance.seed_test(reference, other)
+  assert test['p_value'] == pytest.approx(2 * scipy.stats.t.sf(abs(t), df), rel=1e-9)
+  assert 0.4 < test['p_value'] < 0.5 and not test['significant']  # One lucky seed.
+  # Nothing to test: one seed a side, or no spread at all.
+  assert significance.seed_test([1.0], [2.0, 3.0])['p_value'] is None
+  assert significance.seed_test([1.0, 1.0], [2.0, 2.0])['p_value'] is None
+  assert not significance.seed_test([1.0, 1.0], [2.0, 2.0])['significant']

@@ -353,6 +353,23 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
   assert f'{far["scores"]["BLEU"]["p_value"]:.4f} (significant) |' in markdown
   for sentence in significance.verdicts(expected):
     assert f'* {sentence}' in markdown
+  # Across seeds: Welch's t-test of each configuration's per-seed eval.py BLEU against the best's.
+  reference, tests = sweep_summary.seed_tests(groups)
+  assert reference.name == 'lr_scale=2.0'
+  assert [g.name for g, _ in tests] == ['lr_scale=1.0', 'lr_scale=4.0']
+  assert '## Across seeds, against the best configuration' in markdown
+  for result, test in tests:
+    bleus = result.values('decode_bleu')
+    assert len(bleus) == 3
+    assert test == significance.seed_test(reference.values('decode_bleu'), bleus)
+  [(_, close_seeds), (_, far_seeds)] = tests
+  assert far_seeds['significant'] and not close_seeds['significant']
+  assert (
+    f'| `lr_scale=4.0` | {", ".join(f"{v:.2f}" for v in tests[1][0].values("decode_bleu"))} |'
+    in markdown
+  )
+  assert markdown.split('`lr_scale=4.0` | ')[-1].split('\n')[0].endswith('| yes |')
+  assert markdown.split('`lr_scale=1.0` | ')[-1].split('\n')[0].endswith('| no |')
   assert '**4.1500 ± 0.0500 [4.1000, 4.2000]**' in markdown  # The best's validation loss.
   trials_table = markdown.split('## Trials')[1]
   assert trials_table.count('| finished |') == 6 and trials_table.count('**finished**') == 3
@@ -369,6 +386,19 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
     )
     segment = bar.lines[2][0].get_segments()[0]
     assert segment[1, 1] - segment[0, 1] == pytest.approx(2 * result.stats('eval_loss')['std'])
+  assert not fig.axes[0].patches  # The reference is plotted among the panel's own points.
+  # A panel that does not plot the reference shows it as a band: mean line, ± std span.
+  fig = sweep_summary.plot_groups(
+    groups, ['lr_scale', 'warmup'], 'eval_loss', str(tmp_path / 'p.png'), 'lr_scale=4.0'
+  )
+  reference = groups[2].stats('eval_loss')
+  [line] = [ln for ln in fig.axes[1].lines if ln.get_label() == 'lr_scale=4.0 (mean ± std)']
+  assert line.get_ydata()[0] == pytest.approx(reference['mean'])
+  [band] = fig.axes[1].patches
+  y_extent = band.get_path().transformed(band.get_patch_transform()).get_extents()
+  assert (y_extent.y0, y_extent.y1) == pytest.approx(
+    (reference['mean'] - reference['std'], reference['mean'] + reference['std'])
+  )
 
   # Against a named configuration instead of the best: it comes first, the others by rank.
   named = dataclasses.replace(sweep, compare_to='lr_scale=4.0')

@@ -10,6 +10,10 @@ each score with its bootstrap 95% confidence interval. The random number
 generator is sacreBLEU's, seeded by the environment variable SACREBLEU_SEED
 (12345 unless set), so sacreBLEU's command line reproduces every p-value.
 
+`seed_test` is the other half when each system was trained with several seeds:
+Welch's t-test on the per-seed scores, which sees how much training runs differ,
+where the paired tests resample sentences of fixed translations only.
+
 Importing this module imports no JAX: comparing result files takes seconds.
 """
 
@@ -18,11 +22,13 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import sacrebleu
+import scipy.stats
 from sacrebleu.significance import PairedTest
 
 from transformer import scoring
@@ -274,6 +280,34 @@ def _float(value: Any) -> float | None:
 def _with_ci(values: dict[str, Any]) -> str:
   text = f'{values["score"]:.2f}'
   return text + (f' ± {values["ci"]:.2f}' if values['ci'] is not None else '')
+
+
+def seed_test(
+  reference: Sequence[float], other: Sequence[float], alpha: float = 0.05
+) -> dict[str, Any]:
+  """Welch's t-test of two systems' per-seed scores (e.g. eval.py BLEU of each seed).
+
+  Two-sided, unequal variances: is the difference of the means larger than the
+  spread between training runs explains? `p_value` is None with fewer than two
+  seeds on a side, or when no seed of either differs from its mean (no spread to
+  test against).
+  """
+  difference = sum(other) / len(other) - sum(reference) / len(reference)
+  p_value = None
+  spread = (
+    len(reference) > 1
+    and len(other) > 1
+    and (max(reference) > min(reference) or max(other) > min(other))
+  )
+  if spread:
+    p = float(scipy.stats.ttest_ind(other, reference, equal_var=False).pvalue)
+    p_value = None if math.isnan(p) else p
+  return {
+    'difference': difference,
+    'p_value': p_value,
+    'significant': p_value is not None and p_value < alpha,
+    'alpha': alpha,
+  }
 
 
 def verdicts(comparison: dict[str, Any]) -> list[str]:

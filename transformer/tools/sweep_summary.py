@@ -437,10 +437,11 @@ def paired_tests(
   On eval.py's translations, all seeds pooled: seed k of the best configuration is
   paired with seed k of the other, and one test resamples all N x S sentence pairs
   (N seeds, S sentences). Pooled rather than per seed: one p-value per comparison
-  instead of N that would need a multiple-comparison correction, and a difference
-  must hold across the seeds' translations, not in one lucky run, to be significant
-  (Clark et al. 2011 test their optimizer replicas the same way). It still resamples
-  sentences only: the seeds' spread is in the table's standard deviations.
+  instead of N that would need a multiple-comparison correction (Clark et al. 2011
+  test their optimizer replicas the same way). It resamples sentences only, so it
+  does not see how much training runs differ: one lucky seed among three can make a
+  pooled difference significant (the variants study in docs/variants.md has one).
+  `seed_tests` is the test across seeds that the summary sets beside it.
 
   Returns (the comparison as `significance.compare` gives it, or None; a note on
   what was left out and why, or '').
@@ -482,6 +483,63 @@ def paired_tests(
     return significance.compare(pooled, test='bs'), note
   except ValueError as e:
     return None, f'No paired tests: {e}'
+
+
+def seed_tests(
+  groups: Sequence[GroupResult], compare_to: str | None = None, column: str = 'decode_bleu'
+) -> tuple[GroupResult | None, list[tuple[GroupResult, dict[str, Any]]]]:
+  """Welch's t-test of each configuration's per-seed `column` against the reference's.
+
+  Returns (the reference: `compare_to`, else the best configuration; one
+  `significance.seed_test` per other configuration, by rank). Configurations
+  without the column are left out; (None, []) with fewer than two seeds.
+  """
+  ranked = sorted(
+    (g for g in groups if g.rank is not None and g.values(column)), key=lambda g: g.rank
+  )
+  if compare_to is not None:
+    ranked.sort(key=lambda g: g.name != compare_to)
+    if not ranked or ranked[0].name != compare_to:
+      return None, []
+  if len(ranked) < 2 or max(len(g.values(column)) for g in ranked) < 2:
+    return None, []
+  reference = ranked[0]
+  return reference, [
+    (g, significance.seed_test(reference.values(column), g.values(column))) for g in ranked[1:]
+  ]
+
+
+def _seed_tests_table(
+  tests: Sequence[tuple[GroupResult, dict[str, Any]]], comparison: dict[str, Any] | None
+) -> list[str]:
+  pooled = {}
+  if comparison is not None:
+    pooled = {row['name']: row['scores']['BLEU'] for row in comparison['systems'][1:]}
+  header = [
+    'configuration',
+    'eval.py BLEU per seed',
+    'difference of means',
+    "p (Welch's t, across seeds)",
+    'significant over sentences and seeds',
+  ]
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + ' --- |' * len(header)]
+  for result, test in tests:
+    p = test['p_value']
+    both = test['significant'] and pooled.get(result.name, {}).get('significant', False)
+    lines.append(
+      '| '
+      + ' | '.join(
+        [
+          f'`{result.name}`',
+          ', '.join(f'{v:.2f}' for v in result.values('decode_bleu')),
+          f'{test["difference"]:+.2f}',
+          'n/a' if p is None else f'{p:.4f}' + (' (significant)' if test['significant'] else ''),
+          'yes' if both else 'no',
+        ]
+      )
+      + ' |'
+    )
+  return lines
 
 
 def groups_to_markdown(
@@ -542,6 +600,20 @@ def groups_to_markdown(
     ]
   if note:
     lines += ['', note]
+  reference_group, tests = seed_tests(groups, compare_to)
+  if tests:
+    reference_values = ', '.join(f'{v:.2f}' for v in reference_group.values('decode_bleu'))
+    lines += [
+      '',
+      f'## Across seeds, against {reference}',
+      '',
+      'The paired tests above resample sentences of fixed translations: they do not see how '
+      "much training runs differ. Welch's t-test on each seed's eval.py BLEU does (two-sided, "
+      f'unequal variances; {reference}: {reference_values}). A difference is established when '
+      'both tests find it.',
+      '',
+      *_seed_tests_table(tests, comparison),
+    ]
   lines += ['', '## Trials', '', *_trials_table(results, [*swept_keys, 'seed'])]
   return '\n'.join(lines) + '\n'
 
@@ -571,15 +643,34 @@ def _comparison_table(comparison: dict[str, Any], role: str) -> list[str]:
 
 
 def plot_groups(
-  groups: Sequence[GroupResult], swept_keys: Sequence[str], target_metric: str, path: str
+  groups: Sequence[GroupResult],
+  swept_keys: Sequence[str],
+  target_metric: str,
+  path: str,
+  compare_to: str | None = None,
 ) -> Figure:
   """Per swept key: the mean of the target metric with ± std error bars and each seed's value;
-  then every trial's learning curves, one colour per configuration. Returns the figure."""
+  then every trial's learning curves, one colour per configuration. Returns the figure.
+
+  The reference (`compare_to`, else a configuration without overrides, such as a
+  one-at-a-time sweep's baseline) is a grey band, mean ± std, on every panel that
+  does not plot it, so each switch is seen against it.
+  """
   column, _ = sweeps.TARGET_METRICS[target_metric]
   fig, axes = _figure(len(swept_keys) + 1)
   scored = [g for g in groups if g.values(column)]
+  reference = next(
+    (g for g in scored if (g.name == compare_to if compare_to else not g.overrides)), None
+  )
   for ax, key in zip(axes, swept_keys, strict=False):
     members = [g for g in scored if key in g.overrides]
+    if reference is not None and reference not in members:
+      stats = reference.stats(column)
+      spread = stats['std'] or 0.0
+      ax.axhspan(stats['mean'] - spread, stats['mean'] + spread, color='gray', alpha=0.15)
+      ax.axhline(
+        stats['mean'], color='gray', linestyle='--', label=f'{reference.name} (mean ± std)'
+      )
     to_x = _key_axis(ax, key, sorted({g.overrides[key] for g in members}, key=str))
     for g in members:
       stats = g.stats(column)
@@ -604,7 +695,7 @@ def plot_groups(
         zorder=2,
       )
     ax.set_ylabel(f'{column} (mean ± std; dots: seeds)')
-    if any(g.rank == 1 for g in members):
+    if ax.get_legend_handles_labels()[1]:
       ax.legend(fontsize='small')
   _learning_curves(
     axes[len(swept_keys)],
@@ -681,6 +772,6 @@ def _write_groups(
   )
   _replace(
     os.path.join(sweep.root, 'summary.png'),
-    lambda tmp: plot_groups(groups, swept_keys, target_metric, tmp),
+    lambda tmp: plot_groups(groups, swept_keys, target_metric, tmp, sweep.compare_to),
   )
   return groups

@@ -9,16 +9,16 @@ Command (offline, reading the corpus from a local directory):
   python train.py --config=configs/default.py --workdir=workdirs/m30k \
       --config.data.manual_dir=../shared/data/multi30k
 
-Expected (measured once, 2-core x86 CPU): 7.6M parameters; 1,500 steps at 0.46
-steps/s, about 55 min alone (79 min when the cores were shared with other
-jobs). At step 1,500: validation loss 2.82 (label-smoothed), perplexity 5.72,
-token accuracy 66.3%. On test_2016_flickr (1,000 sentences), scored by
-`python eval.py --workdir=workdirs/m30k [FLAGS]`:
+Expected (measured once, 2-core x86 CPU): 7.6M parameters; 1,500 steps at 0.55
+steps/s, 45.7 min alone (before the 2-D matmuls of docs/benchmarks.md: 0.46
+steps/s, 55 min). At step 1,500: validation loss 2.81 (label-smoothed),
+perplexity 5.63, token accuracy 66.6%. On test_2016_flickr (1,000 sentences),
+scored by `python eval.py --workdir=workdirs/m30k [FLAGS]`:
 
   checkpoint, decoder (FLAGS)             sacreBLEU  compound-split BLEU  chrF
-  step 1500, beam 4, alpha 0.6 (none)     36.6       36.7                 60.8
-  last 5 averaged (--checkpoint=avg:5)    37.7       37.7                 61.6
-  step 1500, greedy (--decoder=greedy)    35.4       35.4                 60.1
+  step 1500, beam 4, alpha 0.6 (none)     37.2       37.2                 61.4
+  last 5 averaged (--checkpoint=avg:5)    37.2       37.3                 61.3
+  step 1500, greedy (--decoder=greedy)    35.6       35.5                 60.4
 
 Each BLEU equals `sacrebleu REF -i WORKDIR/eval/<file>.txt` run by hand on the
 written translations. Published text-only Transformers reach 38-41 (tokenized

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
-import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -300,8 +299,7 @@ def seed_test(
     and (max(reference) > min(reference) or max(other) > min(other))
   )
   if spread:
-    p = float(scipy.stats.ttest_ind(other, reference, equal_var=False).pvalue)
-    p_value = None if math.isnan(p) else p
+    p_value = float(scipy.stats.ttest_ind(other, reference, equal_var=False).pvalue)
   return {
     'difference': difference,
     'p_value': p_value,

@@ -446,11 +446,9 @@ def paired_tests(
   Returns (the comparison as `significance.compare` gives it, or None; a note on
   what was left out and why, or '').
   """
-  ranked = sorted((g for g in groups if g.rank is not None), key=lambda g: g.rank)
-  if compare_to is not None:
-    if compare_to not in [g.name for g in ranked]:
-      return None, f'No paired tests: `{compare_to}` has no results yet.'
-    ranked.sort(key=lambda g: g.name != compare_to)  # It first, the others by rank.
+  ranked = _reference_first(groups, compare_to)
+  if compare_to is not None and (not ranked or ranked[0].name != compare_to):
+    return None, f'No paired tests: `{compare_to}` has no results yet.'
   if len(ranked) < 2:
     return None, 'Fewer than two ranked configurations: nothing to test.'
   pooled, missing = [], {}
@@ -485,27 +483,31 @@ def paired_tests(
     return None, f'No paired tests: {e}'
 
 
+def _reference_first(groups: Sequence[GroupResult], compare_to: str | None) -> list[GroupResult]:
+  """The ranked configurations by rank, `compare_to` (when ranked) moved first."""
+  ranked = sorted((g for g in groups if g.rank is not None), key=lambda g: g.rank)
+  if compare_to is not None:
+    ranked.sort(key=lambda g: g.name != compare_to)  # Stable: the others stay by rank.
+  return ranked
+
+
 def seed_tests(
-  groups: Sequence[GroupResult], compare_to: str | None = None, column: str = 'decode_bleu'
+  groups: Sequence[GroupResult], compare_to: str | None = None
 ) -> tuple[GroupResult | None, list[tuple[GroupResult, dict[str, Any]]]]:
-  """Welch's t-test of each configuration's per-seed `column` against the reference's.
+  """Welch's t-test of each configuration's per-seed eval.py BLEU against the reference's.
 
   Returns (the reference: `compare_to`, else the best configuration; one
   `significance.seed_test` per other configuration, by rank). Configurations
-  without the column are left out; (None, []) with fewer than two seeds.
+  without eval.py BLEU are left out; (None, []) with fewer than two seeds.
   """
-  ranked = sorted(
-    (g for g in groups if g.rank is not None and g.values(column)), key=lambda g: g.rank
-  )
-  if compare_to is not None:
-    ranked.sort(key=lambda g: g.name != compare_to)
-    if not ranked or ranked[0].name != compare_to:
-      return None, []
-  if len(ranked) < 2 or max(len(g.values(column)) for g in ranked) < 2:
+  ranked = [g for g in _reference_first(groups, compare_to) if g.values('decode_bleu')]
+  if compare_to is not None and (not ranked or ranked[0].name != compare_to):
     return None, []
-  reference = ranked[0]
-  return reference, [
-    (g, significance.seed_test(reference.values(column), g.values(column))) for g in ranked[1:]
+  if len(ranked) < 2 or max(len(g.values('decode_bleu')) for g in ranked) < 2:
+    return None, []
+  reference = ranked[0].values('decode_bleu')
+  return ranked[0], [
+    (g, significance.seed_test(reference, g.values('decode_bleu'))) for g in ranked[1:]
   ]
 
 

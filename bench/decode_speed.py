@@ -12,17 +12,23 @@ rarely emits EOS, so nearly every output runs to its length limit (source length
 + 50), the slowest case.
 
 Reports, per decoder, from one run on one machine (figures are only comparable
-side by side):
-  * compile time: every distinct batch shape is compiled ahead of time, before
-    any timing (sentences sorted by length in batches of --max_tokens source token
-    slots, as eval.py decodes them; rows and widths are powers of two, so few
-    shapes; --max_tokens=0 decodes batches of --batch_size in input order, as
-    before issue 14);
+side by side). Sentences are sorted by length in batches of --max_tokens source
+token slots, as eval.py decodes them (rows and widths are powers of two, so few
+shapes); --max_tokens=0 decodes batches of --batch_size in input order, as before
+issue 14. Each decoder decodes all batches twice, with the source batches already
+tokenized:
+  * "with compiles s": the first time, compiling each new shape on first use, as
+    eval.py does;
   * decode time, sentences/s and output tokens/s (EOS included, padding rows of
-    the last batch excluded): each batch timed end to end (copy in, decode,
-    copy out), with the source batches already tokenized.
+    the last batch excluded): the second time, every shape compiled; each batch
+    timed end to end (copy in, decode, copy out);
+  * "2nd pass": sentences decoded again in full after the short first pass
+    (`inference.TwoPass`, how eval.py decodes with beam search and greedily).
+With --one_pass (default) each two-pass decoder (beam search) is also timed in one
+pass of every step, the decoding before the two passes, side by side.
 """
 
+import functools
 import sys
 import time
 from pathlib import Path
@@ -71,6 +77,9 @@ _MAX_TOKENS = flags.DEFINE_integer(
   'by length (as eval.py decodes); 0: batches of --batch_size in input order (before issue 14).',
 )
 _MAX_SENTENCES = flags.DEFINE_integer('max_sentences', 0, 'Decode at most this many (0: all).')
+_ONE_PASS = flags.DEFINE_bool(
+  'one_pass', True, 'Also time each two-pass decoder in one pass of every step (before issue 14).'
+)
 
 BEAM_SIZE, ALPHA, MAX_EXTRA_LEN = 4, 0.6, 50
 DECODERS = {
@@ -138,42 +147,37 @@ def output_lengths(tokens_BL: np.ndarray) -> np.ndarray:
   return np.where(is_eos.any(axis=1), is_eos.argmax(axis=1) + 1, (tokens_BL != 0).sum(axis=1))
 
 
-def measure(
-  model_config: ModelConfig,
-  options: inference.DecodeOptions,
-  params,
-  batches: list[dict[str, np.ndarray]],
-) -> dict[str, float]:
-  """Compiles every batch shape, then times decoding all batches."""
-  translate = translation.make_translate_fn(model_config, options)
+def one_pass_fn(model_config: ModelConfig, options: inference.DecodeOptions):
+  """The translate function before issue 14's two passes: every step in one pass."""
+  jitted = jax.jit(
+    functools.partial(translation.translate, model_config=model_config, options=options)
+  )
+  return lambda params, src, key: jitted(params, src, key).tokens
+
+
+def measure(translate, params, batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
+  """Decodes all batches twice: compiles included (as eval.py does), then compiled."""
   key = jax.random.key(0)
-  compiled = {}
-  start = time.perf_counter()
-  for batch in batches:
-    shape = batch['src_tokens'].shape
-    if shape not in compiled:
-      compiled[shape] = translate.lower(params, jnp.asarray(batch['src_tokens']), key).compile()
-  compile_seconds = time.perf_counter() - start
-
-  outputs = []
-  start = time.perf_counter()
-  for batch in batches:
-    src = batch['src_tokens']
-    outputs.append(np.asarray(compiled[src.shape](params, jnp.asarray(src), key)))
-  decode_seconds = time.perf_counter() - start
-
+  seconds = []
+  for _ in range(2):
+    start = time.perf_counter()
+    outputs = [np.asarray(translate(params, jnp.asarray(b['src_tokens']), key)) for b in batches]
+    seconds.append(time.perf_counter() - start)
   sentences = sum(int(b['valid'].sum()) for b in batches)
   tokens = sum(
     int(output_lengths(out[b['valid']]).sum()) for out, b in zip(outputs, batches, strict=True)
   )
+  # A two-pass decoder counts the rows it decoded again, over both runs.
+  rows_again = getattr(translate, 'rows_again', 0) / 2
   return {
-    'shapes': len(compiled),
-    'compile_s': compile_seconds,
-    'decode_s': decode_seconds,
+    'first_s': seconds[0],
+    'decode_s': seconds[1],
     'sentences': sentences,
     'tokens': tokens,
-    'sentences_per_s': sentences / decode_seconds,
-    'tokens_per_s': tokens / decode_seconds,
+    'sentences_per_s': sentences / seconds[1],
+    'first_sentences_per_s': sentences / seconds[0],
+    'tokens_per_s': tokens / seconds[1],
+    'again': rows_again,
   }
 
 
@@ -192,9 +196,12 @@ def main(argv):
   lengths = sorted({b['src_tokens'].shape[1] for b in batches})
   logging.info('Decoding %d sentences of %s.', num_sentences, split)
 
-  results = {
-    name: measure(model_config, options, params, batches) for name, options in DECODERS.items()
-  }
+  results = {}
+  for name, options in DECODERS.items():
+    translate = translation.make_translate_fn(model_config, options)
+    if _ONE_PASS.value and isinstance(translate, inference.TwoPass):
+      results[f'{name} one pass'] = measure(one_pass_fn(model_config, options), params, batches)
+    results[name] = measure(translate, params, batches)
 
   devices = jax.devices()
   print(f'device: {len(devices)} x {devices[0].device_kind} ({devices[0].platform})')
@@ -214,16 +221,15 @@ def main(argv):
   )
   print(f'options: output limit source length + {MAX_EXTRA_LEN}; beam alpha {ALPHA}')
   header = (
-    f'{"decoder":<8} {"shapes":>6} {"compile s":>9} {"decode s":>9} '
-    f'{"sent/s":>9} {"out tok/s":>10} {"tok/sent":>8}'
+    f'{"decoder":<16} {"with compiles s":>15} {"decode s":>9} {"sent/s":>7} '
+    f'{"out tok/s":>10} {"tok/sent":>8} {"2nd pass":>8}'
   )
   print(header)
   print('-' * len(header))
   for name, r in results.items():
     print(
-      f'{name:<8} {r["shapes"]:>6} {r["compile_s"]:>9.1f} {r["decode_s"]:>9.2f} '
-      f'{r["sentences_per_s"]:>9.1f} {r["tokens_per_s"]:>10,.0f} '
-      f'{r["tokens"] / r["sentences"]:>8.1f}'
+      f'{name:<16} {r["first_s"]:>15.1f} {r["decode_s"]:>9.2f} {r["sentences_per_s"]:>7.1f} '
+      f'{r["tokens_per_s"]:>10,.0f} {r["tokens"] / r["sentences"]:>8.1f} {r["again"]:>8.0f}'
     )
 
 

@@ -131,8 +131,8 @@ def assert_well_formed(row, limit):
 # ------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=('max_decode_len',))
-def run_greedy(table, source_B, max_lengths_B, *, max_decode_len):
+@functools.partial(jax.jit, static_argnames=('max_decode_len', 'max_steps'))
+def decode_greedy(table, source_B, max_lengths_B, *, max_decode_len, max_steps=None):
   return decoding.greedy_decode(
     toy_logits_fn(table),
     toy_state(source_B, max_decode_len),
@@ -141,7 +141,12 @@ def run_greedy(table, source_B, max_lengths_B, *, max_decode_len):
     max_lengths=max_lengths_B,
     bos_id=BOS,
     eos_id=EOS,
+    max_steps=max_steps,
   )
+
+
+def run_greedy(table, source_B, max_lengths_B, *, max_decode_len):
+  return decode_greedy(table, source_B, max_lengths_B, max_decode_len=max_decode_len).tokens
 
 
 @functools.partial(jax.jit, static_argnames=('max_decode_len', 'top_k'))
@@ -158,11 +163,13 @@ def run_sample(table, source_B, max_lengths_B, rng, temperature, top_p, *, max_d
     temperature=temperature,
     top_k=top_k,
     top_p=top_p,
-  )
+  ).tokens
 
 
-@functools.partial(jax.jit, static_argnames=('beam_size', 'max_decode_len'))
-def run_beam(table, source_B, max_lengths_B, alpha, *, beam_size, max_decode_len):
+@functools.partial(jax.jit, static_argnames=('beam_size', 'max_decode_len', 'max_steps'))
+def decode_beam(
+  table, source_B, max_lengths_B, alpha, *, beam_size, max_decode_len, max_steps=None
+):
   return decoding.beam_search(
     toy_logits_fn(table),
     toy_state(source_B, max_decode_len),
@@ -172,7 +179,16 @@ def run_beam(table, source_B, max_lengths_B, alpha, *, beam_size, max_decode_len
     max_lengths=max_lengths_B,
     bos_id=BOS,
     eos_id=EOS,
+    max_steps=max_steps,
   )
+
+
+def run_beam(table, source_B, max_lengths_B, alpha, *, beam_size, max_decode_len):
+  """(tokens, scores) of the finished beams."""
+  out = decode_beam(
+    table, source_B, max_lengths_B, alpha, beam_size=beam_size, max_decode_len=max_decode_len
+  )
+  return out.tokens, out.scores
 
 
 # Shared setting for the greedy / beam-1 / sampling tests: 8 sentences, V = 6, L = 8.
@@ -384,11 +400,58 @@ def test_beam_search_stops_early():
       eos_id=EOS,
     )
 
-  tokens, scores = jax.block_until_ready(run(table))
+  tokens, scores, done = jax.block_until_ready(run(table))
+  assert done.all()
   assert 2 <= len(calls) <= 4, calls
   np.testing.assert_array_equal(tokens[:, 0, :2], [[EOS, PAD], [EOS, PAD]])
   for b in range(2):
     np.testing.assert_allclose(scores[b, 0], oracle_log_prob(table, source[b], [EOS]), atol=1e-6)
+
+
+# ------------------------------------------------------------------------------
+# Fewer steps than the length limit (a first pass).
+# ------------------------------------------------------------------------------
+
+
+def test_greedy_in_fewer_steps_is_the_start_of_the_full_decode():
+  full = np.asarray(run_greedy(TABLE8, SOURCE8, LIMITS8, max_decode_len=L8))
+  partly = set()
+  for steps in (1, 3, 5, 8):
+    out = decode_greedy(TABLE8, SOURCE8, LIMITS8, max_decode_len=L8, max_steps=steps)
+    tokens, done = np.asarray(out.tokens), np.asarray(out.done)
+    assert tokens.shape == (8, steps)
+    np.testing.assert_array_equal(tokens, full[:, :steps])
+    ended = [EOS in full[b, :steps] or LIMITS8[b] <= steps for b in range(8)]
+    np.testing.assert_array_equal(done, ended)
+    partly.add(0 < done.sum() < 8)
+  assert partly == {True, False} and done.all()  # Some passes leave rows unfinished; 8 steps none.
+
+
+def test_beam_sentences_done_in_fewer_steps_have_their_full_results():
+  table = make_table(3, 12, 6, eos_bias=1.0)
+  source = np.arange(6, dtype=np.int32) * 7
+  limits = np.array([12, 12, 4, 9, 2, 12], np.int32)
+  run = functools.partial(decode_beam, table, source, limits, 0.6, beam_size=4, max_decode_len=12)
+  full = run()
+  assert np.asarray(full.done).all()
+  counts, done_before = [], np.zeros(6, bool)
+  for steps in (2, 4, 6, 9, 12):
+    out = run(max_steps=steps)
+    tokens, scores, done = (np.asarray(x) for x in out)
+    assert tokens.shape == (6, 4, steps)
+    assert np.all(done >= done_before)  # A sentence done in k steps is done in more.
+    for b in np.flatnonzero(done):
+      np.testing.assert_array_equal(tokens[b], full.tokens[b, :, :steps])
+      assert not np.asarray(full.tokens[b, :, steps:]).any()
+      np.testing.assert_array_equal(scores[b], full.scores[b])
+    counts.append(int(done.sum()))
+    done_before = done
+  assert counts[-1] == 6 and len(set(counts)) > 2, counts
+
+
+def test_max_steps_out_of_range_is_rejected():
+  with pytest.raises(ValueError, match='max_steps'):
+    decode_greedy(TABLE8, SOURCE8, LIMITS8, max_decode_len=L8, max_steps=L8 + 1)
 
 
 # ------------------------------------------------------------------------------
@@ -467,7 +530,7 @@ def test_static_zero_temperature_is_greedy():
     bos_id=BOS,
     eos_id=EOS,
     temperature=0.0,
-  )
+  ).tokens
   np.testing.assert_array_equal(sampled, greedy)
 
 

@@ -124,3 +124,33 @@ def test_translation_does_not_depend_on_batch_or_padding(decoder):
     np.testing.assert_array_equal(alone[0, : together.shape[1]], together[i])
     assert not alone[0, together.shape[1] :].any()
     assert np.count_nonzero(alone[1]) <= 1  # The all-PAD row ends after one step.
+
+
+@pytest.mark.parametrize('decoder', ['beam', 'greedy'])
+def test_two_passes_give_the_one_pass_translations(decoder, monkeypatch):
+  # A short first pass, then the rows it left unfinished again with every step: the same
+  # tokens as one pass with every step (sources of width 6 + 5 extra: 11 steps).
+  cfg, params, src = _setup()
+  src = jnp.concatenate([src, jnp.zeros((1, 6), jnp.int32)])  # An all-PAD row: done in 1 step.
+  options = inference.DecodeOptions(decoder=decoder, max_extra_len=5)
+  translate = functools.partial(translation.translate, model_config=cfg, options=options)
+  one_pass = np.asarray(jax.jit(translate)(params, src, jax.random.key(0)).tokens)
+  done_counts = set()
+  for steps in (3, 8):
+    monkeypatch.setattr(translation, 'first_pass_steps', lambda src_len, limit, k=steps: k)
+    first = jax.jit(functools.partial(translate, first_pass=True))(params, src, jax.random.key(0))
+    assert not np.asarray(first.tokens)[:, steps:].any()
+    done_counts.add(int(np.asarray(first.done).sum()))
+    two_pass = inference.TwoPass(
+      jax.jit(functools.partial(translate, first_pass=True)), jax.jit(translate), second_pass_rows=2
+    )
+    np.testing.assert_array_equal(two_pass(params, src, jax.random.key(0)), one_pass)
+    assert two_pass.rows_again == 4 - int(np.asarray(first.done).sum())
+  # In 8 steps the PAD row and row 1 (limit 3 + 5) finish; the others go again.
+  assert max(done_counts) >= 2 and max(done_counts) < 4, done_counts
+
+
+def test_beam_search_translates_in_two_passes():
+  cfg, _, _ = _setup()
+  fn = translation.make_translate_fn(cfg, inference.DecodeOptions(max_extra_len=5))
+  assert isinstance(fn, inference.TwoPass)

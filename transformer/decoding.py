@@ -13,7 +13,8 @@ beam and output letters cannot be read as them:
   N: rows given to the model per step: B for greedy decoding and sampling,
      B * W for beam search, where row b * W + w is beam w of sentence b.
   V: vocabulary size.
-  T: `max_decode_len`, the static number of output positions (time steps).
+  T: the static number of output positions (time steps) decoded: `max_steps`,
+     by default `max_decode_len`.
   C: candidates kept per sentence in one beam-search step (2 * W).
   M: finished hypotheses and candidates merged (W + C).
 
@@ -27,8 +28,8 @@ Step-function contract:
   they are cast to float32.
 
 Output conventions:
-  Tokens are int32 without BOS. A sequence ends with its EOS token and every
-  later position holds `pad_id` (0).
+  Every decoder returns a `Decoded`. Tokens are int32 without BOS. A sequence
+  ends with its EOS token and every later position holds `pad_id` (0).
 
 Length limits (`max_lengths`, int32[B]):
   `max_lengths[b]`, clipped to [1, max_decode_len], is the largest number of
@@ -37,6 +38,15 @@ Length limits (`max_lengths`, int32[B]):
   row simply stops after `max_lengths[b]` tokens) and nothing is added to its
   log-probability. In beam search such a truncated hypothesis competes with
   the EOS-terminated ones under the same length penalty.
+
+Fewer steps than the limit (`max_steps`, static, default `max_decode_len`):
+  the decoder runs at most `max_steps` steps and its token arrays are that long;
+  the limits above are unchanged. A row (beam search: a sentence) that has not
+  finished by then is returned with `done` False, and decoding it again with
+  more steps gives the same first `max_steps` positions. Callers use it to
+  decode in a short first pass, with a step function whose state (the
+  self-attention cache) is sized to `max_steps`, and to decode again the rare
+  rows that need more (`inference.TwoPass`).
 """
 
 from collections.abc import Callable
@@ -52,6 +62,14 @@ LogitsFn = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
 ReorderFn = Callable[[PyTree, jax.Array], PyTree]
 
 NEG_INF = float('-inf')
+
+
+class Decoded(NamedTuple):
+  """What a decoder returns (T = `max_steps`)."""
+
+  tokens: jax.Array  # int32 [B, T] (greedy, sampling) or [B, W, T] (beam search, best first).
+  scores: jax.Array | None  # Beam search: float32 [B, W], length-normalised log-probs.
+  done: jax.Array  # bool [B]: the row finished within the T steps (always without max_steps).
 
 
 # ------------------------------------------------------------------------------
@@ -163,10 +181,19 @@ def filter_logits(
   return jnp.where(keep, logits, NEG_INF)
 
 
-def _row_limits(max_lengths: jax.Array, batch_size: int, max_decode_len: int) -> jax.Array:
-  """Validates `max_lengths` and clips it to [1, max_decode_len]."""
+def _num_steps(max_steps: int | None, max_decode_len: int) -> int:
+  """Validates `max_steps` (default `max_decode_len`)."""
   if max_decode_len < 1:
     raise ValueError(f'max_decode_len must be >= 1, got {max_decode_len}.')
+  if max_steps is None:
+    return max_decode_len
+  if not 1 <= max_steps <= max_decode_len:
+    raise ValueError(f'max_steps must be in [1, max_decode_len={max_decode_len}], got {max_steps}.')
+  return max_steps
+
+
+def _row_limits(max_lengths: jax.Array, batch_size: int, max_decode_len: int) -> jax.Array:
+  """Validates `max_lengths` and clips it to [1, max_decode_len]."""
   max_lengths = jnp.asarray(max_lengths, jnp.int32)
   if max_lengths.shape != (batch_size,):
     raise ValueError(f'max_lengths must have shape ({batch_size},), got {max_lengths.shape}.')
@@ -189,13 +216,15 @@ def _decode_one_per_row(
   bos_id: int,
   eos_id: int,
   pad_id: int,
-) -> jax.Array:
+  max_steps: int | None,
+) -> Decoded:
   """Extends one hypothesis per row; `choose_fn(logits_BV, step) -> int[B]`."""
+  num_steps = _num_steps(max_steps, max_decode_len)
   limits_B = _row_limits(max_lengths, batch_size, max_decode_len)
 
   def cond_fn(carry):
     step, _, _, done_B, _ = carry
-    return (step < max_decode_len) & ~jnp.all(done_B)
+    return (step < num_steps) & ~jnp.all(done_B)
 
   def body_fn(carry):
     step, tokens_BT, last_B, done_B, state = carry
@@ -208,13 +237,13 @@ def _decode_one_per_row(
 
   init = (
     jnp.array(0, jnp.int32),
-    jnp.full((batch_size, max_decode_len), pad_id, jnp.int32),
+    jnp.full((batch_size, num_steps), pad_id, jnp.int32),
     jnp.full((batch_size,), bos_id, jnp.int32),
     jnp.zeros((batch_size,), bool),
     init_state,
   )
-  _, tokens_BT, _, _, _ = lax.while_loop(cond_fn, body_fn, init)
-  return tokens_BT
+  _, tokens_BT, _, done_B, _ = lax.while_loop(cond_fn, body_fn, init)
+  return Decoded(tokens=tokens_BT, scores=None, done=done_B)
 
 
 def greedy_decode(
@@ -227,7 +256,8 @@ def greedy_decode(
   bos_id: int,
   eos_id: int,
   pad_id: int = 0,
-) -> jax.Array:
+  max_steps: int | None = None,
+) -> Decoded:
   """Decodes by taking the most likely token at every step.
 
   Row b stops after EOS or after `max_lengths[b]` tokens (see module doc); the
@@ -238,14 +268,15 @@ def greedy_decode(
     logits_fn: step function (see module doc) over N = B rows.
     init_state: initial state, ndim >= 1 leaves with leading dimension B.
     batch_size: B (static).
-    max_decode_len: T, static bound on the output length.
+    max_decode_len: static bound on the output length.
     max_lengths: int32[B], per-row maximum output length, EOS included.
     bos_id: token fed on the first step.
     eos_id: end-of-sequence token.
     pad_id: token written after EOS.
+    max_steps: T, static, steps decoded (see module doc; default `max_decode_len`).
 
   Returns:
-    int32[B, T] output tokens.
+    `Decoded`: tokens int32[B, T], done bool[B].
   """
   return _decode_one_per_row(
     logits_fn,
@@ -257,6 +288,7 @@ def greedy_decode(
     bos_id=bos_id,
     eos_id=eos_id,
     pad_id=pad_id,
+    max_steps=max_steps,
   )
 
 
@@ -274,7 +306,8 @@ def sample_decode(
   top_k: int = 0,
   top_p: jax.Array | float = 1.0,
   pad_id: int = 0,
-) -> jax.Array:
+  max_steps: int | None = None,
+) -> Decoded:
   """Decodes by sampling with temperature, top-k and top-p (combinable).
 
   At every step the logits are divided by `temperature`, filtered with
@@ -291,7 +324,7 @@ def sample_decode(
     init_state: initial state, ndim >= 1 leaves with leading dimension B.
     rng: a typed key from `jax.random.key` (legacy uint32 keys are rejected).
     batch_size: B (static).
-    max_decode_len: T, static bound on the output length.
+    max_decode_len: static bound on the output length.
     max_lengths: int32[B], per-row maximum output length, EOS included.
     bos_id: token fed on the first step.
     eos_id: end-of-sequence token.
@@ -299,9 +332,10 @@ def sample_decode(
     top_k: static; keep only the k most likely tokens (0: all).
     top_p: nucleus mass in (0, 1]; may be traced (1: all).
     pad_id: token written after EOS.
+    max_steps: T, static, steps decoded (see module doc; default `max_decode_len`).
 
   Returns:
-    int32[B, T] output tokens.
+    `Decoded`: tokens int32[B, T], done bool[B].
   """
   if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
     raise TypeError(
@@ -331,6 +365,7 @@ def sample_decode(
     bos_id=bos_id,
     eos_id=eos_id,
     pad_id=pad_id,
+    max_steps=max_steps,
   )
 
 
@@ -380,7 +415,8 @@ def beam_search(
   eos_id: int,
   pad_id: int = 0,
   reorder_fn: ReorderFn | None = None,
-) -> tuple[jax.Array, jax.Array]:
+  max_steps: int | None = None,
+) -> Decoded:
   """Beam search with the GNMT length penalty and early stopping.
 
   Every sentence keeps W alive hypotheses (no EOS yet) and the W best finished
@@ -406,9 +442,9 @@ def beam_search(
   finished set of a done sentence is frozen and the loop ends when every
   sentence is done.
 
-  Since reaching the limit finishes a hypothesis, every sentence ends with
-  finished hypotheses, so the usual "return the alive beams of a sentence
-  that finished none" fallback never applies and is not needed. Slots left
+  Since reaching the limit finishes a hypothesis, every sentence that is done
+  ends with finished hypotheses, so the usual "return the alive beams of a
+  sentence that finished none" fallback never applies and is not needed. Slots left
   empty (fewer than W possible outputs with non-zero probability) have score
   -inf and all-pad tokens.
 
@@ -418,7 +454,7 @@ def beam_search(
       is expanded to B * W rows here.
     beam_size: W (static).
     alpha: length-penalty exponent (paper: 0.6); may be traced.
-    max_decode_len: T, static bound on the output length.
+    max_decode_len: static bound on the output length.
     max_lengths: int32[B], per-sentence maximum output length, EOS included;
       its shape gives B.
     bos_id: token fed on the first step.
@@ -428,21 +464,25 @@ def beam_search(
       state follows the selected beams; default `reorder_beam_rows` (every
       row). A caller whose state holds leaves that are equal across the beams
       of a sentence (the encoder's keys and values) may leave those in place.
+    max_steps: T, static, steps decoded (see module doc; default `max_decode_len`). A
+      sentence not done within them has `done` False and its hypotheses are
+      not final.
 
   Returns:
-    tokens int32[B, W, T] and scores float32[B, W] (length-normalised
-    log-probabilities), best first.
+    `Decoded`: tokens int32[B, W, T] and scores float32[B, W] (length-normalised
+    log-probabilities), best first; done bool[B].
   """
   max_lengths = jnp.asarray(max_lengths)
   (batch_size,) = max_lengths.shape
   num_rows = batch_size * beam_size
+  num_steps = _num_steps(max_steps, max_decode_len)
   limits_B = _row_limits(max_lengths, batch_size, max_decode_len)
   max_penalty_B = length_penalty(limits_B, alpha)
 
   reorder_fn = reorder_beam_rows if reorder_fn is None else reorder_fn
 
   def cond_fn(carry: BeamState):
-    return (carry.step < max_decode_len) & ~jnp.all(carry.done_B)
+    return (carry.step < num_steps) & ~jnp.all(carry.done_B)
 
   def body_fn(carry: BeamState) -> BeamState:
     step = carry.step
@@ -494,7 +534,7 @@ def beam_search(
       model_state=model_state,
     )
 
-  seqs_BWT = jnp.full((batch_size, beam_size, max_decode_len), pad_id, jnp.int32)
+  seqs_BWT = jnp.full((batch_size, beam_size, num_steps), pad_id, jnp.int32)
   # All beams start identical; only beam 0 is live so the first step does not
   # produce W copies of every candidate.
   alive_logp_BW = jnp.where(jnp.arange(beam_size) == 0, 0.0, NEG_INF)
@@ -511,4 +551,4 @@ def beam_search(
   final = lax.while_loop(cond_fn, body_fn, init)
   fin_seqs_BWT, fin_scores_BW = final.fin_seqs_BWT, final.fin_scores_BW
   fin_seqs_BWT = jnp.where((fin_scores_BW > NEG_INF)[:, :, None], fin_seqs_BWT, pad_id)
-  return fin_seqs_BWT, fin_scores_BW
+  return Decoded(tokens=fin_seqs_BWT, scores=fin_scores_BW, done=final.done_B)

@@ -5,15 +5,16 @@ outputs back into text in input order.
 Each task supplies the model side (`tasks.translation.translate`,
 `tasks.language_model.generate`): a step function `logits_fn(tokens, state)` and
 its initial state; `run_decoder` runs the decoder of `DecodeOptions` (beam
-search, greedy, sampling; `decoding.py`) over it, and `jit_rows` jits it once
-per input width with its rows split over the mesh.
+search, greedy, sampling; `decoding.py`) over it, `jit_rows` jits it once
+per input width with its rows split over the mesh, and `TwoPass` decodes in a
+short first pass and again, in full, the few rows that need more steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import jax
 import numpy as np
@@ -73,11 +74,13 @@ def run_decoder(
   max_decode_len: int,
   max_lengths_B: jax.Array,
   reorder_fn: decoding.ReorderFn | None = None,
-) -> jax.Array:
-  """The decoder of `options` over a step function: tokens [B, max_decode_len] (the best beam).
+  max_steps: int | None = None,
+) -> decoding.Decoded:
+  """The decoder of `options` over a step function: tokens [B, max_steps] (the best beam).
 
   `reorder_fn` reorders the step function's state along the beams (beam search;
-  default: every leaf, `decoding.reorder_beam_rows`).
+  default: every leaf, `decoding.reorder_beam_rows`). `max_steps` (default
+  `max_decode_len`): see `decoding`; `done` says which rows finished within them.
   """
   batch = max_lengths_B.shape[0]
   common = dict(
@@ -85,9 +88,10 @@ def run_decoder(
     max_lengths=max_lengths_B,
     bos_id=tokenizer_lib.BOS_ID,
     eos_id=tokenizer_lib.EOS_ID,
+    max_steps=max_steps,
   )
   if options.decoder == 'beam':
-    tokens_BWT, _ = decoding.beam_search(
+    beams = decoding.beam_search(
       logits_fn,
       state,
       beam_size=options.beam_size,
@@ -95,7 +99,7 @@ def run_decoder(
       reorder_fn=reorder_fn,
       **common,
     )
-    return tokens_BWT[:, 0]
+    return beams._replace(tokens=beams.tokens[:, 0], scores=beams.scores[:, 0])
   if options.decoder == 'greedy':
     return decoding.greedy_decode(logits_fn, state, batch_size=batch, **common)
   return decoding.sample_decode(
@@ -130,19 +134,53 @@ def jit_rows(decode_fn, mesh: Mesh | None, rules: sharding.Rules):
     out_shardings=rows,
   )
 
-  def sharded_decode(params, tokens_BS, rng: jax.Array) -> np.ndarray:
+  def sharded_decode(params, tokens_BS, rng: jax.Array):
     tokens_BS = np.asarray(tokens_BS)
     batch = tokens_BS.shape[0]
     padded_BS = np.pad(tokens_BS, [(0, -batch % shards), (0, 0)])  # All-PAD rows.
     with sharding.activated(mesh, rules):
-      tokens = jitted(
+      outputs = jitted(
         params,
         sharding.from_host(padded_BS, rows),
         sharding.from_host(jax.random.key_data(rng), sharding.replicated(mesh)),
       )
-    return sharding.to_host(tokens)[:batch]
+    return jax.tree.map(lambda x: sharding.to_host(x)[:batch], outputs)
 
   return sharded_decode
+
+
+@dataclasses.dataclass
+class TwoPass:
+  """Decodes in a short first pass, and again in full the rows it left unfinished.
+
+  `first_fn` and `full_fn`: `(params, tokens_BS, rng) -> decoding.Decoded`, the same
+  decoder with a few steps (and a cache sized to them) and with all of them; both
+  return tokens of the full width. Only for decoders whose output for a row does not
+  depend on the other rows of its batch (beam search, greedy; not sampling): then
+  the result is exactly the full decoder's, and a batch costs the steps its rows
+  need rather than its length limit. The unfinished rows (rare: outputs much longer
+  than their input) go again in batches of `second_pass_rows` rows, one compiled
+  shape per input width. Called like `first_fn`; returns the tokens as a host array.
+  """
+
+  first_fn: Callable[..., decoding.Decoded]
+  full_fn: Callable[..., decoding.Decoded]
+  second_pass_rows: int = 8
+  rows: int = 0  # Rows decoded so far (all calls)...
+  rows_again: int = 0  # ... and how many of them went through the second pass.
+
+  def __call__(self, params, tokens_BS, rng: jax.Array) -> np.ndarray:
+    first = self.first_fn(params, tokens_BS, rng)
+    tokens_BT, done_B = np.array(first.tokens), np.asarray(first.done)
+    again = np.flatnonzero(~done_B)
+    for start in range(0, len(again), self.second_pass_rows):
+      rows = again[start : start + self.second_pass_rows]
+      rows_BS = np.zeros((self.second_pass_rows, tokens_BS.shape[1]), np.int32)  # PAD rows.
+      rows_BS[: len(rows)] = np.asarray(tokens_BS)[rows]
+      tokens_BT[rows] = np.asarray(self.full_fn(params, rows_BS, rng).tokens)[: len(rows)]
+    self.rows += len(done_B)
+    self.rows_again += len(again)
+    return tokens_BT
 
 
 def length_sorted_batches(

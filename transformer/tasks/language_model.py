@@ -357,7 +357,7 @@ def generate(
   max_lengths_B = state['prompt_lengths'] + options.max_extra_len
   return inference.run_decoder(
     _logits_fn(model, params), state, rng, options, max_decode_len, max_lengths_B
-  )
+  ).tokens
 
 
 def make_generate_fn(

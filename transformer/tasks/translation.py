@@ -448,6 +448,17 @@ def _reorder_beam_state(state, beam_indices_BW: jax.Array):
   return jax.tree_util.tree_map_with_path(reorder, state)
 
 
+def first_pass_steps(src_len: int, max_decode_len: int) -> int:
+  """Steps of the first decoding pass (`inference.TwoPass`) for sources of width `src_len`.
+
+  Twice the width (at least 24; widths are multiples of 8): a translation rarely
+  needs more, while the length limit, the width + `max_extra_len` (50), is
+  usually far longer. Every step costs in proportion to the self-attention
+  cache, which is sized to the pass's steps.
+  """
+  return min(max_decode_len, max(24, 2 * src_len))
+
+
 def translate(
   params,
   src_tokens_BS: jax.Array,
@@ -455,20 +466,24 @@ def translate(
   *,
   model_config: ModelConfig,
   options: inference.DecodeOptions,
-) -> jax.Array:
-  """Best translation of each source row, int32 [B, S + max_extra_len], 0-padded after EOS.
+  first_pass: bool = False,
+) -> decoding.Decoded:
+  """Best translation of each source row: tokens int32 [B, S + max_extra_len], 0-padded after EOS.
 
   Each row's output is limited to its own source length + `max_extra_len`
-  tokens (EOS included), as in the paper.
+  tokens (EOS included), as in the paper. With `first_pass`, only
+  `first_pass_steps` steps are decoded (the rest of each row is padding) and
+  `done` says which rows finished within them.
   """
   src_len = src_tokens_BS.shape[1]
   max_decode_len = src_len + options.max_extra_len
-  model, state = _init_state(params, src_tokens_BS, model_config, max_decode_len)
+  max_steps = first_pass_steps(src_len, max_decode_len) if first_pass else max_decode_len
+  model, state = _init_state(params, src_tokens_BS, model_config, max_steps)
   src_lengths_B = jnp.sum(src_tokens_BS != 0, axis=1).astype(jnp.int32)
   # An all-PAD row (batch padding) is no sentence: one step ends it, instead of its running
   # to the length limit and holding up the loop.
   max_lengths_B = jnp.where(src_lengths_B > 0, src_lengths_B + options.max_extra_len, 1)
-  return inference.run_decoder(
+  decoded = inference.run_decoder(
     _logits_fn(model, params),
     state,
     rng,
@@ -476,7 +491,9 @@ def translate(
     max_decode_len,
     max_lengths_B,
     _reorder_beam_state,
+    max_steps=max_steps,
   )
+  return decoded._replace(tokens=jnp.pad(decoded.tokens, [(0, 0), (0, max_decode_len - max_steps)]))
 
 
 def make_translate_fn(
@@ -485,10 +502,25 @@ def make_translate_fn(
   mesh: Mesh | None = None,
   rules: sharding.Rules = (),
 ):
-  """`translate(params, src_tokens, rng)` jitted once per source length (`inference.jit_rows`)."""
-  return inference.jit_rows(
-    functools.partial(translate, model_config=model_config, options=options), mesh, rules
-  )
+  """`translate(params, src_tokens, rng) -> tokens` as a host array, jitted per source shape.
+
+  Beam search runs in two passes (`inference.TwoPass`): `first_pass_steps` steps
+  first, then all of them for the rows that need more. Greedy decoding and sampling
+  run in one: a greedy step is cheap beside a beam step, so that the compiles of a
+  second pass would cost more than the shorter cache saves (docs/benchmarks.md).
+  Rows are split over the mesh (`inference.jit_rows`).
+  """
+
+  def jitted(first_pass: bool):
+    decode_fn = functools.partial(
+      translate, model_config=model_config, options=options, first_pass=first_pass
+    )
+    return inference.jit_rows(decode_fn, mesh, rules)
+
+  full = jitted(first_pass=False)
+  if options.decoder != 'beam':
+    return lambda params, src_tokens_BS, rng: np.asarray(full(params, src_tokens_BS, rng).tokens)
+  return inference.TwoPass(jitted(first_pass=True), full)
 
 
 # --- Evaluation -----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ tokenized:
     the last batch excluded): the second time, every shape compiled; each batch
     timed end to end (copy in, decode, copy out);
   * "2nd pass": sentences decoded again in full after the short first pass
-    (`inference.TwoPass`, how eval.py decodes with beam search and greedily).
+    (`inference.TwoPass`, how eval.py decodes with beam search).
 With --one_pass (default) each two-pass decoder (beam search) is also timed in one
 pass of every step, the decoding before the two passes, side by side.
 """
@@ -175,7 +175,6 @@ def measure(translate, params, batches: list[dict[str, np.ndarray]]) -> dict[str
     'sentences': sentences,
     'tokens': tokens,
     'sentences_per_s': sentences / seconds[1],
-    'first_sentences_per_s': sentences / seconds[0],
     'tokens_per_s': tokens / seconds[1],
     'again': rows_again,
   }

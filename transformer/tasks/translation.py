@@ -451,10 +451,11 @@ def _reorder_beam_state(state, beam_indices_BW: jax.Array):
 def first_pass_steps(src_len: int, max_decode_len: int) -> int:
   """Steps of the first decoding pass (`inference.TwoPass`) for sources of width `src_len`.
 
-  Twice the width (at least 24; widths are multiples of 8): a translation rarely
-  needs more, while the length limit, the width + `max_extra_len` (50), is
-  usually far longer. Every step costs in proportion to the self-attention
-  cache, which is sized to the pass's steps.
+  Twice the width: a translation rarely needs more, while the length limit, the
+  width + `max_extra_len` (50), is usually far longer. Every step costs in
+  proportion to the self-attention cache, which is sized to the pass's steps. At
+  least 24: with shorter caches XLA:CPU sums the attention in another order, and
+  the logits would differ from one pass's in the last bits (docs/benchmarks.md).
   """
   return min(max_decode_len, max(24, 2 * src_len))
 

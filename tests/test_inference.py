@@ -138,12 +138,11 @@ def test_two_passes_give_the_one_pass_translations(decoder, monkeypatch):
   done_counts = set()
   for steps in (3, 8):
     monkeypatch.setattr(translation, 'first_pass_steps', lambda src_len, limit, k=steps: k)
-    first = jax.jit(functools.partial(translate, first_pass=True))(params, src, jax.random.key(0))
+    first_fn = jax.jit(functools.partial(translate, first_pass=True))  # Compiled once, used twice.
+    first = first_fn(params, src, jax.random.key(0))
     assert not np.asarray(first.tokens)[:, steps:].any()
     done_counts.add(int(np.asarray(first.done).sum()))
-    two_pass = inference.TwoPass(
-      jax.jit(functools.partial(translate, first_pass=True)), jax.jit(translate), second_pass_rows=2
-    )
+    two_pass = inference.TwoPass(first_fn, jax.jit(translate), second_pass_rows=2)
     np.testing.assert_array_equal(two_pass(params, src, jax.random.key(0)), one_pass)
     assert two_pass.rows_again == 4 - int(np.asarray(first.done).sum())
   # In 8 steps the PAD row and row 1 (limit 3 + 5) finish; the others go again.

@@ -166,8 +166,7 @@ class TwoPass:
   first_fn: Callable[..., decoding.Decoded]
   full_fn: Callable[..., decoding.Decoded]
   second_pass_rows: int = 8
-  rows: int = 0  # Rows decoded so far (all calls)...
-  rows_again: int = 0  # ... and how many of them went through the second pass.
+  rows_again: int = 0  # Rows decoded a second time, over all calls.
 
   def __call__(self, params, tokens_BS, rng: jax.Array) -> np.ndarray:
     first = self.first_fn(params, tokens_BS, rng)
@@ -178,7 +177,6 @@ class TwoPass:
       rows_BS = np.zeros((self.second_pass_rows, tokens_BS.shape[1]), np.int32)  # PAD rows.
       rows_BS[: len(rows)] = np.asarray(tokens_BS)[rows]
       tokens_BT[rows] = np.asarray(self.full_fn(params, rows_BS, rng).tokens)[: len(rows)]
-    self.rows += len(done_B)
     self.rows_again += len(again)
     return tokens_BT
 

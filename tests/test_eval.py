@@ -68,11 +68,18 @@ def test_beam_eval_writes_translations_and_bleu_equal_to_sacrebleu_by_hand(run):
   # Bootstrap 95% intervals (sacreBLEU's, seeded) on every score, and on the console.
   by_hand = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references], n_bootstrap=1000)
   assert scores['bleu_ci'] == pytest.approx(by_hand._ci, abs=1e-9)
-  for key in ('bleu', 'chrf', 'bleu_tokenized_compound_split'):
+  # BLEU on lowercased text, the Multi30k literature's: `sacrebleu -lc`.
+  lowercased = sacrebleu.metrics.BLEU(lowercase=True)
+  by_hand = lowercased.corpus_score(hypotheses, [references], n_bootstrap=1000)
+  assert scores['bleu_lc'] == pytest.approx(by_hand.score, abs=1e-9)
+  assert scores['bleu_lc_ci'] == pytest.approx(by_hand._ci, abs=1e-9)
+  assert '|case:lc|eff:no|tok:13a|' in scores['bleu_lc_signature']
+  for key in ('bleu', 'bleu_lc', 'chrf', 'bleu_tokenized_compound_split'):
     assert 0 < scores[f'{key}_ci'] < 5, key
   assert (
     f'step_60 validation (200 sentences): BLEU {scores["bleu"]:.2f} ± '
-    f'{scores["bleu_ci"]:.2f}, chrF {scores["chrf"]:.2f} ± {scores["chrf_ci"]:.2f}'
+    f'{scores["bleu_ci"]:.2f}, chrF {scores["chrf"]:.2f} ± {scores["chrf_ci"]:.2f}, '
+    f'lowercased BLEU {scores["bleu_lc"]:.2f} ± {scores["bleu_lc_ci"]:.2f}'
   ) in (result.stdout)
   # The references scored against lie beside the results, for compare.py and sacreBLEU's CLI.
   assert (out / 'references-validation.txt').read_text(encoding='utf-8').split('\n')[:-1] == (

@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import tiny
-from transformer import training
+from transformer import optim, training
 from transformer.config import ModelConfig
 from transformer.tools import sweeps
 
@@ -56,6 +56,11 @@ def test_tiny_trains_and_loss_falls(data_dirs, tmp_path):
   train_losses = [r['train_loss'] for r in rows if 'train_loss' in r]
   eval_rows = [r for r in rows if 'eval_loss' in r]
   assert len(train_losses) == 6
+  # The logged learning rate is the optimizer's schedule at each logged update.
+  schedule = optim.learning_rate_schedule(config)
+  assert [r['learning_rate'] for r in rows if 'train_loss' in r] == pytest.approx(
+    [float(schedule(r['step'] - 1)) for r in rows if 'train_loss' in r], rel=1e-6
+  )
   assert train_losses[-1] < train_losses[0] - 0.5, train_losses
   assert [r['step'] for r in eval_rows] == [30, 60]
   assert eval_rows[-1]['eval_loss'] < eval_rows[0]['eval_loss']

@@ -55,11 +55,25 @@ RESUMABLE_KEYS = (
   'data.vocab_path',
   'skip_nonfinite_steps',
   'target_metric',
+  'decode.beam_size',
+  'decode.alpha',
+  'decode.max_extra_len',
 )
 # Model keys that change training but not what the saved weights mean: a change on resume warns.
-_REGULARIZATION_KEYS = ('model.dropout_rate', 'model.attention_dropout_rate')
+_REGULARIZATION_KEYS = (
+  'model.dropout_rate',
+  'model.attention_dropout_rate',
+  'model.ffn_dropout_rate',
+)
 # Other keys whose change on resume would read the saved weights as another model's: refused.
-_WEIGHT_MEANING_KEYS = ('vocab_size', 'data.source_lang', 'data.target_lang')
+_WEIGHT_MEANING_KEYS = (
+  'vocab_size',
+  'data.source_lang',
+  'data.target_lang',
+  'data.spm_model_type',
+)
+# Keys that add an entry to the optimizer state when > 0: turning one on or off is refused.
+_OPTIMIZER_SWITCH_KEYS = ('weight_decay',)
 
 
 def _changes_weight_meaning(key: str) -> bool:
@@ -266,6 +280,18 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
       + '\nNothing was changed. Train this model in a new --workdir, '
       'or resume with the saved values (drop these overrides).'
     )
+  switched = [
+    f'config.{key}: {saved[key]!r} -> {current[key]!r}'
+    for key in _OPTIMIZER_SWITCH_KEYS
+    if key in saved and key in current and (saved[key] > 0) != (current[key] > 0)
+  ]
+  if switched:
+    raise ValueError(
+      f'The checkpoints in {checkpoint_dir} hold the optimizer state of another optimizer: '
+      f"{', '.join(switched)} turns AdamW's weight decay on or off (0: Adam). Nothing was "
+      'changed. Resume with the saved value (any value > 0 if it was on), or train in a new '
+      '--workdir.'
+    )
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -460,6 +486,7 @@ def _train_and_evaluate(
   task = tasks.get_task(config)
   model, eval_model = create_models(model_config)
   optimizer = optim.create_optimizer(config)
+  learning_rate = optim.learning_rate_schedule(config)  # The optimizer's, for the log.
   abstract_state, state_shardings = abstract_state_and_shardings(
     model, optimizer, task, mesh, rules
   )
@@ -570,9 +597,7 @@ def _train_and_evaluate(
       summary.update(
         steps_per_sec=steps_per_sec,
         tokens_per_sec=tokens_per_sec,
-        learning_rate=float(
-          optim.paper_schedule(config.model.d_model, config.warmup_steps, config.lr_scale)(step - 1)
-        ),
+        learning_rate=float(learning_rate(step - 1)),  # The rate update `step` used.
       )
       writer.write(step, summary)
       logging.info(

@@ -824,13 +824,12 @@ class Translation:
     """`params -> metrics` that training adds to each evaluation.
 
     BLEU of the first `config.eval_bleu_sentences` validation sentences (none
-    if 0), decoded by `config.eval_bleu_decoder`.
+    if 0), decoded by `config.eval_bleu_decoder` with `config.decode`'s settings.
     """
     if config.eval_bleu_sentences == 0:
       return lambda params: {}
-    translate_fn = make_translate_fn(
-      model_config, inference.DecodeOptions(decoder=config.eval_bleu_decoder), mesh, rules
-    )
+    options = inference.DecodeOptions.from_config(config, config.eval_bleu_decoder)
+    translate_fn = make_translate_fn(model_config, options, mesh, rules)
     return lambda params: validation_bleu(config, params, tokenizer, translate_fn)
 
   @staticmethod

@@ -1,4 +1,4 @@
-"""Evaluates checkpoints: `python eval.py --workdir=DIR [--checkpoint=latest|STEP|avg:N]`.
+"""Evaluates checkpoints: `python eval.py --workdir=DIR [--checkpoint=latest|STEP|avg:N|best]`.
 
 Reads the run's resolved config from WORKDIR/config.json, decodes a split (beam
 search by default, with the run's config.decode settings, by default the paper's:
@@ -31,7 +31,10 @@ from transformer.tools import attention_maps
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
 _CHECKPOINT = flags.DEFINE_string(
-  'checkpoint', 'latest', "'latest', a step number, or 'avg:N' (average the last N)."
+  'checkpoint',
+  'latest',
+  "'latest', a step number, 'avg:N' (average the last N), 'best' (the best validation BLEU "
+  "kept by config.keep_best_checkpoints) or 'avg_best:N' (average the N best).",
 )
 _SPLIT = flags.DEFINE_string('split', None, "Split to evaluate (default: config's test_split).")
 _DECODER = flags.DEFINE_enum(

@@ -58,6 +58,8 @@ def test_every_field_of_every_config_has_a_rule_and_is_valid(name):
     ('decode.beam_size', 0, 'config.decode.beam_size=0 must be a positive integer'),
     ('decode.alpha', -0.5, 'config.decode.alpha=-0.5 must be a finite number in [0, inf)'),
     ('data.spm_model_type', 'char', "config.data.spm_model_type='char' is not one of ('unigram',"),
+    ('keep_best_checkpoints', -1, 'config.keep_best_checkpoints=-1 must be an integer >= 0'),
+    ('early_stopping_patience', -2, 'config.early_stopping_patience=-2 must be an integer >= 0'),
   ],
 )
 def test_a_value_outside_its_domain_is_named(key, value, message):
@@ -92,6 +94,11 @@ def test_every_error_is_listed_at_once():
     (
       {'schedule': 'cosine', 'num_train_steps': 400, 'warmup_steps': 400},
       'config.num_train_steps=400 must exceed config.warmup_steps=400',
+    ),
+    (
+      {'keep_best_checkpoints': 3, 'early_stopping_patience': 5, 'eval_bleu_sentences': 0},
+      'config.keep_best_checkpoints=3 and config.early_stopping_patience=5: selecting by '
+      'validation BLEU needs config.eval_bleu_sentences > 0',
     ),
   ],
 )
@@ -156,6 +163,8 @@ RECIPE_KEYS = (
   'decode.alpha',
   'decode.max_extra_len',
   'data.spm_model_type',
+  'keep_best_checkpoints',
+  'early_stopping_patience',
 )
 
 
@@ -170,7 +179,8 @@ def test_runs_written_before_the_recipe_switches_load_with_their_behaviour():
   del config['decode']  # Empty now: a config.json written before the group existed.
   upgraded = config_lib.upgrade(ml_collections.ConfigDict(config))
   # Today's defaults are what those runs did: the paper's schedule, Adam, no FFN dropout, the
-  # unigram vocabulary and eval.py's decoding defaults (beam 4, alpha 0.6, source length + 50).
+  # unigram vocabulary, no best checkpoints or early stopping, and eval.py's decoding defaults
+  # (beam 4, alpha 0.6, source length + 50).
   assert config_lib.flatten(upgraded) == config_lib.flatten(default.get_config())
   assert (upgraded.decode.beam_size, upgraded.decode.alpha, upgraded.decode.max_extra_len) == (
     4,

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 import sacrebleu
@@ -22,9 +23,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope='module')
 def run(tmp_path_factory, synthetic_multi30k_dir, synthetic_multi30k_data_dir):
-  """A tiny model trained for 60 steps (checkpoints at 30 and 60) on a made-up corpus."""
+  """A tiny model trained for 60 steps (checkpoints at 30 and 60, both also kept as best
+  checkpoints) on a made-up corpus."""
   workdir = tmp_path_factory.mktemp('run')
   config = tiny.get_config()
+  config.keep_best_checkpoints = 2
   config.data.manual_dir = str(synthetic_multi30k_dir)
   config.data.data_dir = str(synthetic_multi30k_data_dir)
   training.train_and_evaluate(config, str(workdir))
@@ -114,6 +117,35 @@ def test_checkpoint_averaging_averages_parameters(run):
   p60, _ = checkpoints.load_params(workdir, target, 'latest')
   leaf = lambda p: np.asarray(p['encoder']['layer_0']['ffn']['wi']['kernel'])
   np.testing.assert_allclose(leaf(averaged), (leaf(p30) + leaf(p60)) / 2, rtol=1e-6)
+
+
+def test_best_checkpoints_are_chosen_by_validation_bleu(run):
+  workdir, config = run
+  target = evaluation.setup(config).abstract_state
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    bleus = {r['step']: r['eval_bleu'] for r in map(json.loads, f) if 'eval_bleu' in r}
+  assert sorted(bleus) == [30, 60]
+  best_step = max(sorted(bleus), key=lambda step: bleus[step])  # The earlier one on a tie.
+  best, label = checkpoints.load_params(workdir, target, 'best')
+  assert label == f'best_step_{best_step}'
+  same, _ = checkpoints.load_params(workdir, target, str(best_step))
+  jax.tree.map(np.testing.assert_array_equal, best, same)
+  # The 2 best are steps 30 and 60: their average is avg:2's.
+  averaged, label = checkpoints.load_params(workdir, target, 'avg_best:2')
+  assert label == 'avg_best2_30-60'
+  last_two, _ = checkpoints.load_params(workdir, target, 'avg:2')
+  jax.tree.map(np.testing.assert_array_equal, averaged, last_two)
+  with pytest.raises(
+    ValueError, match=r"'avg_best:3' needs 3 best checkpoints, but the run kept 2"
+  ):
+    checkpoints.load_params(workdir, target, 'avg_best:3')
+  with pytest.raises(ValueError, match='expected avg_best:N with N a positive integer'):
+    checkpoints.load_params(workdir, target, 'avg_best:0')
+
+
+def test_best_checkpoint_of_a_run_that_kept_none_names_the_key(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r'kept none \(config.keep_best_checkpoints=0\)'):
+    checkpoints.load_params(str(tmp_path), None, 'best')
 
 
 def test_greedy_results_do_not_overwrite_beam_results(run):

@@ -622,12 +622,14 @@ def test_resume_that_changes_vocabulary_type_or_optimizer_is_refused(
   assert _snapshot(workdir) == before
 
 
-def test_resume_may_change_decoding_schedule_and_regularisation(small_run, copied_run):
+def test_resume_may_change_decoding_selection_schedule_and_regularisation(small_run, copied_run):
   workdir, before = copied_run
   _, corpus, data_dir = small_run
   changes = {
     'decode.beam_size': 5,
     'decode.alpha': 1.0,
+    'keep_best_checkpoints': 3,
+    'early_stopping_patience': 4,
     'schedule': 'cosine',
     'peak_learning_rate': 0.002,
     'model.ffn_dropout_rate': 0.1,

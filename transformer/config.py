@@ -159,6 +159,8 @@ CONFIG_RULES: dict[str, Rule] = {
   'eval_bleu_decoder': one_of(EVAL_BLEU_DECODERS),
   'checkpoint_every_steps': POSITIVE_INT,
   'keep_checkpoints': POSITIVE_INT,
+  'keep_best_checkpoints': integer(0),  # 0: none.
+  'early_stopping_patience': integer(0),  # 0: never stops early.
   'target_metric': one_of(TARGET_METRICS),
   'decode.beam_size': POSITIVE_INT,
   'decode.alpha': real(0.0),  # GNMT length penalty exponent; 0: none.
@@ -267,6 +269,16 @@ def _task_errors(c) -> list[str]:
       f'config.model.architecture={c.model.architecture!r} does not fit '
       f'config.data.dataset={c.data.dataset!r}: a decoder_only model trains on '
       f'monolingual text {datasets.LM_DATASETS}, an encoder_decoder one on parallel text.'
+    )
+  uses_bleu = [
+    f'config.{key}={c[key]}'
+    for key in ('keep_best_checkpoints', 'early_stopping_patience')
+    if c[key]
+  ]
+  if uses_bleu and not c.eval_bleu_sentences:
+    errors.append(
+      f'{" and ".join(uses_bleu)}: selecting by validation BLEU needs '
+      'config.eval_bleu_sentences > 0 (a translation model); it is 0.'
     )
   if decoder_only and c.eval_bleu_sentences:
     errors.append(
@@ -441,6 +453,8 @@ ADDED_KEYS: dict[str, Any] = {
   'decode.alpha': 0.6,
   'decode.max_extra_len': 50,
   'data.spm_model_type': 'unigram',
+  'keep_best_checkpoints': 0,
+  'early_stopping_patience': 0,
   'mesh.rules': (
     ('batch', ('data', 'fsdp')),
     ('embed', 'fsdp'),

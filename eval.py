@@ -5,8 +5,8 @@ search by default, with the run's config.decode settings, by default the paper's
 beam 4, alpha 0.6, max length = source + 50; --beam_size, --alpha and
 --max_extra_len override them)
 and writes WORKDIR/eval/<checkpoint>-<split>.txt and .json (with a suffix such as
-`-greedy` for other decoding settings) (sacreBLEU, chrF, each with its bootstrap
-95% confidence interval (--n_bootstrap), length ratio, decode speed), and the
+`-greedy` for other decoding settings) (sacreBLEU cased and lowercased, chrF, each with
+its bootstrap 95% confidence interval (--n_bootstrap), length ratio, decode speed), and the
 references scored against (WORKDIR/eval/references-<split>.txt; compare.py tests
 two results for a significant difference). Also translates arbitrary text (--input_file),
 follows a training run (--watch) and draws attention maps (--attention_plot).

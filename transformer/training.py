@@ -674,7 +674,7 @@ def _train_and_evaluate(
     if eval_now:
       evaluated = run_eval(step)
       summary.update(evaluated)
-      stop_early = track_best(step, evaluated)
+      stop_early = track_best(step, evaluated) and step < last_step  # At the end: just the end.
     if save_now or stop_early:
       checkpointer.save(step, state, train_iter, force=True)
     if preempted:

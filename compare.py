@@ -4,9 +4,10 @@
       workdirs/rope/eval/step_300-validation.json [--test=ar] [--n_samples=N]
 
 Each argument is an eval.py translation result (.json) or a workdir holding exactly
-one (of --split). Prints every system's BLEU and chrF with its bootstrap 95%
-confidence interval, the p-value of sacreBLEU's paired test against the first
-system (the baseline) and, in words, which differences are significant at 0.05.
+one (of --split). Prints every system's BLEU and chrF (--metrics; also bleu_lc, BLEU
+on lowercased text) with its bootstrap 95% confidence interval, the p-value of
+sacreBLEU's paired test against the first system (the baseline) and, in words,
+which differences are significant at 0.05.
 The systems must have been scored on the same split against the same references.
 SACREBLEU_SEED (default 12345) seeds the test, as it does sacreBLEU's own
 `sacrebleu REFERENCES -i A.txt B.txt --paired-bs`, which gives the same p-values.
@@ -28,7 +29,11 @@ _TEST = flags.DEFINE_enum(
 _N_SAMPLES = flags.DEFINE_integer(
   'n_samples', 0, "Resamples (bs) or trials (ar); 0: sacreBLEU's defaults, 1000 and 10000."
 )
-_METRICS = flags.DEFINE_list('metrics', list(significance.METRICS), 'Metrics to test: bleu, chrf.')
+_METRICS = flags.DEFINE_list(
+  'metrics',
+  list(significance.DEFAULT_METRICS),
+  'Metrics to test: bleu, chrf, bleu_lc (BLEU on lowercased text, as Multi30k papers report).',
+)
 _OUTPUT = flags.DEFINE_string('output', None, 'Also write the comparison to this JSON file.')
 
 

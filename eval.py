@@ -1,10 +1,12 @@
-"""Evaluates checkpoints: `python eval.py --workdir=DIR [--checkpoint=latest|STEP|avg:N]`.
+"""Evaluates checkpoints: `python eval.py --workdir=DIR [--checkpoint=latest|STEP|avg:N|best]`.
 
 Reads the run's resolved config from WORKDIR/config.json, decodes a split (beam
-search by default, as in the paper: beam 4, alpha 0.6, max length = source + 50)
+search by default, with the run's config.decode settings, by default the paper's:
+beam 4, alpha 0.6, max length = source + 50; --beam_size, --alpha and
+--max_extra_len override them)
 and writes WORKDIR/eval/<checkpoint>-<split>.txt and .json (with a suffix such as
-`-greedy` for other decoding settings) (sacreBLEU, chrF, each with its bootstrap
-95% confidence interval (--n_bootstrap), length ratio, decode speed), and the
+`-greedy` for other decoding settings) (sacreBLEU cased and lowercased, chrF, each with
+its bootstrap 95% confidence interval (--n_bootstrap), length ratio, decode speed), and the
 references scored against (WORKDIR/eval/references-<split>.txt; compare.py tests
 two results for a significant difference). Also translates arbitrary text (--input_file),
 follows a training run (--watch) and draws attention maps (--attention_plot).
@@ -29,7 +31,10 @@ from transformer.tools import attention_maps
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
 _CHECKPOINT = flags.DEFINE_string(
-  'checkpoint', 'latest', "'latest', a step number, or 'avg:N' (average the last N)."
+  'checkpoint',
+  'latest',
+  "'latest', a step number, 'avg:N' (average the last N), 'best' (the best validation BLEU "
+  "kept by config.keep_best_checkpoints) or 'avg_best:N' (average the N best).",
 )
 _SPLIT = flags.DEFINE_string('split', None, "Split to evaluate (default: config's test_split).")
 _DECODER = flags.DEFINE_enum(
@@ -38,9 +43,12 @@ _DECODER = flags.DEFINE_enum(
   inference.DECODERS,
   'Decoding algorithm (default: beam for translation, greedy for a language model).',
 )
-_BEAM_SIZE = flags.DEFINE_integer('beam_size', 4, 'Beam width (paper: 4).')
-_ALPHA = flags.DEFINE_float('alpha', 0.6, 'Length penalty exponent (paper: 0.6).')
-_MAX_EXTRA_LEN = flags.DEFINE_integer('max_extra_len', 50, 'Output limit: input length + this.')
+# Unless given, the run's config.decode values (runs older than config.decode: the defaults).
+_BEAM_SIZE = flags.DEFINE_integer('beam_size', 4, 'Beam width (default: config.decode.beam_size).')
+_ALPHA = flags.DEFINE_float('alpha', 0.6, 'Length penalty exponent (default: config.decode.alpha).')
+_MAX_EXTRA_LEN = flags.DEFINE_integer(
+  'max_extra_len', 50, 'Output limit: input length + this (default: config.decode.max_extra_len).'
+)
 _TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Sampling temperature (0: greedy).')
 _TOP_K = flags.DEFINE_integer('top_k', 0, 'Sample from the k most likely tokens (0: all).')
 _TOP_P = flags.DEFINE_float('top_p', 1.0, 'Nucleus sampling mass (1.0: all).')
@@ -95,11 +103,10 @@ def main(argv):
     verb = 'is' if len(unsupported) == 1 else 'are'
     raise app.UsageError(f'{" and ".join(unsupported)} {verb} not for a {task.name} model.')
   decoder = _DECODER.value if flags.FLAGS['decoder'].present else task.default_decoder
-  options = inference.DecodeOptions(
-    decoder=decoder,
-    beam_size=_BEAM_SIZE.value,
-    alpha=_ALPHA.value,
-    max_extra_len=_MAX_EXTRA_LEN.value,
+  options = inference.DecodeOptions.from_config(
+    config,
+    decoder,
+    **{f.name: f.value for f in (_BEAM_SIZE, _ALPHA, _MAX_EXTRA_LEN) if f.present},
     temperature=_TEMPERATURE.value,
     top_k=_TOP_K.value,
     top_p=_TOP_P.value,

@@ -39,8 +39,12 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Optimisation (section 5.3 of the paper).
   config.num_train_steps = 1500  # Optimizer updates to train for (~15 epochs).
-  config.warmup_steps = 400  # Linear warmup of the inverse-sqrt schedule (paper: 4000).
+  config.warmup_steps = 400  # Steps of linear warmup to the peak learning rate (paper: 4000).
   config.lr_scale = 0.5  # Multiplier on d_model^-0.5 * min(step^-0.5, step*warmup^-1.5).
+  config.schedule = 'inverse_sqrt'  # After warmup: 'inverse_sqrt' (paper), 'linear' or 'cosine'.
+  config.peak_learning_rate = config_dict.placeholder(float)  # At warmup's end; None: lr_scale's.
+  config.final_lr_fraction = 0.0  # linear/cosine: rate at num_train_steps, a fraction of the peak.
+  config.weight_decay = 0.0  # AdamW's decoupled decay (0: Adam); not of biases and norm scales.
   config.adam_b1 = 0.9  # Adam beta1 (paper: 0.9).
   config.adam_b2 = 0.98  # Adam beta2 (paper: 0.98).
   config.adam_eps = 1e-9  # Adam epsilon (paper: 1e-9).
@@ -53,10 +57,18 @@ def get_config() -> ml_collections.ConfigDict:
   config.log_every_steps = 25  # Console/metrics cadence for training rows.
   config.eval_every_steps = 250  # Validation loss cadence (always also at the end).
   config.eval_bleu_sentences = 512  # Validation sentences decoded for BLEU per eval (0: off).
-  config.eval_bleu_decoder = 'greedy'  # 'greedy' or 'beam' (beam 4, alpha 0.6) for that BLEU.
+  config.eval_bleu_decoder = 'greedy'  # 'greedy' or 'beam' (config.decode's) for that BLEU.
   config.checkpoint_every_steps = 100  # Checkpoint cadence (always also at the end).
   config.keep_checkpoints = 5  # Most recent checkpoints kept on disk.
+  config.keep_best_checkpoints = 0  # Also keep the params of the N best val-BLEU evals (0: none).
+  config.early_stopping_patience = 0  # Stop after N evals without a better val BLEU (0: never).
   config.target_metric = 'eval_bleu'  # Ranks sweep trials: 'eval_bleu' (best) or 'eval_loss'.
+
+  # Decoding (section 6.1): eval.py's defaults (its flags override them), validation BLEU's beam.
+  config.decode = ml_collections.ConfigDict()
+  config.decode.beam_size = 4  # Beam width (paper: 4).
+  config.decode.alpha = 0.6  # GNMT length penalty exponent (paper: 0.6; 0: none).
+  config.decode.max_extra_len = 50  # Output limit: source length + this (paper: 50).
 
   # Model (section 3); read through transformer.model.ModelConfig.
   config.model = ml_collections.ConfigDict()
@@ -67,6 +79,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.d_ff = 1024  # d_ff: inner width of the position-wise FFN.
   config.model.dropout_rate = 0.1  # P_drop on sub-layer outputs and embedding sums.
   config.model.attention_dropout_rate = 0.0  # Dropout on attention weights (paper: none).
+  config.model.ffn_dropout_rate = 0.0  # Dropout on the FFN's activation, after act() (paper: none).
   config.model.norm = 'post_ln'  # 'post_ln' (paper), 'pre_ln' or 'rmsnorm' (pre-norm RMSNorm).
   config.model.position = 'sinusoidal'  # 'sinusoidal' (paper), 'learned', 'rope' or 'alibi'.
   config.model.ffn_activation = 'relu'  # FFN nonlinearity: 'relu' (paper), 'gelu' or 'swiglu'.
@@ -90,6 +103,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.max_eval_len = 256  # Packed row length for evaluation (never drops a line).
   config.data.tokens_per_batch = 4096  # Global token budget per side per batch.
   config.data.spm_train_sentences = 1_000_000  # Sentences sampled to train SentencePiece.
+  config.data.spm_model_type = 'unigram'  # SentencePiece's 'unigram' or 'bpe' (a vocabulary each).
   config.data.num_workers = 0  # Grain worker processes reading/packing training batches (0: none).
   config.data.lines_per_document = 1  # Language models: consecutive lines joined per document.
 

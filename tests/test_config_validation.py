@@ -4,6 +4,7 @@ import importlib
 import math
 import pathlib
 
+import ml_collections
 import pytest
 
 from configs import default, lm_default, tiny
@@ -50,6 +51,15 @@ def test_every_field_of_every_config_has_a_rule_and_is_valid(name):
     ('dtype', 'float16', "config.dtype='float16' is not one of ('float32', 'bfloat16')"),
     ('mesh.fsdp', 0, 'config.mesh.fsdp=0 must be a positive integer or -1'),
     ('grad_clip_norm', -1.0, 'config.grad_clip_norm=-1.0 must be a finite number in [0, inf)'),
+    ('schedule', 'exponential', "config.schedule='exponential' is not one of ('inverse_sqrt',"),
+    ('peak_learning_rate', 0.0, 'config.peak_learning_rate=0.0 must be None or a finite positive'),
+    ('final_lr_fraction', 1.5, 'config.final_lr_fraction=1.5 must be a finite number in [0, 1]'),
+    ('weight_decay', -0.01, 'config.weight_decay=-0.01 must be a finite number in [0, inf)'),
+    ('decode.beam_size', 0, 'config.decode.beam_size=0 must be a positive integer'),
+    ('decode.alpha', -0.5, 'config.decode.alpha=-0.5 must be a finite number in [0, inf)'),
+    ('data.spm_model_type', 'char', "config.data.spm_model_type='char' is not one of ('unigram',"),
+    ('keep_best_checkpoints', -1, 'config.keep_best_checkpoints=-1 must be an integer >= 0'),
+    ('early_stopping_patience', -2, 'config.early_stopping_patience=-2 must be an integer >= 0'),
   ],
 )
 def test_a_value_outside_its_domain_is_named(key, value, message):
@@ -81,6 +91,15 @@ def test_every_error_is_listed_at_once():
     ({'data.max_eval_len': 600}, 'must not exceed config.model.max_len=512'),
     ({'data.source_lang': 'de'}, "config.data.source_lang and target_lang are both 'de'"),
     ({'model.position': 'rope', 'model.d_model': 24, 'model.num_heads': 8}, 'must be even'),
+    (
+      {'schedule': 'cosine', 'num_train_steps': 400, 'warmup_steps': 400},
+      'config.num_train_steps=400 must exceed config.warmup_steps=400',
+    ),
+    (
+      {'keep_best_checkpoints': 3, 'early_stopping_patience': 5, 'eval_bleu_sentences': 0},
+      'config.keep_best_checkpoints=3 and config.early_stopping_patience=5: selecting by '
+      'validation BLEU needs config.eval_bleu_sentences > 0',
+    ),
   ],
 )
 def test_rules_across_keys(overrides, message):
@@ -131,3 +150,41 @@ def test_output_file_is_checked_before_any_work(tmp_path):
   assert f'the folder {tmp_path / "no"} does not exist' in error
   [error] = config_lib.writable_file_errors(str(tmp_path), '--output_file')
   assert 'is a directory' in error
+
+
+# Keys added with the recipe switches (issue 24): a run's config.json written before them.
+RECIPE_KEYS = (
+  'schedule',
+  'peak_learning_rate',
+  'final_lr_fraction',
+  'weight_decay',
+  'model.ffn_dropout_rate',
+  'decode.beam_size',
+  'decode.alpha',
+  'decode.max_extra_len',
+  'data.spm_model_type',
+  'keep_best_checkpoints',
+  'early_stopping_patience',
+)
+
+
+def test_runs_written_before_the_recipe_switches_load_with_their_behaviour():
+  config = default.get_config().to_dict()
+  for key in RECIPE_KEYS:
+    *groups, leaf = key.split('.')
+    target = config
+    for group in groups:
+      target = target[group]
+    del target[leaf]
+  del config['decode']  # Empty now: a config.json written before the group existed.
+  upgraded = config_lib.upgrade(ml_collections.ConfigDict(config))
+  # Today's defaults are what those runs did: the paper's schedule, Adam, no FFN dropout, the
+  # unigram vocabulary, no best checkpoints or early stopping, and eval.py's decoding defaults
+  # (beam 4, alpha 0.6, source length + 50).
+  assert config_lib.flatten(upgraded) == config_lib.flatten(default.get_config())
+  assert (upgraded.decode.beam_size, upgraded.decode.alpha, upgraded.decode.max_extra_len) == (
+    4,
+    0.6,
+    50,
+  )
+  config_lib.validate(upgraded, num_devices=1)

@@ -2,10 +2,12 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 import sacrebleu
@@ -21,9 +23,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope='module')
 def run(tmp_path_factory, synthetic_multi30k_dir, synthetic_multi30k_data_dir):
-  """A tiny model trained for 60 steps (checkpoints at 30 and 60) on a made-up corpus."""
+  """A tiny model trained for 60 steps (checkpoints at 30 and 60, both also kept as best
+  checkpoints) on a made-up corpus."""
   workdir = tmp_path_factory.mktemp('run')
   config = tiny.get_config()
+  config.keep_best_checkpoints = 2
   config.data.manual_dir = str(synthetic_multi30k_dir)
   config.data.data_dir = str(synthetic_multi30k_data_dir)
   training.train_and_evaluate(config, str(workdir))
@@ -68,17 +72,40 @@ def test_beam_eval_writes_translations_and_bleu_equal_to_sacrebleu_by_hand(run):
   # Bootstrap 95% intervals (sacreBLEU's, seeded) on every score, and on the console.
   by_hand = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references], n_bootstrap=1000)
   assert scores['bleu_ci'] == pytest.approx(by_hand._ci, abs=1e-9)
-  for key in ('bleu', 'chrf', 'bleu_tokenized_compound_split'):
+  # BLEU on lowercased text, the Multi30k literature's: `sacrebleu -lc`.
+  lowercased = sacrebleu.metrics.BLEU(lowercase=True)
+  by_hand = lowercased.corpus_score(hypotheses, [references], n_bootstrap=1000)
+  assert scores['bleu_lc'] == pytest.approx(by_hand.score, abs=1e-9)
+  assert scores['bleu_lc_ci'] == pytest.approx(by_hand._ci, abs=1e-9)
+  assert '|case:lc|eff:no|tok:13a|' in scores['bleu_lc_signature']
+  for key in ('bleu', 'bleu_lc', 'chrf', 'bleu_tokenized_compound_split'):
     assert 0 < scores[f'{key}_ci'] < 5, key
   assert (
     f'step_60 validation (200 sentences): BLEU {scores["bleu"]:.2f} ± '
-    f'{scores["bleu_ci"]:.2f}, chrF {scores["chrf"]:.2f} ± {scores["chrf_ci"]:.2f}'
+    f'{scores["bleu_ci"]:.2f}, chrF {scores["chrf"]:.2f} ± {scores["chrf_ci"]:.2f}, '
+    f'lowercased BLEU {scores["bleu_lc"]:.2f} ± {scores["bleu_lc_ci"]:.2f}'
   ) in (result.stdout)
   # The references scored against lie beside the results, for compare.py and sacreBLEU's CLI.
   assert (out / 'references-validation.txt').read_text(encoding='utf-8').split('\n')[:-1] == (
     references
   )
   assert scores['unscored_lines'] == []
+
+
+def test_decoding_settings_default_to_the_runs_config_and_flags_override_them(run, tmp_path):
+  workdir, _ = run
+  copy = tmp_path / 'run'
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('eval'))
+  saved = json.loads((copy / 'config.json').read_text())
+  saved['decode'] = {'beam_size': 2, 'alpha': 1.0, 'max_extra_len': 20}
+  (copy / 'config.json').write_text(json.dumps(saved))
+  result = _eval_py(f'--workdir={copy}', '--split=validation', '--alpha=0.6', '--n_bootstrap=1')
+  assert result.returncode == 0, result.stderr[-3000:]
+  # Beam width and length limit from the run's config, alpha from the flag.
+  [path] = (copy / 'eval').glob('step_60-validation*.json')
+  assert path.name == 'step_60-validation-beam2_alpha0.6_extra20.json'
+  scores = json.loads(path.read_text())
+  assert (scores['decoder'], scores['beam_size'], scores['alpha']) == ('beam', 2, 0.6)
 
 
 def test_checkpoint_averaging_averages_parameters(run):
@@ -90,6 +117,35 @@ def test_checkpoint_averaging_averages_parameters(run):
   p60, _ = checkpoints.load_params(workdir, target, 'latest')
   leaf = lambda p: np.asarray(p['encoder']['layer_0']['ffn']['wi']['kernel'])
   np.testing.assert_allclose(leaf(averaged), (leaf(p30) + leaf(p60)) / 2, rtol=1e-6)
+
+
+def test_best_checkpoints_are_chosen_by_validation_bleu(run):
+  workdir, config = run
+  target = evaluation.setup(config).abstract_state
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    bleus = {r['step']: r['eval_bleu'] for r in map(json.loads, f) if 'eval_bleu' in r}
+  assert sorted(bleus) == [30, 60]
+  best_step = max(sorted(bleus), key=lambda step: bleus[step])  # The earlier one on a tie.
+  best, label = checkpoints.load_params(workdir, target, 'best')
+  assert label == f'best_step_{best_step}'
+  same, _ = checkpoints.load_params(workdir, target, str(best_step))
+  jax.tree.map(np.testing.assert_array_equal, best, same)
+  # The 2 best are steps 30 and 60: their average is avg:2's.
+  averaged, label = checkpoints.load_params(workdir, target, 'avg_best:2')
+  assert label == 'avg_best2_30-60'
+  last_two, _ = checkpoints.load_params(workdir, target, 'avg:2')
+  jax.tree.map(np.testing.assert_array_equal, averaged, last_two)
+  with pytest.raises(
+    ValueError, match=r"'avg_best:3' needs 3 best checkpoints, but the run kept 2"
+  ):
+    checkpoints.load_params(workdir, target, 'avg_best:3')
+  with pytest.raises(ValueError, match='expected avg_best:N with N a positive integer'):
+    checkpoints.load_params(workdir, target, 'avg_best:0')
+
+
+def test_best_checkpoint_of_a_run_that_kept_none_names_the_key(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r'kept none \(config.keep_best_checkpoints=0\)'):
+    checkpoints.load_params(str(tmp_path), None, 'best')
 
 
 def test_greedy_results_do_not_overwrite_beam_results(run):

@@ -2,6 +2,7 @@
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,3 +44,26 @@ def test_feed_forward_is_relu_mlp():
   hidden = np.maximum(0, np.asarray(x) @ p['wi']['kernel'] + p['wi']['bias'])
   expected = hidden @ p['wo']['kernel'] + p['wo']['bias']
   np.testing.assert_allclose(ffn.apply(variables, x, deterministic=True), expected, rtol=1e-5)
+
+
+def test_ffn_dropout_drops_units_of_the_activation():
+  cfg = ModelConfig(vocab_size=10, d_model=8, d_ff=8, num_heads=2, ffn_dropout_rate=0.5)
+  ffn = layers.FeedForward(cfg)
+  x = jax.random.normal(jax.random.key(1), (2, 3, 8))
+  variables = ffn.init(jax.random.key(0), x, deterministic=True)
+  # W2 = I, b2 = 0: the output is the (dropped-out) activation itself.
+  params = nn.meta.unbox(variables['params'])
+  params['wo'] = {'kernel': jnp.eye(8), 'bias': jnp.zeros(8)}
+  hidden = np.maximum(0, np.asarray(x) @ params['wi']['kernel'] + params['wi']['bias'])
+  apply = lambda key, **kw: ffn.apply({'params': params}, x, rngs={'dropout': key}, **kw)
+  np.testing.assert_allclose(apply(jax.random.key(2), deterministic=True), hidden, rtol=1e-5)
+  dropped = np.asarray(apply(jax.random.key(2), deterministic=False))
+  kept = dropped != 0
+  # Each active unit is either dropped or scaled by 1 / (1 - rate); units ReLU zeroed stay 0.
+  np.testing.assert_allclose(dropped[kept], 2 * hidden[kept], rtol=1e-5)
+  assert 0.3 < kept[hidden > 0].mean() < 0.7 and not kept[hidden == 0].any()
+  # Rate 0 (the default) is no dropout, and draws no key.
+  plain = layers.FeedForward(cfg.replace(ffn_dropout_rate=0.0))
+  np.testing.assert_allclose(
+    plain.apply({'params': params}, x, deterministic=False), hidden, rtol=1e-5
+  )

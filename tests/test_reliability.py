@@ -588,6 +588,56 @@ def test_resume_with_any_model_field_changed_is_refused(small_run, copied_run):
   assert _snapshot(workdir) == before
 
 
+@pytest.mark.parametrize(
+  ('key', 'value', 'messages'),
+  [
+    # Another vocabulary (unigram -> BPE) reads the saved embeddings as other pieces'.
+    (
+      'data.spm_model_type',
+      'bpe',
+      ['belong to another model', "config.data.spm_model_type: 'unigram' -> 'bpe'"],
+    ),
+    # AdamW's state has an entry Adam's has not: the checkpoints are another optimizer's.
+    (
+      'weight_decay',
+      0.01,
+      [
+        'hold the optimizer state of another optimizer',
+        "config.weight_decay: 0.0 -> 0.01 turns AdamW's weight decay on or off",
+      ],
+    ),
+  ],
+)
+def test_resume_that_changes_vocabulary_type_or_optimizer_is_refused(
+  small_run, copied_run, key, value, messages
+):
+  workdir, before = copied_run
+  _, corpus, data_dir = small_run
+  config = _small_config(corpus, data_dir, num_train_steps=4, **{key: value})
+  with pytest.raises(ValueError) as error:
+    training.train_and_evaluate(config, str(workdir))
+  assert f'The checkpoints in {workdir}/checkpoints ' in str(error.value)
+  for message in messages:
+    assert message in str(error.value)
+  assert _snapshot(workdir) == before
+
+
+def test_resume_may_change_decoding_selection_schedule_and_regularisation(small_run, copied_run):
+  workdir, before = copied_run
+  _, corpus, data_dir = small_run
+  changes = {
+    'decode.beam_size': 5,
+    'decode.alpha': 1.0,
+    'keep_best_checkpoints': 3,
+    'early_stopping_patience': 4,
+    'schedule': 'cosine',
+    'peak_learning_rate': 0.002,
+    'model.ffn_dropout_rate': 0.1,
+  }
+  training.check_resume(_small_config(corpus, data_dir, num_train_steps=4, **changes), str(workdir))
+  assert _snapshot(workdir) == before
+
+
 def test_config_value_outside_its_domain_is_refused(small_run, copied_run):
   workdir, before = copied_run
   _, corpus, data_dir = small_run

@@ -95,6 +95,38 @@ def test_paired_bootstrap_p_values_are_sacrebleus_command_line_ones(systems, mon
   assert rows[0]['scores']['BLEU']['score'] == pytest.approx(written['bleu'], abs=1e-9)
 
 
+def test_lowercased_bleu_is_tested_as_sacrebleus_command_line_lc(systems, monkeypatch):
+  monkeypatch.setenv('SACREBLEU_SEED', '12345')
+  comparison = _compare(systems, metrics=['bleu', 'bleu_lc'], test='bs')
+  cli = json.loads(_sacrebleu_cli(systems, '--paired-bs', '-m', 'bleu', '-lc', '-f', 'json'))
+  rows = comparison['systems']
+  assert [row['scores']['BLEU-lc']['p_value'] for row in rows] == pytest.approx(
+    [system['BLEU']['p_value'] for system in cli], abs=1e-12, nan_ok=False
+  )
+  for ours, theirs in zip(rows, cli, strict=True):
+    assert ours['scores']['BLEU-lc']['score'] == pytest.approx(theirs['BLEU']['score'], abs=1e-9)
+    assert ours['scores']['BLEU-lc']['ci'] == pytest.approx(theirs['BLEU']['ci'], abs=1e-9)
+  assert '|case:lc|' in comparison['signatures']['BLEU-lc']
+  assert '|case:mixed|' in comparison['signatures']['BLEU']
+  # Adding a metric leaves the others' results as they were (the same resamples per system).
+  assert _compare(systems, metrics=['bleu'], test='bs')['systems'] == [
+    {**row, 'scores': {'BLEU': row['scores']['BLEU']}} for row in rows
+  ]
+  # The lowercased BLEU that eval.py writes is the score tested here.
+  written = json.loads(systems['base'].read_text())
+  assert rows[0]['scores']['BLEU-lc']['score'] == pytest.approx(written['bleu_lc'], abs=1e-9)
+  # The base's translations in lower case (the made-up German is upper case): as good lowercased,
+  # far worse cased.
+  base = significance.load_system(str(systems['base']))
+  lowered = [h.lower() for h in base.hypotheses]
+  path = _write_result(systems['base'].parent.parent / 'lower', base.references, lowered)
+  [_, lower] = significance.compare(
+    [base, significance.load_system(str(path))], metrics=['bleu', 'bleu_lc']
+  )['systems']
+  assert lower['scores']['BLEU-lc']['score'] == pytest.approx(written['bleu_lc'], abs=1e-9)
+  assert lower['scores']['BLEU']['score'] < written['bleu'] / 2
+
+
 def test_approximate_randomization_p_values_are_sacrebleus(systems, monkeypatch):
   monkeypatch.setenv('SACREBLEU_SEED', '12345')
   comparison = _compare(systems, metrics=['bleu'], test='ar', n_samples=500)
@@ -213,6 +245,13 @@ def test_scores_carry_seeded_intervals():
   assert 0 < scores['bleu_ci'] < 10 and 0 < scores['chrf_ci'] < 10
   assert abs(scores['bleu_bootstrap_mean'] - scores['bleu']) < scores['bleu_ci']
   assert scores['bleu_signature'].startswith('nrefs:1|bs:200|seed:12345|')
+  # BLEU on lowercased text, as `sacrebleu -lc` gives it, with its interval.
+  lowered = [h.lower() for h in hypotheses]
+  assert scores['bleu_lc'] == pytest.approx(scores['bleu'], abs=1e-9)  # The same case as the refs.
+  lower = scoring.corpus_scores(lowered, references, n_bootstrap=200)
+  assert lower['bleu_lc'] == pytest.approx(scores['bleu_lc'], abs=1e-9)
+  assert lower['bleu'] < scores['bleu'] / 2 and 0 < lower['bleu_lc_ci'] < 10
+  assert scores['bleu_lc_signature'].startswith('nrefs:1|bs:200|seed:12345|case:lc|')
   assert scoring.format_score(scores, 'bleu') == f'{scores["bleu"]:.2f} ± {scores["bleu_ci"]:.2f}'
   plain = scoring.corpus_scores(hypotheses, references)
   assert plain['bleu'] == scores['bleu'] and 'bleu_ci' not in plain

@@ -317,6 +317,11 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
     rng = np.random.default_rng(seed * 10 + list(losses).index(scale))
     hypotheses = [' '.join(w for w in r.split() if rng.random() > drops[scale]) for r in references]
     _fake_trial(Path(sweep.workdir(trial)), losses[scale][seed], references, hypotheses)
+    # The made-up translations are cased as the references, so their lowercased BLEU equals the
+    # cased one; another value shows which column the summary reads.
+    result = Path(sweep.workdir(trial)) / 'eval' / 'step_6-validation.json'
+    scores = json.loads(result.read_text())
+    result.write_text(json.dumps(scores | {'bleu_lc': scores['bleu'] + 1.0 + seed}))
 
   groups = sweep_summary.write(sweep)
   assert [(g.name, g.rank) for g in groups] == [
@@ -332,6 +337,13 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
     assert float(row['eval_loss_mean']) == pytest.approx(np.mean(values))
     assert float(row['eval_loss_std']) == pytest.approx(np.std(values, ddof=1))
     assert (float(row['eval_loss_min']), float(row['eval_loss_max'])) == (min(values), max(values))
+  # eval.py's BLEU on lowercased text beside the cased one, from each seed's result file.
+  for row, result in zip(rows, groups, strict=True):
+    written = [
+      json.loads((Path(t.workdir) / t.decode_result).read_text())['bleu_lc'] for t in result.trials
+    ]
+    assert float(row['decode_bleu_lc_mean']) == pytest.approx(np.mean(written), abs=1e-3)
+    assert result.values('decode_bleu_lc') == written
   trials = (tmp_path / 'root' / 'trials.csv').read_text().splitlines()
   assert len(trials) == 10 and trials[0].startswith('rank,best,trial,lr_scale,seed,status,')
 
@@ -371,6 +383,7 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
   assert markdown.split('`lr_scale=4.0` | ')[-1].split('\n')[0].endswith('| yes |')
   assert markdown.split('`lr_scale=1.0` | ')[-1].split('\n')[0].endswith('| no |')
   assert '**4.1500 ± 0.0500 [4.1000, 4.2000]**' in markdown  # The best's validation loss.
+  assert '| eval.py BLEU | eval.py BLEU (lc) |' in markdown
   trials_table = markdown.split('## Trials')[1]
   assert trials_table.count('| finished |') == 6 and trials_table.count('**finished**') == 3
   assert trials_table.index('`lr_scale=2.0,seed=2`') < trials_table.index('`lr_scale=1.0,seed=0`')
@@ -520,7 +533,7 @@ def test_two_by_two_sweep_with_seeds_writes_grouped_summaries(two_by_two):
   assert len(lines) == 5, lines
   assert lines[0] == (
     'rank,best,trial,lr_scale,seed,status,steps,train_loss,eval_loss,'
-    'best_eval_bleu,tokens_per_sec,decode_bleu,decode_result,error,workdir'
+    'best_eval_bleu,tokens_per_sec,decode_bleu,decode_bleu_lc,decode_result,error,workdir'
   )
   trials = {r['trial']: r for r in csv.DictReader(lines)}
   assert sorted(trials) == sorted(TWO_BY_TWO)

@@ -105,3 +105,31 @@ def test_existing_model_with_other_vocab_size_is_an_error(
 def test_too_large_vocab_is_a_clear_error():
   with pytest.raises(ValueError, match='vocab_size=5000'):
     tokenizer_lib.train_tokenizer(['ab cd', 'ef gh'] * 10, 5000)
+
+
+def test_bpe_vocabulary_is_named_apart_and_never_read_as_unigram(
+  tmp_path, write_parallel_corpus, config_for, small_tokenizer
+):
+  corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 300, 'val': 5})
+  unigram = config_for(tmp_path / 'tfds', corpus, vocab_size=VOCAB, spm_train_sentences=250)
+  bpe = config_for(
+    tmp_path / 'tfds', corpus, vocab_size=VOCAB, spm_train_sentences=250, spm_model_type='bpe'
+  )
+  # The unigram vocabulary keeps its name; the BPE one lies beside it under its own.
+  unigram_path, bpe_path = tokenizer_lib.vocab_path(unigram), tokenizer_lib.vocab_path(bpe)
+  assert unigram_path.endswith(f'_{VOCAB}_250.model')
+  assert bpe_path == unigram_path[: -len('.model')] + '_bpe.model'
+  tokenizer = tokenizer_lib.get_tokenizer(bpe)
+  assert tokenizer.model_type == 'bpe' and tokenizer.vocab_size == VOCAB
+  assert os.listdir(os.path.dirname(bpe_path)).count(os.path.basename(bpe_path)) == 1
+  assert not os.path.exists(unigram_path)
+  assert small_tokenizer.model_type == 'unigram'
+  # A model of the other type, named by config.data.vocab_path, is refused and left as it was.
+  model = tmp_path / 'spm.model'
+  model.write_bytes(small_tokenizer.serialized_model())
+  bpe.data.vocab_path = str(model)
+  with pytest.raises(
+    ValueError, match=r"is a unigram model but config.data.spm_model_type is 'bpe'"
+  ):
+    tokenizer_lib.get_tokenizer(bpe)
+  assert model.read_bytes() == small_tokenizer.serialized_model()

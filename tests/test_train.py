@@ -3,6 +3,7 @@ rejects bad input."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import tiny
-from transformer import training
+from transformer import optim, training
 from transformer.config import ModelConfig
 from transformer.tools import sweeps
 
@@ -56,6 +57,11 @@ def test_tiny_trains_and_loss_falls(data_dirs, tmp_path):
   train_losses = [r['train_loss'] for r in rows if 'train_loss' in r]
   eval_rows = [r for r in rows if 'eval_loss' in r]
   assert len(train_losses) == 6
+  # The logged learning rate is the optimizer's schedule at each logged update.
+  schedule = optim.learning_rate_schedule(config)
+  assert [r['learning_rate'] for r in rows if 'train_loss' in r] == pytest.approx(
+    [float(schedule(r['step'] - 1)) for r in rows if 'train_loss' in r], rel=1e-6
+  )
   assert train_losses[-1] < train_losses[0] - 0.5, train_losses
   assert [r['step'] for r in eval_rows] == [30, 60]
   assert eval_rows[-1]['eval_loss'] < eval_rows[0]['eval_loss']
@@ -125,6 +131,87 @@ def test_stopped_and_resumed_run_equals_uninterrupted(data_dirs, tmp_path):
   rows_a = {(r['step'], tuple(sorted(r))): r for r in strip(_metrics(straight))}
   rows_b = {(r['step'], tuple(sorted(r))): r for r in strip(_metrics(resumed))}
   assert rows_a == rows_b
+
+
+def _best_params(workdir):
+  """{step: params} of WORKDIR/best_checkpoints."""
+  best = os.path.join(workdir, 'best_checkpoints')
+  steps = sorted(int(name) for name in os.listdir(best) if name.isdigit())
+  restore = ocp.StandardCheckpointer().restore
+  return {step: restore(os.path.join(best, str(step), 'default')) for step in steps}
+
+
+def test_best_checkpoints_resume_exactly_and_early_stopping_stays_stopped(data_dirs, tmp_path):
+  overrides = dict(
+    num_train_steps=20,
+    eval_every_steps=5,
+    checkpoint_every_steps=10,
+    log_every_steps=5,
+    keep_best_checkpoints=2,
+  )
+  straight, resumed, stopped = tmp_path / 'straight', tmp_path / 'resumed', tmp_path / 'stopped'
+  training.train_and_evaluate(_tiny_config(data_dirs, **overrides), str(straight))
+  bleus = {r['step']: r['eval_bleu'] for r in _metrics(straight) if 'eval_bleu' in r}
+  assert sorted(bleus) == [5, 10, 15, 20]
+  # The parameters of the 2 evaluations with the highest validation BLEU are kept.
+  kept = _best_params(straight)
+  assert len(kept) == 2
+  assert sorted((bleus[s] for s in kept), reverse=True) == sorted(bleus.values(), reverse=True)[:2]
+  final_step, final_params, _ = _final_params(straight)
+  if final_step in kept:  # Then they are the final checkpoint's parameters.
+    jax.tree.map(np.testing.assert_array_equal, kept[final_step], final_params)
+
+  # A run that dies after evaluating step 15 but before checkpointing it: its best checkpoint of
+  # step 15 (if kept) belongs to a lost timeline; the resumed run evaluates step 15 again.
+  training.train_and_evaluate(
+    _tiny_config(data_dirs, **{**overrides, 'num_train_steps': 15}), str(resumed)
+  )
+  shutil.rmtree(resumed / 'checkpoints' / '15')
+  training.train_and_evaluate(_tiny_config(data_dirs, **overrides), str(resumed))
+  again = _best_params(resumed)
+  assert sorted(again) == sorted(kept)
+  jax.tree.map(np.testing.assert_array_equal, again, kept)
+
+  # Early stopping after 1 evaluation without a higher BLEU, at the step the straight run's
+  # BLEUs say (by hand: the first evaluation not above every earlier one).
+  expected = next(
+    (s for s in sorted(bleus) if any(bleus[s] <= bleus[p] for p in bleus if p < s)), None
+  )
+  assert expected is not None, f'no evaluation without improvement to stop at: {bleus}'
+  config = _tiny_config(data_dirs, **overrides, early_stopping_patience=1)
+  training.train_and_evaluate(config, str(stopped))
+  rows = _metrics(stopped)
+  assert max(r['step'] for r in rows) == expected
+  assert max(int(n) for n in os.listdir(stopped / 'checkpoints') if n.isdigit()) == expected
+  # The same command again trains nothing: the run stays stopped.
+  training.train_and_evaluate(config, str(stopped))
+  assert max(r['step'] for r in _metrics(stopped)) == expected
+  assert [r for r in _metrics(stopped) if 'train_loss' in r] == [
+    r for r in rows if 'train_loss' in r
+  ]
+
+
+def test_early_stopping_counts_evaluations_since_the_best_bleu(tmp_path):
+  path = tmp_path / 'metrics.jsonl'
+  rows = [
+    {'step': 5, 'train_loss': 5.0},
+    {'step': 5, 'eval_loss': 4.0, 'eval_bleu': 1.0},
+    {'step': 10, 'eval_loss': 3.9, 'eval_bleu': 2.0},
+    {'step': 15, 'eval_loss': 3.8, 'eval_bleu': 2.0},  # A tie does not improve.
+    {'step': 15, 'eval_loss': 3.8, 'eval_bleu': 2.0},  # Step 15 evaluated again by a resume.
+    {'step': 20, 'eval_loss': 3.7, 'eval_bleu': 1.5},
+    {'step': 25, 'eval_loss': 3.6, 'eval_bleu': 9.0},  # After the checkpoint: not counted.
+  ]
+  path.write_text(''.join(json.dumps(r) + '\n' for r in rows) + '{"step": 30, "eval_b')
+  stopping = training.EarlyStopping(patience=2).replay(str(path), last_step=20)
+  assert (stopping.best, stopping.best_step, stopping.since_best) == (2.0, 10, 2)
+  assert stopping.stop
+  assert not training.EarlyStopping(patience=3).replay(str(path), last_step=20).stop
+  assert not training.EarlyStopping(patience=0).replay(str(path), last_step=20).stop  # Off.
+  stopping.record(30, 2.5)
+  assert (stopping.best_step, stopping.since_best, stopping.stop) == (30, 0, False)
+  fresh = training.EarlyStopping(patience=1).replay(str(tmp_path / 'none.jsonl'), last_step=0)
+  assert fresh.best_step is None and not fresh.stop
 
 
 def test_incompatible_checkpoint_is_reported_and_kept(data_dirs, tmp_path):

@@ -1,6 +1,8 @@
 """Orbax checkpoints of the train state and the Grain iterator position, with resume checks.
 
-Layout (Orbax's default): WORKDIR/checkpoints/<step>/{state,data}/. Writes are
+Layout (Orbax's default): WORKDIR/checkpoints/<step>/{state,data}/, and with
+`config.keep_best_checkpoints` the parameters of the evaluations with the best
+validation BLEU in WORKDIR/best_checkpoints/<step>/ (`BestCheckpoints`). Writes are
 asynchronous and atomic (Orbax renames a finished temporary folder
 `<step>.orbax-checkpoint-tmp*` into place), so an interrupted save never leaves
 a checkpoint that looks complete; such folders are never read, and a training
@@ -316,6 +318,114 @@ class Checkpointer:
     self._manager.close()
 
 
+# Where `BestCheckpoints` keeps parameters, and the metric that ranks them (higher is better).
+BEST_DIRECTORY = 'best_checkpoints'
+BEST_METRIC = 'eval_bleu'
+
+
+class BestCheckpoints:
+  """The parameters of the evaluations with the best validation BLEU: WORKDIR/best_checkpoints.
+
+  Each evaluation's parameters are saved under its step with its `eval_bleu`
+  (Orbax's metrics) and array checksums; Orbax's CheckpointManager keeps the
+  `keep` with the highest BLEU (`best_fn`, `max_to_keep`) and deletes the
+  others. Parameters only: they are for evaluation (`eval.py --checkpoint=best`,
+  `avg_best:N`); a run resumes from WORKDIR/checkpoints, which keeps the latest.
+  """
+
+  def __init__(self, workdir: str, *, keep: int | None = None, read_only: bool = False):
+    self.directory = os.path.join(os.path.abspath(os.path.expanduser(workdir)), BEST_DIRECTORY)
+    if read_only and not os.path.isdir(self.directory):
+      raise FileNotFoundError(
+        f'No best checkpoints at {self.directory}: the run kept none '
+        "(config.keep_best_checkpoints=0). Use 'latest', a step or 'avg:N'."
+      )
+    self._manager = ocp.CheckpointManager(
+      self.directory,
+      options=ocp.CheckpointManagerOptions(
+        max_to_keep=keep,
+        best_fn=lambda metrics: metrics[BEST_METRIC],
+        best_mode='max',
+        keep_checkpoints_without_metrics=False,
+        create=not read_only,
+        read_only=read_only,
+        cleanup_tmp_directories=not read_only,
+      ),
+    )
+
+  def save(self, step: int, params, bleu: float) -> None:
+    """Starts an asynchronous save of `params` scored `bleu`; the worst beyond `keep` go."""
+    self._manager.save(
+      step,
+      args=ocp.args.StandardSave(params),
+      metrics={BEST_METRIC: float(bleu)},
+      custom_metadata={_CHECKSUMS_KEY: array_checksums(params)},
+      force=True,
+    )
+
+  def drop_after(self, step: int) -> None:
+    """Deletes the parameters of evaluations after `step`, which a resumed run does again.
+
+    They belong to a timeline that no longer exists (as `metrics.MetricsWriter.truncate_after`'s
+    rows); the resumed run evaluates the same steps again, exactly.
+    """
+    for later in [s for s in self._manager.all_steps() if s > step]:
+      logging.info(
+        'Deleting best checkpoint %s/%d: the run resumes from step %d.', self.directory, later, step
+      )
+      self._manager.delete(later)
+
+  def scores(self) -> dict[int, float]:
+    """{step: its validation BLEU}, best first (ties: the earlier step first)."""
+    scores = {s: float(self._manager.metrics(s)[BEST_METRIC]) for s in self._manager.all_steps()}
+    return dict(sorted(scores.items(), key=lambda item: (-item[1], item[0])))
+
+  def restore(self, step: int, abstract_params):
+    """The parameters of `step`, in `abstract_params`' shapes and shardings, checksums verified."""
+    try:
+      params = self._manager.restore(step, args=ocp.args.StandardRestore(abstract_params))
+      saved = self._manager.metadata(step).custom_metadata.get(_CHECKSUMS_KEY)
+    except Exception as e:
+      raise CorruptCheckpointError(
+        f'Best checkpoint {step} ({self.directory}/{step}) cannot be restored: '
+        f'{type(e).__name__}: {str(e).splitlines()[0][:400]}'
+      ) from e
+    restored = array_checksums(params)
+    damaged = sorted(k for k, v in restored.items() if saved is not None and saved.get(k) != v)
+    if damaged:
+      raise CorruptCheckpointError(
+        f'Best checkpoint {step} ({self.directory}/{step}) cannot be restored: '
+        f'{len(damaged)} arrays differ from the checksums written with them ({damaged[0]}, ...).'
+      )
+    logging.info('Restored best checkpoint %s/%d.', self.directory, step)
+    return params
+
+  def wait_until_finished(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.close()
+
+
+def select_best_steps(scores: dict[int, float], checkpoint: str) -> list[int]:
+  """Steps named by 'best' or 'avg_best:N' (the N with the highest BLEU), in step order.
+
+  `scores` is `BestCheckpoints.scores()`. Errors list what exists.
+  """
+  kept = ', '.join(f'{step} (BLEU {bleu:.2f})' for step, bleu in scores.items())
+  if not scores:
+    raise ValueError('There are no best checkpoints.')
+  count = '1' if checkpoint == 'best' else checkpoint[len('avg_best:') :]
+  if not count.isdigit() or int(count) < 1:
+    raise ValueError(f'checkpoint={checkpoint!r}: expected avg_best:N with N a positive integer.')
+  if int(count) > len(scores):
+    raise ValueError(
+      f'checkpoint={checkpoint!r} needs {count} best checkpoints, but the run kept '
+      f'{len(scores)} (config.keep_best_checkpoints): {kept}.'
+    )
+  return sorted(list(scores)[: int(count)])
+
+
 def select_steps(available: list[int], checkpoint: str) -> list[int]:
   """Steps named by `checkpoint`: 'latest', a step number, or 'avg:N' (the last N).
 
@@ -344,11 +454,20 @@ def select_steps(available: list[int], checkpoint: str) -> list[int]:
   )
 
 
+def _is_best(checkpoint: str) -> bool:
+  return checkpoint == 'best' or checkpoint.startswith('avg_best:')
+
+
 def load_params(workdir: str, abstract_state, checkpoint: str = 'latest'):
   """Parameters of one checkpoint, or the average of several (`avg:N`, section 6.1).
 
-  Returns the parameters and a label naming them (`step_1500`, `avg5_1100-1500`).
+  `checkpoint`: 'latest', a step, 'avg:N' (the last N), 'best' (the best
+  validation BLEU of `BestCheckpoints`) or 'avg_best:N' (the N best averaged).
+  Returns the parameters and a label naming them (`step_1500`, `avg5_1100-1500`,
+  `best_step_1200`, `avg_best3_900-1200-1500`).
   """
+  if _is_best(checkpoint):
+    return _load_best_params(workdir, abstract_state, checkpoint)
   checkpointer = Checkpointer(workdir, read_only=True)
   try:
     steps = select_steps(checkpointer.all_steps(), checkpoint)
@@ -361,6 +480,22 @@ def load_params(workdir: str, abstract_state, checkpoint: str = 'latest'):
   params = jax.tree.map(lambda x: x / len(steps), total) if len(steps) > 1 else total
   label = f'step_{steps[0]}' if len(steps) == 1 else f'avg{len(steps)}_{steps[0]}-{steps[-1]}'
   return params, label
+
+
+def _load_best_params(workdir: str, abstract_state, checkpoint: str):
+  best = BestCheckpoints(workdir, read_only=True)
+  try:
+    steps = select_best_steps(best.scores(), checkpoint)
+    total = None
+    for step in steps:
+      params = best.restore(step, abstract_state.params)
+      total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
+  finally:
+    best.close()
+  if len(steps) == 1:
+    return total, f'best_step_{steps[0]}'
+  label = f'avg_best{len(steps)}_' + '-'.join(map(str, steps))
+  return jax.tree.map(lambda x: x / len(steps), total), label
 
 
 def check_latest_compatible(workdir: str, abstract_state) -> None:

@@ -36,7 +36,11 @@ ARCHITECTURES = ('encoder_decoder', 'decoder_only')
 NORMS = ('post_ln', 'pre_ln', 'rmsnorm')
 POSITIONS = ('sinusoidal', 'learned', 'rope', 'alibi')
 FFN_ACTIVATIONS = ('relu', 'gelu', 'swiglu')
+# Learning-rate decay after warmup (`optim.learning_rate_schedule`); the first is the paper's.
+SCHEDULES = ('inverse_sqrt', 'linear', 'cosine')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+# SentencePiece's algorithms (`config.data.spm_model_type`); the first is the default.
+SPM_MODEL_TYPES = ('unigram', 'bpe')
 
 # What `config.target_metric` may rank sweep trials by.
 TARGET_METRICS = ('eval_bleu', 'eval_loss')
@@ -113,6 +117,9 @@ NAME = Rule('a non-empty string', lambda v: isinstance(v, str) and bool(v.strip(
 LANGUAGE = Rule(
   'a string (a language code; empty only for a language model)', lambda v: isinstance(v, str)
 )
+OPTIONAL_POSITIVE_REAL = Rule(
+  'None or a finite positive number', lambda v: v is None or POSITIVE_REAL.check(v)
+)
 OPTIONAL_PATH = Rule(
   'None or a non-empty path', lambda v: v is None or (isinstance(v, str) and bool(v.strip()))
 )
@@ -135,6 +142,10 @@ CONFIG_RULES: dict[str, Rule] = {
   'num_train_steps': POSITIVE_INT,
   'warmup_steps': POSITIVE_INT,
   'lr_scale': POSITIVE_REAL,
+  'schedule': one_of(SCHEDULES),
+  'peak_learning_rate': OPTIONAL_POSITIVE_REAL,  # None: lr_scale's (eq. 3).
+  'final_lr_fraction': real(0.0, 1.0),
+  'weight_decay': real(0.0),  # 0: Adam.
   'adam_b1': PROBABILITY,
   'adam_b2': PROBABILITY,
   'adam_eps': POSITIVE_REAL,
@@ -148,7 +159,12 @@ CONFIG_RULES: dict[str, Rule] = {
   'eval_bleu_decoder': one_of(EVAL_BLEU_DECODERS),
   'checkpoint_every_steps': POSITIVE_INT,
   'keep_checkpoints': POSITIVE_INT,
+  'keep_best_checkpoints': integer(0),  # 0: none.
+  'early_stopping_patience': integer(0),  # 0: never stops early.
   'target_metric': one_of(TARGET_METRICS),
+  'decode.beam_size': POSITIVE_INT,
+  'decode.alpha': real(0.0),  # GNMT length penalty exponent; 0: none.
+  'decode.max_extra_len': POSITIVE_INT,
   'model.architecture': one_of(ARCHITECTURES),
   'model.num_layers': POSITIVE_INT,
   'model.d_model': POSITIVE_INT,
@@ -156,6 +172,7 @@ CONFIG_RULES: dict[str, Rule] = {
   'model.d_ff': POSITIVE_INT,
   'model.dropout_rate': PROBABILITY,
   'model.attention_dropout_rate': PROBABILITY,
+  'model.ffn_dropout_rate': PROBABILITY,
   'model.norm': one_of(NORMS),
   'model.position': one_of(POSITIONS),
   'model.ffn_activation': one_of(FFN_ACTIVATIONS),
@@ -175,6 +192,7 @@ CONFIG_RULES: dict[str, Rule] = {
   'data.max_eval_len': integer(2),
   'data.tokens_per_batch': POSITIVE_INT,
   'data.spm_train_sentences': POSITIVE_INT,
+  'data.spm_model_type': one_of(SPM_MODEL_TYPES),
   'data.lines_per_document': POSITIVE_INT,
   'data.num_workers': integer(0),  # 0: batches are made in the training process.
   'mesh.data': MESH_SIZE,
@@ -215,6 +233,16 @@ def _model_errors(c) -> list[str]:
   return errors
 
 
+def _schedule_errors(c) -> list[str]:
+  if c.schedule != 'inverse_sqrt' and c.num_train_steps <= c.warmup_steps:
+    return [
+      f'config.schedule={c.schedule!r} decays from the end of warmup to config.num_train_steps: '
+      f'config.num_train_steps={c.num_train_steps} must exceed '
+      f'config.warmup_steps={c.warmup_steps}.'
+    ]
+  return []
+
+
 def _length_errors(c) -> list[str]:
   d = c.data
   errors = []
@@ -241,6 +269,16 @@ def _task_errors(c) -> list[str]:
       f'config.model.architecture={c.model.architecture!r} does not fit '
       f'config.data.dataset={c.data.dataset!r}: a decoder_only model trains on '
       f'monolingual text {datasets.LM_DATASETS}, an encoder_decoder one on parallel text.'
+    )
+  uses_bleu = [
+    f'config.{key}={c[key]}'
+    for key in ('keep_best_checkpoints', 'early_stopping_patience')
+    if c[key]
+  ]
+  if uses_bleu and not c.eval_bleu_sentences:
+    errors.append(
+      f'{" and ".join(uses_bleu)}: selecting by validation BLEU needs '
+      'config.eval_bleu_sentences > 0 (a translation model); it is 0.'
     )
   if decoder_only and c.eval_bleu_sentences:
     errors.append(
@@ -270,6 +308,7 @@ def _mesh_rule_errors(c) -> list[str]:
 # Each takes a config whose single values are in their domains; returns errors naming the keys.
 _CROSS_CHECKS: tuple[Callable[[ml_collections.ConfigDict], list[str]], ...] = (
   _model_errors,
+  _schedule_errors,
   _length_errors,
   _task_errors,
   _mesh_rule_errors,
@@ -333,6 +372,7 @@ class ModelConfig:
   d_ff: int = 2048
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
+  ffn_dropout_rate: float = 0.0  # On the FFN's hidden activation (fairseq's --activation-dropout).
   norm: str = 'post_ln'  # NORMS; pre-norm variants end each stack with a final norm.
   position: str = 'sinusoidal'  # POSITIONS; rope and alibi act inside self-attention.
   ffn_activation: str = 'relu'  # FFN_ACTIVATIONS.
@@ -379,6 +419,7 @@ class ModelConfig:
       d_ff=m.d_ff,
       dropout_rate=m.dropout_rate,
       attention_dropout_rate=m.attention_dropout_rate,
+      ffn_dropout_rate=m.ffn_dropout_rate,
       norm=m.norm,
       position=m.position,
       ffn_activation=m.ffn_activation,
@@ -395,13 +436,25 @@ class ModelConfig:
 # --- Runs written before a key existed ------------------------------------------------------------
 
 # Keys added to the project after runs were written -> the value those runs had (the paper's
-# model, no clipping, the sharding table of the time). `upgrade` fills them in.
+# model and schedule, Adam without clipping, the sharding table of the time). `upgrade` fills
+# them in.
 ADDED_KEYS: dict[str, Any] = {
   'model.architecture': 'encoder_decoder',
   'model.position': 'sinusoidal',
   'model.ffn_activation': 'relu',
   'model.use_bias': True,
+  'model.ffn_dropout_rate': 0.0,
   'grad_clip_norm': 0.0,
+  'schedule': 'inverse_sqrt',
+  'peak_learning_rate': None,
+  'final_lr_fraction': 0.0,
+  'weight_decay': 0.0,
+  'decode.beam_size': 4,
+  'decode.alpha': 0.6,
+  'decode.max_extra_len': 50,
+  'data.spm_model_type': 'unigram',
+  'keep_best_checkpoints': 0,
+  'early_stopping_patience': 0,
   'mesh.rules': (
     ('batch', ('data', 'fsdp')),
     ('embed', 'fsdp'),
@@ -421,6 +474,8 @@ def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     *groups, leaf = key.split('.')
     target = config
     for group in groups:
+      if group not in target:  # A group added since (e.g. decode).
+        target[group] = ml_collections.ConfigDict()
       target = target[group]
     if leaf not in target:
       target[leaf] = value
@@ -470,9 +525,9 @@ def _device_errors(config: ml_collections.ConfigDict, num_devices: int) -> list[
 
 # eval.py's flags -> their domains (the decoder and split are checked where they are used).
 DECODE_RULES: dict[str, Rule] = {
-  'beam_size': POSITIVE_INT,
-  'alpha': real(0.0),  # GNMT length penalty exponent; 0: none.
-  'max_extra_len': POSITIVE_INT,
+  'beam_size': CONFIG_RULES['decode.beam_size'],
+  'alpha': CONFIG_RULES['decode.alpha'],
+  'max_extra_len': CONFIG_RULES['decode.max_extra_len'],
   'temperature': real(0.0),  # 0: greedy.
   'top_k': integer(0),  # 0: every token.
   'top_p': real(0.0, 1.0, low_open=True),  # 1: every token.

@@ -76,7 +76,7 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
 
 
 def restore_params(run: Setup, workdir: str, checkpoint: str):
-  """(params, label) of `checkpoint` ('latest', a step, or 'avg:N') in `workdir`."""
+  """(params, label) of `checkpoint` ('latest', a step, 'avg:N', 'best', 'avg_best:N')."""
   return checkpoints.load_params(workdir, run.abstract_state, checkpoint)
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 
 import jax
+import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
@@ -59,6 +60,12 @@ class DecodeOptions:
     if self.max_extra_len != DecodeOptions.max_extra_len:
       parts.append(f'extra{self.max_extra_len}')
     return '_'.join(parts)
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, decoder: str, **flags) -> DecodeOptions:
+    """`decoder` with the run's `config.decode` settings, each overridden by `flags` given."""
+    settings = {k: config.decode[k] for k in ('beam_size', 'alpha', 'max_extra_len')}
+    return cls(decoder=decoder, **{**settings, **flags})
 
   def __post_init__(self):
     if self.decoder not in DECODERS:

@@ -158,6 +158,8 @@ class FeedForward(nn.Module):
   2016, exact erf form) or 'swiglu' (Shazeer 2020, "GLU Variants Improve
   Transformer"): FFN(x) = (Swish(x W) * (x V)) W2 with its own matrix V (`wv`);
   at equal d_ff it has 1.5x the FFN parameters (the paper shrinks d_ff by 2/3).
+  `ffn_dropout_rate` drops units of act(...) before W2 (fairseq's --activation-dropout,
+  tensor2tensor's relu_dropout; the paper has none).
   """
 
   config: ModelConfig
@@ -186,6 +188,7 @@ class FeedForward(nn.Module):
       h_NF = nn.gelu(h_NF, approximate=False)
     else:
       h_NF = nn.relu(h_NF)
+    h_NF = nn.Dropout(cfg.ffn_dropout_rate)(h_NF, deterministic=deterministic)  # Rate 0: h_NF.
     h_BLF = nn.with_logical_constraint(h_NF.reshape(batch, length, -1), ('batch', 'length', 'mlp'))
     out_ND = dense(cfg.d_model, ('mlp', 'embed'), 'wo')(h_BLF.reshape(batch * length, -1))
     return out_ND.reshape(batch, length, -1)

@@ -1,4 +1,5 @@
-"""Translation quality: sacreBLEU and chrF, and the paper's tokenized compound-split BLEU.
+"""Translation quality: sacreBLEU (cased and lowercased) and chrF, and the paper's tokenized
+compound-split BLEU.
 
 Each score can carry sacreBLEU's bootstrap 95% confidence interval (`n_bootstrap`
 resamples of the test sentences, seeded by the environment variable SACREBLEU_SEED,
@@ -46,28 +47,34 @@ def _score(
 def corpus_scores(
   hypotheses: Sequence[str], references: Sequence[str], n_bootstrap: int = 1
 ) -> dict:
-  """sacreBLEU's default BLEU (cased, 13a, on detokenized text) and chrF.
+  """sacreBLEU's default BLEU (cased, 13a, on detokenized text), the same lowercased, and chrF.
+
+  The lowercased BLEU (`bleu_lc`, sacreBLEU's `lowercase=True`: `sacrebleu -lc`) is
+  the score the Multi30k literature reports (BLEU on lowercased, tokenized text).
 
   Args:
     hypotheses: One system output per sentence.
     references: One reference per sentence.
     n_bootstrap: With more than 1, also each score's 95% confidence interval from
       that many bootstrap resamples (sacreBLEU's `corpus_score(n_bootstrap=...)`):
-      `bleu_ci`, `chrf_ci` (half-widths) and the resamples' means; the signatures
-      then name the resamples and seed (`bs:1000|seed:12345`).
+      `bleu_ci`, `bleu_lc_ci`, `chrf_ci` (half-widths) and the resamples' means; the
+      signatures then name the resamples and seed (`bs:1000|seed:12345`).
 
   Returns:
-    bleu, bleu_signature, chrf, chrf_signature, length_ratio, num_sentences
-    (and the interval keys above).
+    bleu, bleu_signature, bleu_lc, bleu_lc_signature, chrf, chrf_signature,
+    length_ratio, num_sentences (and the interval keys above).
   """
   if len(hypotheses) != len(references):
     raise ValueError(f'{len(hypotheses)} hypotheses for {len(references)} references.')
   check_n_bootstrap(n_bootstrap)
   bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+  bleu_lc = sacrebleu.metrics.BLEU(lowercase=True)
   results, score = _score(bleu, 'bleu', hypotheses, references, n_bootstrap)
+  results.update(_score(bleu_lc, 'bleu_lc', hypotheses, references, n_bootstrap)[0])
   results.update(_score(chrf, 'chrf', hypotheses, references, n_bootstrap)[0])
   results.update(
     bleu_signature=str(bleu.get_signature()),
+    bleu_lc_signature=str(bleu_lc.get_signature()),
     chrf_signature=str(chrf.get_signature()),
     length_ratio=score.sys_len / max(score.ref_len, 1),
     num_sentences=len(hypotheses),

@@ -1,13 +1,14 @@
-"""Shared SentencePiece (unigram) vocabulary for source and target.
+"""Shared SentencePiece vocabulary (unigram, or BPE) for source and target.
 
 Trained on the training split (both languages, at most
-`config.data.spm_train_sentences` sentences) with `config.vocab_size` pieces.
+`config.data.spm_train_sentences` sentences) with `config.vocab_size` pieces, by
+SentencePiece's `config.data.spm_model_type` algorithm ('unigram' or 'bpe').
 The model is saved at `config.data.vocab_path`, or by default next to the
 prepared data at `<dataset_dir>/spm_<lang>-<lang>_<vocab_size>_<sentences>.model`
-(`dataset_dir` is keyed by the data fingerprint). An existing model is loaded,
-never retrained or overwritten. For language-model data (one language) the
-vocabulary is trained on its texts and named `spm_<lang>_...` (`spm_lm1b_...`
-for lm1b).
+(`..._bpe.model` for BPE; `dataset_dir` is keyed by the data fingerprint). An
+existing model is loaded, never retrained or overwritten, and must be of the
+configured type. For language-model data (one language) the vocabulary is
+trained on its texts and named `spm_<lang>_...` (`spm_lm1b_...` for lm1b).
 """
 
 import os
@@ -19,6 +20,7 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 from absl import logging
+from sentencepiece import sentencepiece_model_pb2
 
 from transformer import datasets
 
@@ -88,6 +90,12 @@ class Tokenizer:
     """Returns the serialized SentencePiece model."""
     return self._proto
 
+  @property
+  def model_type(self) -> str:
+    """The SentencePiece algorithm that trained the model: 'unigram', 'bpe', ..."""
+    proto = sentencepiece_model_pb2.ModelProto.FromString(self._proto)
+    return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type).lower()
+
 
 def train_tokenizer(
   sentences: Iterable[str],
@@ -96,8 +104,9 @@ def train_tokenizer(
   model_path: str | None = None,
   max_sentences: int | None = None,
   num_threads: int = 2,
+  model_type: str = 'unigram',
 ) -> Tokenizer:
-  """Trains a unigram SentencePiece model from an iterator of sentences.
+  """Trains a SentencePiece model from an iterator of sentences.
 
   Args:
     sentences: Training sentences (no temporary text file is written).
@@ -106,6 +115,7 @@ def train_tokenizer(
       an existing file); None: not saved.
     max_sentences: SentencePiece's `input_sentence_size` (0/None: all).
     num_threads: Trainer threads.
+    model_type: SentencePiece's algorithm: 'unigram' or 'bpe'.
 
   Returns:
     The trained tokenizer.
@@ -118,7 +128,7 @@ def train_tokenizer(
     spm.SentencePieceTrainer.train(
       sentence_iterator=iter(sentences),
       model_writer=model,
-      model_type='unigram',
+      model_type=model_type,
       vocab_size=vocab_size,
       pad_id=PAD_ID,
       eos_id=EOS_ID,
@@ -151,7 +161,9 @@ def vocab_path(config: ml_collections.ConfigDict) -> str:
     langs = config.data.target_lang if config.data.dataset == 'text_lines' else 'lm1b'
   else:
     langs = '-'.join(sorted([config.data.source_lang, config.data.target_lang]))
-  name = f'spm_{langs}_{config.vocab_size}_{config.data.spm_train_sentences}.model'
+  # The unigram vocabulary keeps the name it had before BPE existed; another type is named.
+  kind = '' if config.data.spm_model_type == 'unigram' else f'_{config.data.spm_model_type}'
+  name = f'spm_{langs}_{config.vocab_size}_{config.data.spm_train_sentences}{kind}.model'
   return os.path.join(datasets.dataset_dir(config.data), name)
 
 
@@ -168,7 +180,7 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
 
   Raises:
     ValueError: If an existing model's vocabulary size differs from
-      `config.vocab_size`.
+      `config.vocab_size`, or its type from `config.data.spm_model_type`.
   """
   path = vocab_path(config)
   if os.path.exists(path):
@@ -191,6 +203,12 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
         f'config.vocab_size is {config.vocab_size}; use a matching '
         'config.vocab_size or another config.data.vocab_path.'
       )
+    if tokenizer.model_type != config.data.spm_model_type:
+      raise ValueError(
+        f'SentencePiece model {path} is a {tokenizer.model_type} model but '
+        f'config.data.spm_model_type is {config.data.spm_model_type!r}; use a matching '
+        'config.data.spm_model_type or another config.data.vocab_path.'
+      )
     logging.info('Loaded SentencePiece model %s.', path)
     return tokenizer
   logging.info('Training SentencePiece model %s.', path)
@@ -207,6 +225,7 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
     config.vocab_size,
     model_path=path,
     max_sentences=config.data.spm_train_sentences,
+    model_type=config.data.spm_model_type,
   )
   return Tokenizer.load(path)  # The file wins if another process wrote it first.
 

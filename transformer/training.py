@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -55,11 +56,27 @@ RESUMABLE_KEYS = (
   'data.vocab_path',
   'skip_nonfinite_steps',
   'target_metric',
+  'keep_best_checkpoints',
+  'early_stopping_patience',
+  'decode.beam_size',
+  'decode.alpha',
+  'decode.max_extra_len',
 )
 # Model keys that change training but not what the saved weights mean: a change on resume warns.
-_REGULARIZATION_KEYS = ('model.dropout_rate', 'model.attention_dropout_rate')
+_REGULARIZATION_KEYS = (
+  'model.dropout_rate',
+  'model.attention_dropout_rate',
+  'model.ffn_dropout_rate',
+)
 # Other keys whose change on resume would read the saved weights as another model's: refused.
-_WEIGHT_MEANING_KEYS = ('vocab_size', 'data.source_lang', 'data.target_lang')
+_WEIGHT_MEANING_KEYS = (
+  'vocab_size',
+  'data.source_lang',
+  'data.target_lang',
+  'data.spm_model_type',
+)
+# Keys that add an entry to the optimizer state when > 0: turning one on or off is refused.
+_OPTIMIZER_SWITCH_KEYS = ('weight_decay',)
 
 
 def _changes_weight_meaning(key: str) -> bool:
@@ -266,6 +283,18 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
       + '\nNothing was changed. Train this model in a new --workdir, '
       'or resume with the saved values (drop these overrides).'
     )
+  switched = [
+    f'config.{key}: {saved[key]!r} -> {current[key]!r}'
+    for key in _OPTIMIZER_SWITCH_KEYS
+    if key in saved and key in current and (saved[key] > 0) != (current[key] > 0)
+  ]
+  if switched:
+    raise ValueError(
+      f'The checkpoints in {checkpoint_dir} hold the optimizer state of another optimizer: '
+      f"{', '.join(switched)} turns AdamW's weight decay on or off (0: Adam). Nothing was "
+      'changed. Resume with the saved value (any value > 0 if it was on), or train in a new '
+      '--workdir.'
+    )
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -288,6 +317,46 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   with open(tmp, 'w') as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
   os.replace(tmp, path)
+
+
+@dataclasses.dataclass
+class EarlyStopping:
+  """Evaluations since the validation BLEU last improved; `stop` after `patience` of them."""
+
+  patience: int  # config.early_stopping_patience; 0: never stops.
+  best: float = -math.inf  # The highest validation BLEU so far ...
+  best_step: int | None = None  # ... and the step that scored it.
+  since_best: int = 0  # Evaluations since then (a tie does not improve).
+
+  def record(self, step: int, bleu: float) -> None:
+    if bleu > self.best:
+      self.best, self.best_step, self.since_best = bleu, step, 0
+    else:
+      self.since_best += 1
+
+  @property
+  def stop(self) -> bool:
+    return self.patience > 0 and self.since_best >= self.patience
+
+  def replay(self, metrics_path: str, last_step: int) -> EarlyStopping:
+    """Records the validation BLEU of the run's evaluations up to `last_step` (metrics.jsonl).
+
+    A resumed run so continues counting where it stopped, and a run that stopped
+    early stays stopped.
+    """
+    bleus = {}  # Step -> BLEU; a step evaluated twice (a run resumed at its end) counts once.
+    if os.path.exists(metrics_path):
+      with open(metrics_path) as f:
+        for line in f:
+          try:
+            row = json.loads(line)
+          except json.JSONDecodeError:
+            break  # A line cut short by a crash: nothing after it was committed.
+          if 'eval_bleu' in row and row['step'] <= last_step:
+            bleus[row['step']] = row['eval_bleu']
+    for step in sorted(bleus):
+      self.record(step, bleus[step])
+    return self
 
 
 def _last_good_checkpoint(checkpointer: checkpoints.Checkpointer) -> str | None:
@@ -460,6 +529,7 @@ def _train_and_evaluate(
   task = tasks.get_task(config)
   model, eval_model = create_models(model_config)
   optimizer = optim.create_optimizer(config)
+  learning_rate = optim.learning_rate_schedule(config)  # The optimizer's, for the log.
   abstract_state, state_shardings = abstract_state_and_shardings(
     model, optimizer, task, mesh, rules
   )
@@ -489,7 +559,13 @@ def _train_and_evaluate(
     provenance.record(workdir)  # Command line, git commit, package versions; warns on changes.
 
   writer = metrics.MetricsWriter(workdir)
+  stopping = EarlyStopping(config.early_stopping_patience).replay(writer.path, start_step)
   writer.truncate_after(start_step)
+  best = None  # The parameters of the evaluations with the best validation BLEU.
+  if config.keep_best_checkpoints:
+    best = checkpoints.BestCheckpoints(workdir, keep=config.keep_best_checkpoints)
+    cleanup.callback(best.close)
+    best.drop_after(start_step)
   batch_sharding = sharding.batch_sharding(mesh, rules)
   batch_shardings = {k: batch_sharding for k in task.batch_keys}
   train_step_fn = jax.jit(
@@ -530,14 +606,24 @@ def _train_and_evaluate(
     )
     return summary
 
-  logging.info(
-    'Training from step %d to %d on mesh %s.', start_step, config.num_train_steps, dict(mesh.shape)
-  )
+  def track_best(step: int, evaluated: dict[str, float]) -> bool:
+    """Keeps the parameters if their BLEU ranks among the best; True: stop early now."""
+    if 'eval_bleu' not in evaluated:
+      return False
+    if best is not None:
+      best.save(step, state.params, evaluated['eval_bleu'])
+    stopping.record(step, evaluated['eval_bleu'])
+    return stopping.stop
+
+  # A run that stopped early (its validation BLEU had not improved for `patience` evaluations)
+  # stays stopped; a larger config.early_stopping_patience lets it go on.
+  last_step = start_step if stopping.stop else config.num_train_steps
+  logging.info('Training from step %d to %d on mesh %s.', start_step, last_step, dict(mesh.shape))
   progress = _Progress(start_step, config.num_train_steps)
   monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps)
   train_sums, summary = None, {}
   profiler = _StepProfiler(os.path.join(workdir, 'profile'), start_step + 2, profile_steps)
-  for step in range(start_step + 1, config.num_train_steps + 1):
+  for step in range(start_step + 1, last_step + 1):
     batch = sharding.global_batch(next(train_iter), mesh, rules)
     profiler.before(step)
     with sharding.activated(mesh, rules):
@@ -570,9 +656,7 @@ def _train_and_evaluate(
       summary.update(
         steps_per_sec=steps_per_sec,
         tokens_per_sec=tokens_per_sec,
-        learning_rate=float(
-          optim.paper_schedule(config.model.d_model, config.warmup_steps, config.lr_scale)(step - 1)
-        ),
+        learning_rate=float(learning_rate(step - 1)),  # The rate update `step` used.
       )
       writer.write(step, summary)
       logging.info(
@@ -586,9 +670,12 @@ def _train_and_evaluate(
       )
       train_sums = None
 
+    stop_early = False
     if eval_now:
-      summary.update(run_eval(step))
-    if save_now:
+      evaluated = run_eval(step)
+      summary.update(evaluated)
+      stop_early = track_best(step, evaluated) and step < last_step  # At the end: just the end.
+    if save_now or stop_early:
       checkpointer.save(step, state, train_iter, force=True)
     if preempted:
       checkpointer.wait_until_finished()
@@ -601,13 +688,31 @@ def _train_and_evaluate(
         step,
       )
       break
+    if stop_early:
+      checkpointer.wait_until_finished()
+      logging.info(
+        'Stopped early after step %d: validation BLEU has not improved on %.2f (step %d) for '
+        '%d evaluations (config.early_stopping_patience); checkpoint %s/%d is committed.',
+        step,
+        stopping.best,
+        stopping.best_step,
+        stopping.since_best,
+        checkpointer.directory,
+        step,
+      )
+      break
     if hooks.after_step is not None:
       hooks.after_step(step, checkpointer.wait_until_finished)
 
   profiler.stop()  # A run that ended (or was preempted) within the traced steps.
-  if start_step >= config.num_train_steps:
-    logging.info('Nothing to train: the checkpoint is at step %d.', start_step)
+  if start_step >= last_step:
+    if stopping.stop:
+      logging.info('Nothing to train: the run stopped early, at step %d.', start_step)
+    else:
+      logging.info('Nothing to train: the checkpoint is at step %d.', start_step)
     summary = run_eval(start_step)
+  if best is not None:
+    best.wait_until_finished()
   checkpointer.wait_until_finished()
   writer.close()
   return summary

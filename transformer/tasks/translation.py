@@ -737,7 +737,14 @@ def watch(
         if not references_written:  # The same file for every checkpoint.
           write_references(config, workdir, split)
           references_written = True
-        writer.write(step, {f'{split}_bleu': results['bleu'], f'{split}_chrf': results['chrf']})
+        writer.write(
+          step,
+          {
+            f'{split}_bleu': results['bleu'],
+            f'{split}_bleu_lc': results['bleu_lc'],
+            f'{split}_chrf': results['chrf'],
+          },
+        )
         writer.flush()
         logging.info('step %d: %s BLEU %s', step, split, scoring.format_score(results, 'bleu'))
         evaluated.append(step)
@@ -817,13 +824,12 @@ class Translation:
     """`params -> metrics` that training adds to each evaluation.
 
     BLEU of the first `config.eval_bleu_sentences` validation sentences (none
-    if 0), decoded by `config.eval_bleu_decoder`.
+    if 0), decoded by `config.eval_bleu_decoder` with `config.decode`'s settings.
     """
     if config.eval_bleu_sentences == 0:
       return lambda params: {}
-    translate_fn = make_translate_fn(
-      model_config, inference.DecodeOptions(decoder=config.eval_bleu_decoder), mesh, rules
-    )
+    options = inference.DecodeOptions.from_config(config, config.eval_bleu_decoder)
+    translate_fn = make_translate_fn(model_config, options, mesh, rules)
     return lambda params: validation_bleu(config, params, tokenizer, translate_fn)
 
   @staticmethod
@@ -889,12 +895,13 @@ class Translation:
     text = (
       f'{label} {split} ({results["num_sentences"]} sentences): BLEU '
       f'{scoring.format_score(results, "bleu")}, chrF '
-      f'{scoring.format_score(results, "chrf")}{interval}\n'
+      f'{scoring.format_score(results, "chrf")}, lowercased BLEU '
+      f'{scoring.format_score(results, "bleu_lc")}{interval}\n'
       + json.dumps(
         {
           k: v
           for k, v in results.items()
-          if k in ('bleu', 'bleu_ci', 'chrf', 'chrf_ci', 'num_sentences')
+          if k in ('bleu', 'bleu_ci', 'bleu_lc', 'bleu_lc_ci', 'chrf', 'chrf_ci', 'num_sentences')
         }
       )
     )

@@ -33,7 +33,13 @@ from sacrebleu.significance import PairedTest
 from transformer import scoring
 
 ALPHA = 0.05  # Significance level of the verdicts.
-METRICS = ('bleu', 'chrf')  # What `compare` can test; sacreBLEU's defaults of each.
+# What `compare` can test (sacreBLEU's defaults of each; bleu_lc: BLEU lowercased, `-lc`) and
+# what it tests unless told.
+METRICS = ('bleu', 'chrf', 'bleu_lc')
+DEFAULT_METRICS = ('bleu', 'chrf')
+# Names of the scores in `compare`'s results: sacreBLEU's ('BLEU', 'chrF2'), but sacreBLEU names
+# the lowercased BLEU 'BLEU' too.
+_RENAMED = {'bleu_lc': 'BLEU-lc'}
 TESTS = {'bs': 'paired bootstrap resampling', 'ar': 'approximate randomization'}
 _RESULT_SUFFIXES = ('-perplexity.json', '-extrapolation.json')  # Language-model results.
 
@@ -189,19 +195,26 @@ def _sacrebleu_metrics(metrics: Sequence[str]) -> dict:
   unknown = sorted(set(metrics) - set(METRICS))
   if unknown or not metrics:
     raise ValueError(f'metrics={list(metrics)}: expected a non-empty subset of {list(METRICS)}.')
-  make = {'bleu': sacrebleu.metrics.BLEU, 'chrf': sacrebleu.metrics.CHRF}
+  make = {
+    'bleu': sacrebleu.metrics.BLEU,
+    'chrf': sacrebleu.metrics.CHRF,
+    'bleu_lc': lambda: sacrebleu.metrics.BLEU(lowercase=True),
+  }
   return {name: make[name]() for name in metrics}
 
 
 def compare(
-  systems: Sequence[System], metrics: Sequence[str] = METRICS, test: str = 'bs', n_samples: int = 0
+  systems: Sequence[System],
+  metrics: Sequence[str] = DEFAULT_METRICS,
+  test: str = 'bs',
+  n_samples: int = 0,
 ) -> dict[str, Any]:
   """Each system's scores with 95% intervals, and its p-value against the first (the baseline).
 
   Args:
     systems: What to compare; the first is the baseline. They must be comparable
       (`check_comparable`).
-    metrics: A subset of ('bleu', 'chrf').
+    metrics: A subset of `METRICS` ('bleu', 'chrf', 'bleu_lc').
     test: 'bs' (paired bootstrap resampling) or 'ar' (approximate randomization).
     n_samples: Bootstrap resamples or randomization trials; 0: sacreBLEU's
       defaults (1000 and 10000). An interval always comes from 1000 resamples at
@@ -211,6 +224,8 @@ def compare(
     A JSON-able dict: the test, samples, seed, split, sentence count, sacreBLEU's
     signatures and, per system, {metric: {score, mean, ci, p_value}} (p_value
     None for the baseline) and whether it differs significantly at `ALPHA`.
+    Metrics are named as sacreBLEU names them ('BLEU', 'chrF2'), the lowercased
+    BLEU 'BLEU-lc'.
   """
   if test not in TESTS:
     raise ValueError(f'test={test!r}: expected one of {sorted(TESTS)}.')
@@ -218,21 +233,30 @@ def compare(
     raise ValueError(f"n_samples={n_samples!r} must be an integer >= 0 (0: sacreBLEU's default).")
   check_comparable(systems)
   named = [(system.name, system.hypotheses) for system in systems]
-  paired = PairedTest(
-    named,
-    _sacrebleu_metrics(metrics),
-    [systems[0].references],
-    test_type=test,
-    n_samples=n_samples,
-    n_ar_confidence=0,
-  )
-  if paired._seed == 0:  # sacreBLEU passes `seed or None` to its tests.
-    raise ValueError(
-      "SACREBLEU_SEED=0 leaves sacreBLEU's paired tests unseeded (it reads 0 "
-      'as no seed): choose another seed.'
+  # One test per metric, so that the lowercased BLEU keeps a name of its own. Each test draws
+  # the same resamples for a system (its generator is seeded anew per system), so the results
+  # equal those of one test over all the metrics.
+  signatures, table = {}, {}
+  for metric, scorer in _sacrebleu_metrics(metrics).items():
+    paired = PairedTest(
+      named,
+      {metric: scorer},
+      [systems[0].references],
+      test_type=test,
+      n_samples=n_samples,
+      n_ar_confidence=0,
     )
-  signatures, table = paired()
-  metric_names = [key for key in table if key != 'System']  # sacreBLEU's: 'BLEU', 'chrF2'.
+    if paired._seed == 0:  # sacreBLEU passes `seed or None` to its tests.
+      raise ValueError(
+        "SACREBLEU_SEED=0 leaves sacreBLEU's paired tests unseeded (it reads 0 "
+        'as no seed): choose another seed.'
+      )
+    metric_signatures, metric_table = paired()
+    [(name, signature)] = metric_signatures.items()  # sacreBLEU's: 'BLEU', 'chrF2'.
+    name = _RENAMED.get(metric, name)
+    signatures[name] = signature
+    table[name] = metric_table[next(k for k in metric_table if k != 'System')]
+  metric_names = list(table)
   rows = []
   for index, system in enumerate(systems):
     # sacreBLEU's bootstrap test gives translations identical to the baseline's its smallest

@@ -43,6 +43,7 @@ COLUMNS = (
   'best_eval_bleu',
   'tokens_per_sec',
   'decode_bleu',
+  'decode_bleu_lc',
   'decode_result',
   'error',
   'workdir',
@@ -63,6 +64,7 @@ class TrialResult:
   best_eval_bleu: float | None = None  # Highest validation BLEU over the evaluations.
   tokens_per_sec: float | None = None  # Median over logging windows but the first (compiles).
   decode_bleu: float | None = None  # eval.py's BLEU, when the sweep ran it.
+  decode_bleu_lc: float | None = None  # eval.py's BLEU on lowercased text (Multi30k papers').
   decode_result: str | None = None  # eval.py's result file, relative to the workdir.
   error: str | None = None  # The failed stage's exception line.
   rank: int | None = None  # 1 = best by the target metric.
@@ -108,7 +110,8 @@ def collect(sweep: sweeps.Sweep, trial: sweeps.Trial) -> TrialResult:
   decode_result = stages.get('eval', {}).get('result')
   if decode_result and os.path.exists(os.path.join(workdir, decode_result)):
     with open(os.path.join(workdir, decode_result)) as f:
-      result.decode_bleu = json.load(f).get('bleu')
+      scores = json.load(f)
+    result.decode_bleu, result.decode_bleu_lc = scores.get('bleu'), scores.get('bleu_lc')
     result.decode_result = decode_result
   return result
 
@@ -177,6 +180,7 @@ def to_markdown(
 def _trials_table(results: Sequence[TrialResult], swept_keys: Sequence[str]) -> list[str]:
   """The per-trial markdown table, then the failed trials with their errors."""
   has_decode = any(r.decode_bleu is not None for r in results)
+  has_decode_lc = any(r.decode_bleu_lc is not None for r in results)  # Results before it: none.
   header = [
     'rank',
     'trial',
@@ -188,6 +192,7 @@ def _trials_table(results: Sequence[TrialResult], swept_keys: Sequence[str]) -> 
     'best val BLEU',
     'tokens/s',
     *(['eval.py BLEU'] if has_decode else []),
+    *(['eval.py BLEU (lc)'] if has_decode_lc else []),
   ]
   lines = ['| ' + ' | '.join(header) + ' |', '|' + ' --- |' * len(header)]
   for result in results:
@@ -202,6 +207,7 @@ def _trials_table(results: Sequence[TrialResult], swept_keys: Sequence[str]) -> 
       _fixed(result.best_eval_bleu, 2),
       _fixed(result.tokens_per_sec, 0),
       *([_fixed(result.decode_bleu, 2)] if has_decode else []),
+      *([_fixed(result.decode_bleu_lc, 2)] if has_decode_lc else []),
     ]
     if result.rank == 1:
       cells = [f'**{cell}**' if cell else cell for cell in cells]
@@ -321,6 +327,7 @@ GROUP_METRICS = (
   ('eval_loss', 'val loss', 4),
   ('best_eval_bleu', 'best val BLEU', 2),
   ('decode_bleu', 'eval.py BLEU', 2),
+  ('decode_bleu_lc', 'eval.py BLEU (lc)', 2),
   ('train_loss', 'train loss', 4),
 )
 STATISTICS = ('mean', 'std', 'min', 'max')
@@ -556,8 +563,12 @@ def groups_to_markdown(
   """Configurations ranked by the mean over seeds, the paired tests, then every trial."""
   column, higher_is_better = sweeps.TARGET_METRICS[target_metric]
   how = 'highest best' if higher_is_better else 'lowest final'
-  has_decode = any(g.values('decode_bleu') for g in groups)
-  metrics = [m for m in GROUP_METRICS if m[0] != 'decode_bleu' or has_decode]
+  # eval.py's columns only where some configuration has them.
+  metrics = [
+    m
+    for m in GROUP_METRICS
+    if not m[0].startswith('decode_') or any(g.values(m[0]) for g in groups)
+  ]
   header = ['rank', 'configuration', *swept_keys, 'seeds', 'status', *(m[1] for m in metrics)]
   lines = [
     f'# {title}',

@@ -1,5 +1,6 @@
 """Sweeps: the sweep-building helpers and trial names; sweep.py end to end on configs/tiny.py."""
 
+import concurrent.futures
 import csv
 import dataclasses
 import json
@@ -10,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -171,6 +173,47 @@ def test_trial_status_tells_a_running_trial_from_an_interrupted_one(tmp_path):
   state['host'] = socket.gethostname()
   (workdir / sweeps.STATE_FILE).write_text(json.dumps(state | {'pid': process.pid}))
   assert sweeps.trial_status(str(workdir)) == 'interrupted'  # The process is gone.
+
+
+class _StandInSweep(sweeps.Sweep):
+  """A sweep whose train stage is a stand-in for train.py: it exits 0 on SIGTERM, as train.py
+  does once it has checkpointed the current step."""
+
+  def commands(self, trial):
+    script = (
+      'import signal, sys, time\n'
+      'signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n'
+      'print("up", flush=True)\n'
+      'time.sleep(60)\n'
+    )
+    return [('train', [sys.executable, '-c', script, f'--workdir={self.workdir(trial)}'])]
+
+
+def test_a_stopped_trial_is_interrupted_although_train_py_exits_0(tmp_path):
+  config = tiny.get_config()
+  trial = sweeps.Trial(name='base', overrides={}, config=config)
+  sweep = _StandInSweep(
+    config_file='tiny.py',
+    config=config,
+    shared_overrides={},
+    sweep_file='sweep.py',
+    root=str(tmp_path),
+    trials=(trial,),
+  )
+  runner = sweeps._Runner(sweep)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    outcome = pool.submit(runner.run_trial, trial)
+    log = tmp_path / 'base' / 'train.log'
+    # The log's first line is the command, which contains the script: wait for its output line.
+    while '\nup\n' not in (log.read_text() if log.exists() else ''):
+      assert not outcome.done(), outcome.result()
+      time.sleep(0.05)
+    runner.stop()
+    assert outcome.result(timeout=30) == 'interrupted'
+  state = sweeps.read_state(str(tmp_path / 'base'))
+  assert state['stages']['train']['returncode'] == 0
+  assert state['stages']['train']['status'] == 'interrupted'  # Runs again next time.
+  assert sweeps.trial_status(str(tmp_path / 'base')) == 'interrupted'
 
 
 def _write_sweep(path: Path, body: str) -> Path:

@@ -696,10 +696,11 @@ class _Runner:
       returncode = process.wait()
       with self._lock:
         del self._processes[trial.name]
-    if returncode == 0:
-      status = 'finished'
+    if self.stopping.is_set():
+      # train.py exits 0 after checkpointing on SIGTERM: stopped, not finished.
+      status = 'interrupted'
     else:
-      status = 'interrupted' if self.stopping.is_set() else 'failed'
+      status = 'finished' if returncode == 0 else 'failed'
     record.update(status=status, returncode=returncode, seconds=round(time.time() - started, 1))
     if status == 'failed':
       record['error'] = _error_line(log_path, offset)

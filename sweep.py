@@ -22,6 +22,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from transformer import config as config_lib
 from transformer.tools import sweep_summary, sweeps
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -74,6 +75,7 @@ def _raise_keyboard_interrupt(signum, frame):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  sweeps.check_parallel(_PARALLEL.value, slurm=_EMIT.value == 'slurm')
   sweep = sweeps.create(
     config_flags.get_config_filename(flags.FLAGS['config']),
     _CONFIG.value,
@@ -84,6 +86,7 @@ def main(argv):
     seeds=_SEEDS.value,
     compare_to=_COMPARE_TO.value,
   )
+  sweeps.check_eval_flags(sweep)  # eval.py reads them only after training: checked now.
   if _DRY_RUN.value:
     print('\n'.join(sweeps.dry_run(sweep)))
     return
@@ -126,4 +129,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'sweep', 'workdir'])
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

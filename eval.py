@@ -19,13 +19,18 @@ language model) or sample (--temperature, --top_k, --top_p, --seed); at most
 """
 
 import os
+import signal
 import sys
 
-from absl import app, flags, logging
+# Ctrl-C ends this process at once while the libraries import (as in train.py); `main` makes it
+# a KeyboardInterrupt again.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-from transformer import checkpoints, evaluation, inference, scoring, tasks
-from transformer import config as config_lib
-from transformer.tools import attention_maps
+from absl import app, flags, logging  # noqa: E402
+
+from transformer import checkpoints, evaluation, inference, scoring, tasks  # noqa: E402
+from transformer import config as config_lib  # noqa: E402
+from transformer.tools import attention_maps  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
 _CHECKPOINT = flags.DEFINE_string(
@@ -86,6 +91,7 @@ _LENGTHS = flags.DEFINE_list(
 
 
 def main(argv):
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if _WORKDIR.value is None:

@@ -19,11 +19,15 @@ import shlex
 import signal
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+# Ctrl-C ends this process at once while the libraries import (as in train.py); `main` makes it
+# a KeyboardInterrupt again, which stops the running trials.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-from transformer import config as config_lib
-from transformer.tools import sweep_summary, sweeps
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from transformer import config as config_lib  # noqa: E402
+from transformer.tools import sweep_summary, sweeps  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Base config file of every trial.', lock_config=True
@@ -73,6 +77,7 @@ def _raise_keyboard_interrupt(signum, frame):
 
 
 def main(argv):
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   sweeps.check_parallel(_PARALLEL.value, slurm=_EMIT.value == 'slurm')

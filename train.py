@@ -9,13 +9,20 @@ hosts, run the same command on each (see `transformer/distributed.py`); the mesh
 (`--config.mesh.*`) spans the devices of all of them.
 """
 
+import signal
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+# Ctrl-C ends this process at once until the run's own handlers take over (the
+# PreemptionWatcher of training.train_and_evaluate): while the libraries import, Python's
+# KeyboardInterrupt can land in a garbage-collection callback (JAX registers one), where it is
+# only printed and the start-up goes on.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-from transformer import config as config_lib
-from transformer import distributed, dry_run, preemption, training
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from transformer import config as config_lib  # noqa: E402
+from transformer import distributed, dry_run, preemption, training  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')

@@ -284,6 +284,11 @@ def test_one_process_stops_at_the_step_after_a_signal(signum):
     # Before training starts (nothing to checkpoint) a signal stops at once.
     with pytest.raises(preemption.Interrupted, match=f'Stopped by {signum.name} before training'):
       os.kill(os.getpid(), signum)
+    # Had a library swallowed that exception (JAX's garbage-collection callback would), the run
+    # would still stop before its first step.
+    with pytest.raises(preemption.Interrupted):
+      watcher.arm()
+  with preemption.PreemptionWatcher() as watcher:
     watcher.arm()
     assert not watcher.reached(1)
     os.kill(os.getpid(), signum)  # Python runs the handler before the next statement.
@@ -1207,6 +1212,21 @@ def test_a_signal_during_data_preparation_stops_at_once_leaving_nothing_half_mad
   config = _config(synthetic_multi30k_dir, data_dir)
   vocab = tokenizer_lib.get_tokenizer(config)
   translation.prepare_ids(config, vocab)
+
+
+def test_ctrl_c_while_the_libraries_import_ends_train_py_at_once(train, tmp_path):
+  process = subprocess.Popen(
+    train.command(tmp_path / 'run'), cwd=REPO, env=train.env, stderr=subprocess.PIPE, text=True
+  )
+  time.sleep(0.5)  # JAX, TFDS and Orbax take seconds to import.
+  started = time.monotonic()
+  process.send_signal(signal.SIGINT)
+  stderr = process.communicate(timeout=120)[1]
+  # Killed by the signal while importing (never a KeyboardInterrupt that a library's garbage
+  # collection callback would swallow), or stopped at once if the run had begun.
+  assert process.returncode in (-signal.SIGINT, 128 + signal.SIGINT), stderr[-3000:]
+  assert time.monotonic() - started < 10
+  assert not (tmp_path / 'run').exists()
 
 
 def _warnings(stderr: str) -> list[str]:

@@ -62,6 +62,7 @@ class PreemptionWatcher:
     self._previous_handlers: dict[int, object] = {}
     self._service_off_logged = False
     self._armed = False
+    self._interrupted: int | None = None  # A signal before `arm()`.
 
   def __enter__(self) -> PreemptionWatcher:
     if not self._multi_process:
@@ -70,7 +71,13 @@ class PreemptionWatcher:
     return self
 
   def arm(self) -> None:
-    """From now on a signal stops the run after the current step, with a checkpoint of it."""
+    """From now on a signal stops the run after the current step, with a checkpoint of it.
+
+    Raises `Interrupted` for a signal that came before, if a library swallowed it (Python
+    only prints an exception raised in a garbage-collection callback, such as JAX's).
+    """
+    if self._interrupted is not None:
+      raise Interrupted(self._interrupted)
     self._armed = True
 
   def __exit__(self, *exc_info) -> None:
@@ -81,6 +88,7 @@ class PreemptionWatcher:
   def _on_signal(self, signum: int, frame: types.FrameType | None) -> None:
     del frame
     if not self._armed:
+      self._interrupted = signum
       raise Interrupted(signum)
     name = signal.Signals(signum).name
     if self.signal_name is not None and signum == signal.SIGINT:

@@ -1092,23 +1092,6 @@ def test_a_damaged_config_json_is_named_with_what_to_do(small_run, copied_run):
   assert _snapshot(workdir) == before
 
 
-def test_an_unknown_config_key_is_a_flag_error_with_the_nearest_key(tmp_path):
-  result = _subprocess(
-    'train.py',
-    '--config=configs/tiny.py',
-    f'--workdir={tmp_path}/run',
-    '--config.model.num_layer=2',
-  )
-  assert result.returncode == 1
-  assert _last_lines(result, 2) == [
-    'FATAL Flags parsing error: --config.model.num_layer: the config has no key '
-    'model.num_layer. Did you mean "num_layers" instead of "num_layer"?',
-    'Pass --helpshort or --helpfull to see help on flags.',
-  ], result.stderr[-3000:]
-  assert 'Traceback' not in result.stderr
-  assert not (tmp_path / 'run').exists()
-
-
 def test_a_users_file_given_as_vocabulary_is_named_and_kept(small_run, tmp_path):
   _, corpus, data_dir = small_run
   notes = tmp_path / 'notes.txt'

@@ -293,7 +293,7 @@ class Checkpointer:
     Rotated out: its folder is gone, or at least `keep` newer checkpoints are committed
     (the run deletes it right after committing the newest).
     """
-    newer = [s for s in _committed_steps(self.directory) if s > step]
+    newer = [s for s in committed_steps(self.directory) if s > step]
     rotated = self._keep is not None and len(newer) >= self._keep
     exists = os.path.isdir(os.path.join(self.directory, str(step)))
     if not self._read_only or (exists and not rotated):
@@ -302,7 +302,7 @@ class Checkpointer:
       f'Checkpoint {step} ({self.directory}/{step}) was removed while it was read: the '
       f'training run keeps its last {self._keep} checkpoints (config.keep_checkpoints) and '
       f'has committed newer ones since; the checkpoints now are at steps '
-      f'{_committed_steps(self.directory)}.'
+      f'{committed_steps(self.directory)}.'
     )
 
   def _corrupt(self, step: int, error: Exception | str) -> CorruptCheckpointError:
@@ -416,8 +416,12 @@ def select_steps(available: list[int], checkpoint: str) -> list[int]:
   )
 
 
-def _committed_steps(directory: str) -> list[int]:
-  """Steps of the committed checkpoints in `directory`, from its folder names."""
+def committed_steps(directory: str) -> list[int]:
+  """Steps of the committed checkpoints in `directory` (WORKDIR/checkpoints), by folder name.
+
+  Reads the folder only (no checkpoint manager): temporary folders of saves in flight are
+  not committed steps.
+  """
   try:
     return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
   except FileNotFoundError:

@@ -193,8 +193,9 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
           'This project writes its trained vocabulary there, so the file was damaged: move '
           f'it aside (mv {path} {path}.bad) to have a new one trained.'
         )
+      reason = str(e).strip().rstrip('.')
       raise ValueError(
-        f'{path} ({key}) is not a usable SentencePiece model: {e}. It was left as it is. {fix}'
+        f'{path} ({key}) is not a usable SentencePiece model: {reason}. It was left as it is. {fix}'
       ) from e
     if tokenizer.vocab_size != config.vocab_size:
       raise ValueError(

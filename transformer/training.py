@@ -235,14 +235,6 @@ def _saved_config(workdir: str) -> dict[str, Any] | None:
   return None if saved is None else _flatten(saved)
 
 
-def _committed_steps(workdir: str) -> list[int]:
-  """Steps of the committed checkpoints in WORKDIR/checkpoints (their folders), sorted."""
-  checkpoint_dir = os.path.join(workdir, 'checkpoints')
-  if not os.path.isdir(checkpoint_dir):
-    return []
-  return sorted(int(name) for name in os.listdir(checkpoint_dir) if name.isdigit())
-
-
 def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses a resume that would read the workdir's checkpoints as something else.
 
@@ -252,7 +244,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   checkpoint, and the data and an existing vocabulary must have the content the run
   recorded (`check_inputs`). Runs before anything is written.
   """
-  steps = _committed_steps(workdir)
+  steps = checkpoints.committed_steps(os.path.join(workdir, 'checkpoints'))
   if not steps:
     return
   checkpoint_dir = os.path.join(workdir, 'checkpoints')
@@ -293,7 +285,7 @@ def check_inputs(
   a checkpoint. The same content at another path is accepted.
   """
   current = provenance.inputs(config, vocabulary)
-  if not _committed_steps(workdir):
+  if not checkpoints.committed_steps(os.path.join(workdir, 'checkpoints')):
     return current
   changes = provenance.input_changes(provenance.recorded_inputs(workdir), current)
   if changes:

@@ -21,13 +21,18 @@ language model) or sample (--temperature, --top_k, --top_p, --seed); at most
 """
 
 import os
+import signal
 import sys
 
-from absl import app, flags, logging
+# Ctrl-C ends this process at once while the libraries import (as in train.py); `main` makes it
+# a KeyboardInterrupt again.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-from transformer import config as config_lib
-from transformer import evaluation, inference, scoring
-from transformer.tools import attention_maps
+from absl import app, flags, logging  # noqa: E402
+
+from transformer import checkpoints, evaluation, inference, scoring, tasks  # noqa: E402
+from transformer import config as config_lib  # noqa: E402
+from transformer.tools import attention_maps  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
 _CHECKPOINT = flags.DEFINE_string(
@@ -79,6 +84,12 @@ _PROMPT = flags.DEFINE_multi_string(
   'Language model: continue this text (repeatable; an empty prompt writes a '
   'document from scratch).',
 )
+_DRY_RUN = flags.DEFINE_bool(
+  'dry_run',
+  False,
+  'Check the flags (against the run in --workdir where it has a config.json) and exit, '
+  'reading no checkpoint or data (sweep.py checks --eval_flags this way).',
+)
 _LENGTHS = flags.DEFINE_list(
   'lengths',
   None,
@@ -88,16 +99,21 @@ _LENGTHS = flags.DEFINE_list(
 
 
 def main(argv):
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if _WORKDIR.value is None:
     raise app.UsageError('--workdir is required.')
   if _ATTENTION_PLOT.value and not _INPUT_TEXT.value:
     raise app.UsageError('--attention_plot needs --input_text.')
-  _check_flags()
-  config = evaluation.load_run_config(_WORKDIR.value)
-  run = evaluation.setup(config)  # Model config, task, mesh, rules: built once, passed down.
-  task = run.task
+  config = None
+  if not _DRY_RUN.value or os.path.exists(os.path.join(_WORKDIR.value, 'config.json')):
+    config = evaluation.load_run_config(_WORKDIR.value)
+  _check_flags(config)
+  if config is None:  # A dry run for a run still to be trained (sweep.py --eval).
+    print('eval.py --dry_run: the flags are valid (no run config yet to check them against).')
+    return
+  task = tasks.get_task(config)
   unsupported = [f'--{name}' for name in task.unsupported_eval_flags if flags.FLAGS[name].value]
   if unsupported:
     verb = 'is' if len(unsupported) == 1 else 'are'
@@ -114,6 +130,10 @@ def main(argv):
   errors = task.decode_option_errors(config, options)
   if errors:
     raise app.UsageError('\n'.join(errors))
+  if _DRY_RUN.value:
+    print(f'eval.py --dry_run: the flags are valid for the {task.name} model in {_WORKDIR.value}.')
+    return
+  run = evaluation.setup(config)  # Model config, task, mesh, rules: built once, passed down.
   split = _SPLIT.value or config.data.test_split
 
   if _WATCH.value:
@@ -184,15 +204,35 @@ def main(argv):
   logging.info('Wrote %s', path)
 
 
-def _check_flags() -> None:
-  """Every flag in its domain and every output location writable, before anything is read."""
+def _check_flags(config) -> None:
+  """Every flag in its domain and every output location writable, before anything is read.
+
+  An output may not overwrite a file of a run, an input of this command (`--input_file`,
+  the run's data and vocabulary) or the code (`config_lib.protected_path_errors`).
+  """
   errors = config_lib.eval_flag_errors(
     {name: flags.FLAGS[name].value for name in config_lib.EVAL_FLAG_RULES}
   )
-  if _INPUT_FILE.value is not None:
-    errors += config_lib.writable_file_errors(_OUTPUT_FILE.value, '--output_file')
+  if error := checkpoints.checkpoint_error(_CHECKPOINT.value):
+    errors.append(f'--{error}')
+  inputs = {'--input_file': _INPUT_FILE.value}
+  if config is not None:
+    inputs.update(
+      {
+        'the raw data (config.data.manual_dir)': config.data.manual_dir,
+        'the prepared data (config.data.data_dir)': config.data.data_dir,
+        'the vocabulary (config.data.vocab_path)': config.data.vocab_path,
+      }
+    )
+  if _INPUT_FILE.value is not None or _PROMPT.value:  # Outputs go to --output_file.
+    if _OUTPUT_FILE.value != '-':
+      errors += config_lib.protected_path_errors(
+        _OUTPUT_FILE.value, '--output_file', inputs
+      ) or config_lib.writable_file_errors(_OUTPUT_FILE.value, '--output_file')
   elif _ATTENTION_PLOT.value:
-    errors += config_lib.writable_dir_errors(_ATTENTION_PLOT.value, '--attention_plot')
+    errors += config_lib.protected_path_errors(
+      _ATTENTION_PLOT.value, '--attention_plot', inputs
+    ) or config_lib.writable_dir_errors(_ATTENTION_PLOT.value, '--attention_plot')
   else:  # Results go to WORKDIR/eval/.
     errors += config_lib.writable_dir_errors(os.path.join(_WORKDIR.value, 'eval'), '--workdir')
   if errors:

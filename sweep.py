@@ -19,10 +19,15 @@ import shlex
 import signal
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+# Ctrl-C ends this process at once while the libraries import (as in train.py); `main` makes it
+# a KeyboardInterrupt again, which stops the running trials.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-from transformer.tools import sweep_summary, sweeps
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from transformer import config as config_lib  # noqa: E402
+from transformer.tools import sweep_summary, sweeps  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Base config file of every trial.', lock_config=True
@@ -72,8 +77,10 @@ def _raise_keyboard_interrupt(signum, frame):
 
 
 def main(argv):
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  sweeps.check_parallel(_PARALLEL.value, slurm=_EMIT.value == 'slurm')
   sweep = sweeps.create(
     config_flags.get_config_filename(flags.FLAGS['config']),
     _CONFIG.value,
@@ -84,6 +91,7 @@ def main(argv):
     seeds=_SEEDS.value,
     compare_to=_COMPARE_TO.value,
   )
+  sweeps.check_eval_flags(sweep)  # eval.py reads them only after training: checked now.
   if _DRY_RUN.value:
     print('\n'.join(sweeps.dry_run(sweep)))
     return
@@ -126,4 +134,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'sweep', 'workdir'])
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

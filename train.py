@@ -3,15 +3,26 @@
 Every config field can be overridden on the command line, e.g.
 `--config.model.num_layers=2 --config.data.manual_dir=../shared/data/multi30k`.
 A workdir that holds checkpoints is resumed from the latest one. SIGTERM or
-SIGINT (Ctrl-C) checkpoints the current step and exits with status 0. On several
+SIGINT (Ctrl-C) checkpoints the current step and exits with status 0; before the
+first step (start-up, data preparation) it stops at once, with status 128 + signal. On several
 hosts, run the same command on each (see `transformer/distributed.py`); the mesh
 (`--config.mesh.*`) spans the devices of all of them.
 """
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+import signal
+import sys
 
-from transformer import distributed, dry_run, training
+# Ctrl-C ends this process at once until the run's own handlers take over (the
+# PreemptionWatcher of training.train_and_evaluate): while the libraries import, Python's
+# KeyboardInterrupt can land in a garbage-collection callback (JAX registers one), where it is
+# only printed and the start-up goes on.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from transformer import config as config_lib  # noqa: E402
+from transformer import distributed, dry_run, preemption, training  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
@@ -48,14 +59,18 @@ def main(argv):
     raise app.UsageError('--workdir is required (except with --dry_run).')
   distributed.initialize()
   logging.info('Config:\n%s', _CONFIG.value)
-  training.train_and_evaluate(
-    _CONFIG.value,
-    _WORKDIR.value,
-    restore_fallback=_RESTORE_FALLBACK.value,
-    profile_steps=_PROFILE_STEPS.value,
-  )
+  try:
+    training.train_and_evaluate(
+      _CONFIG.value,
+      _WORKDIR.value,
+      restore_fallback=_RESTORE_FALLBACK.value,
+      profile_steps=_PROFILE_STEPS.value,
+    )
+  except preemption.Interrupted as e:  # Before the first step: nothing to save.
+    logging.warning('%s', e)
+    sys.exit(128 + e.signum)
 
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

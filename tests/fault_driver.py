@@ -15,6 +15,13 @@ point rather than after a guessed delay. Points:
                  thread: every file is written into the temporary
                  `<N>.orbax-checkpoint-tmp*` folder, not yet renamed into
                  place (committed).
+
+`--signal=<SIGTERM|SIGINT>:<point>:<N>` instead sends this process that signal
+(as `kill` or Ctrl-C would) in the middle of data preparation:
+
+  tfds:N         as TFDS writes the prepared dataset, after N examples.
+  vocabulary:N   as SentencePiece reads its training sentences, after N.
+  encoding:N     as a split's token ids are encoded, after N blocks.
 """
 
 import functools
@@ -28,12 +35,61 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags, logging  # noqa: E402
 
 import train  # noqa: E402, F401  (defines train.py's flags)
-from transformer import distributed, training  # noqa: E402
+from transformer import distributed, preemption, prepared_ids, tokenizer, training  # noqa: E402
+from transformer.datasets import parallel_text  # noqa: E402
 
 POINTS = ('after_step', 'during_save')
 _FAULT = flags.DEFINE_string(
   'fault', None, '<point>:<step>, point one of after_step, during_save: SIGKILL this process there.'
 )
+_SIGNAL = flags.DEFINE_string(
+  'signal',
+  None,
+  '<SIGTERM|SIGINT>:<point>:<N>, point one of tfds, vocabulary, encoding: send that signal '
+  'to this process there, during data preparation.',
+)
+
+
+def _send(signum: int) -> None:
+  logging.warning('--signal: sending %s to this process.', signal.Signals(signum).name)
+  logging.flush()
+  os.kill(os.getpid(), signum)
+
+
+def _signal_after(items, count: int, signum: int):
+  """Yields `items`, sending `signum` to this process after `count` of them."""
+  for index, item in enumerate(items):
+    if index == count:
+      _send(signum)
+    yield item
+
+
+def install_signal(value: str) -> None:
+  """Wraps the data preparation step of `--signal=<SIGNAL>:<point>:<N>` to send the signal."""
+  name, point, count = (value.split(':') + ['', ''])[:3]
+  if name not in ('SIGTERM', 'SIGINT') or not count.isdigit():
+    raise app.UsageError(f'--signal={value!r}: expected <SIGTERM|SIGINT>:<point>:<N>.')
+  signum, count = signal.Signals[name], int(count)
+  if point == 'tfds':
+    generate = parallel_text.ParallelText._generate_examples
+    parallel_text.ParallelText._generate_examples = lambda self, paths: _signal_after(
+      generate(self, paths), count, signum
+    )
+  elif point == 'vocabulary':
+    sentences = tokenizer._training_sentences
+    tokenizer._training_sentences = lambda *args: _signal_after(sentences(*args), count, signum)
+  elif point == 'encoding':
+    encode = prepared_ids._encode_block
+    blocks = iter(range(1 << 30))
+
+    def encode_block(block):
+      if next(blocks) == count:
+        _send(signum)
+      return encode(block)
+
+    prepared_ids._encode_block = encode_block
+  else:
+    raise app.UsageError(f'--signal={value!r}: {point!r} is not tfds, vocabulary or encoding.')
 
 
 def _kill_at(
@@ -61,14 +117,20 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   hooks = parse_fault(_FAULT.value) if _FAULT.value else training.Hooks()
+  if _SIGNAL.value:
+    install_signal(_SIGNAL.value)
   distributed.initialize()
-  training.train_and_evaluate(
-    flags.FLAGS.config,
-    flags.FLAGS.workdir,
-    restore_fallback=flags.FLAGS.restore_fallback,
-    profile_steps=flags.FLAGS.profile_steps,
-    hooks=hooks,
-  )
+  try:
+    training.train_and_evaluate(
+      flags.FLAGS.config,
+      flags.FLAGS.workdir,
+      restore_fallback=flags.FLAGS.restore_fallback,
+      profile_steps=flags.FLAGS.profile_steps,
+      hooks=hooks,
+    )
+  except preemption.Interrupted as e:  # As train.py.
+    logging.warning('%s', e)
+    sys.exit(128 + e.signum)
 
 
 if __name__ == '__main__':

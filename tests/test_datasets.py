@@ -1,9 +1,11 @@
 """Tests of the TFDS builders (parallel_text, multi30k) and data preparation."""
 
+import io
 import logging
 import os
 import pathlib
 import re
+import urllib.request
 
 import pytest
 import tensorflow_datasets as tfds
@@ -233,6 +235,8 @@ def test_multi30k_download_path_with_fake_download(tmp_path, config_for, monkeyp
     return one(url_or_urls)
 
   monkeypatch.setattr(tfds.download.DownloadManager, 'download', fake_download)
+  # The server answers the connection made before any download (`sources.download_files`).
+  monkeypatch.setattr(urllib.request, 'urlopen', lambda request, timeout: io.BytesIO())
   config = config_for(tmp_path / 'tfds', None, 'multi30k')
 
   with caplog.at_level(logging.INFO):

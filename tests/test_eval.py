@@ -252,6 +252,8 @@ def test_two_checkpoints_compare_as_sacrebleus_command_line_does(run, tmp_path):
   references = Path(workdir) / 'eval' / 'references-validation.txt'
   cli = subprocess.run(
     [
+      sys.executable,  # sacreBLEU's command line through this interpreter: no PATH needed.
+      '-m',
       'sacrebleu',
       str(references),
       '-i',

@@ -7,6 +7,7 @@ JAX compilation cache, so only the first compiles (about 25 s); most others take
 about 9 s each on 2 otherwise idle CPU cores.
 """
 
+import errno
 import hashlib
 import json
 import math
@@ -18,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import flax
@@ -30,13 +32,17 @@ from conftest import synthetic_pairs, write_lines
 from configs import tiny
 from transformer import (
   checkpoints,
+  datasets,
   evaluation,
   inference,
   preemption,
+  provenance,
   training,
   workdir_lock,
 )
+from transformer import config as config_lib
 from transformer import tokenizer as tokenizer_lib
+from transformer.datasets import wmt14
 from transformer.tasks import translation
 from transformer.tools import sweeps
 
@@ -275,6 +281,15 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(train, tmp_
 def test_one_process_stops_at_the_step_after_a_signal(signum):
   previous = signal.getsignal(signum)
   with preemption.PreemptionWatcher() as watcher:
+    # Before training starts (nothing to checkpoint) a signal stops at once.
+    with pytest.raises(preemption.Interrupted, match=f'Stopped by {signum.name} before training'):
+      os.kill(os.getpid(), signum)
+    # Had a library swallowed that exception (JAX's garbage-collection callback would), the run
+    # would still stop before its first step.
+    with pytest.raises(preemption.Interrupted):
+      watcher.arm()
+  with preemption.PreemptionWatcher() as watcher:
+    watcher.arm()
     assert not watcher.reached(1)
     os.kill(os.getpid(), signum)  # Python runs the handler before the next statement.
     assert watcher.reached(2)
@@ -387,12 +402,12 @@ def test_unreadable_checkpoint_stops_unless_fallback(
   _assert_same_state(reference, workdir, 6)  # Steps 5-6 again, exactly as the first time.
 
 
-def test_bad_inputs_are_named_and_leave_the_workdir_untouched(
-  reference, synthetic_multi30k_dir, synthetic_multi30k_data_dir, write_parallel_corpus, tmp_path
+def test_bad_inputs_are_named_and_leave_no_workdir(
+  synthetic_multi30k_dir, synthetic_multi30k_data_dir, write_parallel_corpus, tmp_path
 ):
+  # A new run: resuming one with other data or another vocabulary is refused before either is
+  # read (test_resume_checks_the_content_of_the_vocabulary_and_data_not_their_paths).
   workdir = tmp_path / 'run'
-  shutil.copytree(reference, workdir)
-  before = _snapshot(workdir)
 
   corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 20, 'val': 5})
   write_lines(corpus / 'train.de', b'gut\nauch gut\nkaputt \xff\xfe\n' + b'gut\n' * 17)
@@ -407,7 +422,7 @@ def test_bad_inputs_are_named_and_leave_the_workdir_untouched(
   )
   with pytest.raises(ValueError, match=re.escape(f'{corpus / "train.de"}: line 3 is not valid')):
     training.train_and_evaluate(config, str(workdir))
-  assert _snapshot(workdir) == before
+  assert not workdir.exists()
 
   vocab = tmp_path / 'spm300.model'
   vocab.write_bytes(
@@ -420,7 +435,7 @@ def test_bad_inputs_are_named_and_leave_the_workdir_untouched(
   )
   with pytest.raises(ValueError, match=f'{vocab} has vocab size 300 but config.vocab_size is 512'):
     training.train_and_evaluate(config, str(workdir))
-  assert _snapshot(workdir) == before
+  assert not workdir.exists()
 
 
 def test_config_override_of_the_wrong_type_is_named(train, reference, tmp_path):
@@ -810,3 +825,465 @@ def test_over_long_input_lines_are_reported_by_number(small_run, caplog):
     'included): each was truncated to fit, so its translation covers only its start. '
     'Lines: 2, 4.'
   ) in caplog.text
+
+
+# --- Misuse, round two ----------------------------------------------------------------------------
+# Outputs that would overwrite a run or an input, inputs changed in content, offline downloads,
+# flags a later command receives, unclear states, signals during preparation, warnings.
+
+
+def _subprocess(*command, env=None, timeout=300):
+  return subprocess.run(
+    [sys.executable, *command],
+    cwd=REPO,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu', **(env or {})},
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+
+
+def _last_lines(result, count: int) -> list[str]:
+  return result.stderr.strip().splitlines()[-count:]
+
+
+def test_an_eval_output_that_is_a_file_of_the_run_is_refused(copied_run, tmp_path):
+  workdir, before = copied_run
+  source = tmp_path / 'in.txt'
+  source.write_text('Bada kelo.\n')
+  config_json = os.path.realpath(workdir / 'config.json')
+  result = _subprocess(
+    'eval.py',
+    f'--workdir={workdir}',
+    f'--input_file={source}',
+    f'--output_file={config_json}',
+    '--decoder=greedy',
+  )
+  assert result.returncode == 1
+  assert _last_lines(result, 2) == [
+    'Invalid flags:',
+    f'  --output_file={config_json} is config.json of the training run in '
+    f'{os.path.dirname(config_json)}, which only that run writes; write elsewhere.',
+  ], result.stderr[-3000:]
+  assert _snapshot(workdir) == before
+
+
+def test_no_output_is_a_file_of_a_run_an_input_or_the_code(small_run, copied_run, tmp_path):
+  workdir, _ = copied_run
+  _, corpus, data_dir = small_run
+  workdir, corpus, data_dir = (Path(os.path.realpath(p)) for p in (workdir, corpus, data_dir))
+  source = tmp_path / 'in.txt'
+  source.write_text('Bada kelo.\n')
+  inputs = {  # What eval.py passes: its input file, the run's raw and prepared data.
+    '--input_file': str(source),
+    'the raw data (config.data.manual_dir)': str(corpus),
+    'the prepared data (config.data.data_dir)': str(data_dir),
+  }
+  vocab = next(data_dir.glob('*/spm_*.model'))
+  refused = {
+    workdir
+    / 'checkpoints'
+    / '2'
+    / 'new.txt': f'lies in checkpoints of the training run in {workdir}',
+    workdir / 'eval' / 'step_2-test-greedy.txt': 'lies in eval of the training run',
+    workdir / 'metrics.jsonl': 'is metrics.jsonl of the training run',
+    source: f'is --input_file, {os.path.realpath(source)}, an input of this command',
+    vocab: f'lies in the prepared data (config.data.data_dir), {data_dir}, an input',
+    corpus / 'train.en': f'lies in the raw data (config.data.manual_dir), {corpus}, an input',
+  }
+  if (REPO / '.git').exists():  # The code is known by what git tracks.
+    refused[REPO / 'eval.py'] = f'is a file of the code (eval.py in {REPO})'
+  for path, expected in refused.items():
+    [error] = config_lib.protected_path_errors(str(path), '--output_file', inputs)
+    assert error.startswith(f'--output_file={os.path.realpath(path)} ') and expected in error, error
+  # New files of the user's own, beside a run or anywhere else, are fine.
+  for path in (workdir / 'translations.txt', tmp_path / 'out.txt'):
+    assert config_lib.protected_path_errors(str(path), '--output_file', inputs) == []
+  # compare.py's --output and the sweep root go through the same check.
+  result = workdir / 'eval' / 'step_2-test-greedy.json'
+  [error] = config_lib.protected_path_errors(str(result), '--output', {'argument 1': str(result)})
+  assert 'lies in eval of the training run' in error
+  config = _small_config(corpus, data_dir)
+  assert sweeps.root_errors(config, str(workdir)) == [
+    f'--workdir={workdir} is the workdir of a training run; give the sweep its own folder.'
+  ]
+  assert 'lies in the raw data' in sweeps.root_errors(config, str(corpus / 'sweep'))[0]
+
+
+@pytest.mark.parametrize('case', ['empty', 'file', 'in_a_run', 'raw_data', 'bad_eval_split'])
+def test_train_paths_are_checked_before_anything_is_written(
+  small_run, copied_run, tmp_path, monkeypatch, case
+):
+  run, before = copied_run
+  _, corpus, data_dir = small_run
+  cwd = tmp_path / 'cwd'  # What an empty --workdir would train into.
+  cwd.mkdir()
+  monkeypatch.chdir(cwd)
+  (tmp_path / 'notes.txt').write_text('mine\n')
+  workdir, overrides, watched = {
+    'empty': ('', {}, cwd),
+    'file': (tmp_path / 'notes.txt', {}, tmp_path / 'notes.txt'),
+    'in_a_run': (run / 'eval', {}, run),
+    'raw_data': (corpus, {}, corpus),
+    'bad_eval_split': (tmp_path / 'new', {'data.eval_split': 'nope'}, tmp_path / 'new'),
+  }[case]
+  expected = {
+    'empty': '--workdir is empty: name the run',
+    'file': f'--workdir={tmp_path}/notes.txt is a file, not a folder',
+    'in_a_run': f'--workdir={run}/eval is eval of the training run in {run}, which only',
+    'raw_data': f'--workdir={corpus} is the raw data (config.data.manual_dir), {corpus}, an input',
+    'bad_eval_split': "Split 'nope' is not in dataset 'parallel_text'",
+  }[case]
+  contents = lambda path: _snapshot(path) if path.is_dir() else path.exists() and path.read_bytes()
+  watched_before = contents(Path(watched))
+  with pytest.raises(ValueError, match=re.escape(expected)):
+    training.train_and_evaluate(_small_config(corpus, data_dir, **overrides), str(workdir))
+  assert contents(Path(watched)) == watched_before  # bad_eval_split: no new workdir at all.
+  assert _snapshot(run) == before
+
+
+def _edited_corpus(corpus, target):
+  shutil.copytree(corpus, target)
+  lines = (target / 'train.de').read_text().splitlines()
+  lines[0] = 'Ganz anders.'
+  (target / 'train.de').write_text('\n'.join(lines) + '\n')
+  return target
+
+
+def test_resume_checks_the_content_of_the_vocabulary_and_data_not_their_paths(
+  small_run, copied_run, tmp_path
+):
+  workdir, before = copied_run
+  _, corpus, data_dir = small_run
+  config = _small_config(corpus, data_dir, num_train_steps=4)
+  vocab_path = tokenizer_lib.vocab_path(config)
+  old = hashlib.sha256(Path(vocab_path).read_bytes()).hexdigest()
+  assert provenance.recorded_inputs(str(workdir))['vocabulary'] == {'path': vocab_path, 'hash': old}
+
+  # The same vocabulary at another path is the same input: the resume's checks pass.
+  copy = tmp_path / 'copy.model'
+  shutil.copy(vocab_path, copy)
+  moved = _small_config(corpus, data_dir, num_train_steps=4, **{'data.vocab_path': str(copy)})
+  training.check_resume(moved, str(workdir))
+  # Another model of the same size and special ids there: every id would mean another piece.
+  other = tokenizer_lib.train_tokenizer([s for p in synthetic_pairs(400, seed=7) for s in p], 300)
+  copy.write_bytes(other.serialized_model())
+  new = hashlib.sha256(other.serialized_model()).hexdigest()
+  with pytest.raises(ValueError) as error:
+    training.train_and_evaluate(moved, str(workdir))
+  assert (
+    f'the vocabulary (every token id would mean another piece): {vocab_path} (sha256 '
+    f'{old[:16]}) -> {copy} (sha256 {new[:16]})'
+  ) in str(error.value)
+  assert 'Nothing was changed.' in str(error.value)
+  assert _snapshot(workdir) == before
+
+  # eval.py reads the run's vocabulary by the path in its config.json: the same check.
+  saved = json.loads((workdir / 'config.json').read_text())
+  saved['data']['vocab_path'] = str(copy)
+  (workdir / 'config.json').write_text(json.dumps(saved))
+  with pytest.raises(ValueError, match=re.escape(f'{vocab_path} (sha256 {old[:16]}) -> {copy}')):
+    evaluation.load_run_config(str(workdir))
+  shutil.copy(vocab_path, copy)  # The original content again: accepted.
+  assert evaluation.load_run_config(str(workdir)).data.vocab_path == str(copy)
+
+  # One line of the training data edited: the data position would point into other examples.
+  edited = _edited_corpus(Path(corpus), tmp_path / 'edited')
+  with pytest.raises(ValueError, match=r'the training data \(the data position would point'):
+    training.train_and_evaluate(_small_config(edited, data_dir, num_train_steps=4), str(workdir))
+
+
+def _unreachable(*args, **kwargs):
+  raise OSError(errno.ENETUNREACH, 'Network is unreachable')
+
+
+@pytest.mark.parametrize(
+  'dataset, count', [('wmt14_translate/de-en', 4), ('multi30k', 12), ('lm1b', 1)]
+)
+def test_offline_download_fails_within_seconds_listing_every_file(
+  monkeypatch, tmp_path, dataset, count
+):
+  # No connection can be made from this process (nor could one reach the real servers).
+  monkeypatch.setattr(socket, 'create_connection', _unreachable)
+  monkeypatch.setattr(socket.socket, 'connect', _unreachable)
+  config = tiny.get_config()
+  config.data.dataset, config.data.data_dir = dataset, str(tmp_path / 'tfds')
+  files = datasets.download_files(config.data)
+  assert len(files) == count
+  started = time.monotonic()
+  with pytest.raises(ConnectionError) as error:
+    datasets.prepare(config.data)
+  assert time.monotonic() - started < 30
+  lines = str(error.value).splitlines()
+  assert re.match(
+    rf'Cannot download {dataset}: http\S+ cannot be reached \(.*unreachable', lines[0]
+  )
+  assert lines[0].endswith(
+    f'put these {count} files in a folder and pass it as --config.data.manual_dir:'
+  )
+  assert lines[1:] == [f'  {name}  ({url})' for name, url in files.items()]
+
+
+def test_offline_train_py_exits_within_seconds_and_an_empty_manual_dir_names_every_archive(
+  tmp_path,
+):
+  with socket.socket() as s:  # A port nothing listens on: the proxy refuses every connection.
+    s.bind(('127.0.0.1', 0))
+    proxy = f'http://127.0.0.1:{s.getsockname()[1]}'
+  started = time.monotonic()
+  result = _subprocess(
+    'train.py',
+    '--config=configs/tiny.py',
+    f'--workdir={tmp_path / "run"}',
+    '--config.data.dataset=wmt14_translate/de-en',
+    f'--config.data.data_dir={tmp_path / "tfds"}',
+    env={
+      'http_proxy': proxy,
+      'https_proxy': proxy,
+      'HTTP_PROXY': proxy,
+      'HTTPS_PROXY': proxy,
+      'no_proxy': '',
+      'NO_PROXY': '',
+    },
+    timeout=120,
+  )
+  assert time.monotonic() - started < 30, result.stderr[-3000:]
+  assert result.returncode == 1
+  archives = wmt14.archive_urls('de-en')
+  assert _last_lines(result, 4) == [f'  {name}  ({url})' for name, url in archives.items()]
+  assert not (tmp_path / 'run').exists()
+
+  config = tiny.get_config()
+  config.data.dataset, config.data.data_dir = 'wmt14_translate/de-en', str(tmp_path / 'tfds')
+  config.data.manual_dir = str(tmp_path / 'empty')
+  (tmp_path / 'empty').mkdir()
+  with pytest.raises(ValueError) as error:
+    datasets.prepare(config.data)
+  assert str(error.value).splitlines() == [
+    f'config.data.manual_dir={tmp_path}/empty lacks 4 of the 4 release archives of '
+    'wmt14_translate/de-en; put them there (or unset config.data.manual_dir to download them):',
+    *(f'  {name}  ({url})' for name, url in archives.items()),
+  ]
+
+
+def test_flags_for_a_later_command_are_checked_before_the_first_trial(tmp_path):
+  root = tmp_path / 'root'
+  result = _subprocess(
+    'sweep.py',
+    '--config=configs/tiny.py',
+    '--sweep=configs/sweeps/tiny_schedule.py',
+    f'--workdir={root}',
+    '--config.data.manual_dir=/nowhere',
+    '--eval',
+    '--eval_flags=--beam_size=0 --checkpoint=avg:x',
+    '--dry_run',
+  )
+  assert result.returncode == 1
+  assert _last_lines(result, 3) == [
+    '  Invalid flags:',
+    '    --beam_size=0 must be a positive integer.',
+    "    --checkpoint='avg:x': expected avg:N with N a positive integer.",
+  ], result.stderr[-3000:]
+  assert 'eval.py refuses them, so no trial was run' in result.stderr
+  assert not root.exists()
+  # The sweep's own rules on eval.py's flags, --parallel, and resource counts of the config.
+  config = tiny.get_config()
+  with pytest.raises(ValueError, match=r'--eval_flags: --output_file=out.txt is not for a sweep'):
+    sweeps.create(
+      'configs/tiny.py',
+      config,
+      'configs/sweeps/tiny_schedule.py',
+      str(root),
+      eval_flags=['--output_file=out.txt'],
+    )
+  with pytest.raises(ValueError, match=r'--parallel=0 must be at least 1'):
+    sweeps.check_parallel(0)
+  cores = os.cpu_count()
+  with pytest.raises(ValueError, match=rf'--parallel={cores + 1} exceeds the {cores} CPU cores'):
+    sweeps.check_parallel(cores + 1)
+  sweeps.check_parallel(cores + 1, slurm=True)  # A cap on array tasks, on other machines.
+  config.data.num_workers = cores + 1
+  with pytest.raises(config_lib.ConfigError, match=rf'num_workers={cores + 1} exceeds the {cores}'):
+    config_lib.validate(config, num_devices=1)
+  config_lib.validate(config)  # A sweep's trial checked elsewhere than where it runs.
+
+
+def test_an_unreadable_lock_says_what_it_is_and_how_to_clear_it(small_run, copied_run):
+  workdir, _ = copied_run
+  _, corpus, data_dir = small_run
+  lock = workdir / workdir_lock.LOCK_FILE
+  lock.write_text('garbage')
+  before = _snapshot(workdir)
+  with pytest.raises(workdir_lock.WorkdirLockedError) as error:
+    training.train_and_evaluate(_small_config(corpus, data_dir, num_train_steps=4), str(workdir))
+  assert str(error.value) == (
+    f"The workdir {workdir} holds a lock, {lock}, that names no run: its content, 'garbage', is "
+    'not the record train.py writes (damaged, or written by something else). Nothing was '
+    f'changed. If no train.py runs on this workdir (check `ps aux | grep {workdir}` on every '
+    f'host that sees it), remove the file (rm {lock}) and run again.'
+  )
+  assert _snapshot(workdir) == before
+
+
+def test_a_damaged_config_json_is_named_with_what_to_do(small_run, copied_run):
+  workdir, _ = copied_run
+  _, corpus, data_dir = small_run
+  (workdir / 'config.json').write_text('{"seed": 0, ')
+  before = _snapshot(workdir)
+  expected = (
+    re.escape(f'{workdir}/config.json is not a config written by train.py (JSONDecodeError: ')
+    + r'.*'
+    + re.escape(f'move it aside (mv {workdir}/config.json {workdir}/config.json.bad)')
+  )
+  with pytest.raises(config_lib.ConfigError, match=expected):
+    evaluation.load_run_config(str(workdir))
+  with pytest.raises(config_lib.ConfigError, match=expected):
+    training.train_and_evaluate(_small_config(corpus, data_dir, num_train_steps=4), str(workdir))
+  assert _snapshot(workdir) == before
+
+
+def test_a_users_file_given_as_vocabulary_is_named_and_kept(small_run, tmp_path):
+  _, corpus, data_dir = small_run
+  notes = tmp_path / 'notes.txt'
+  notes.write_text('my notes\n')
+  config = _small_config(corpus, data_dir, **{'data.vocab_path': str(notes)})
+  with pytest.raises(ValueError) as error:
+    training.train_and_evaluate(config, str(tmp_path / 'run'))
+  message = str(error.value)
+  assert message.startswith(f'{notes} (config.data.vocab_path) is not a usable SentencePiece model')
+  assert 'It was left as it is.' in message and 'remove' not in message
+  assert notes.read_text() == 'my notes\n'
+  assert not (tmp_path / 'run').exists()
+
+
+def test_num_train_steps_below_the_checkpoint_is_refused_and_a_finished_run_changes_nothing(
+  small_run, copied_run
+):
+  workdir, before = copied_run
+  _, corpus, data_dir = small_run
+  with pytest.raises(ValueError) as error:
+    training.train_and_evaluate(_small_config(corpus, data_dir, num_train_steps=1), str(workdir))
+  assert str(error.value).startswith(
+    f'config.num_train_steps=1 lies below the latest checkpoint, step 2 of {workdir}/checkpoints'
+  )
+  assert f'eval.py --workdir={workdir} --checkpoint=STEP (steps [2])' in str(error.value)
+  assert _snapshot(workdir) == before
+  # The same command again once the run is complete: its final metrics, and no new row.
+  final = training.train_and_evaluate(_small_config(corpus, data_dir), str(workdir))
+  rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  assert final == {k: v for row in rows if row['step'] == 2 for k, v in row.items() if k != 'step'}
+  assert 'eval_loss' in final and 'train_loss' in final
+  assert _snapshot(workdir) == before
+
+
+def test_eval_avg_racing_the_rotation_reads_the_checkpoints_again(reference, tmp_path, caplog):
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference, workdir)
+  run = evaluation.setup(evaluation.load_run_config(str(workdir)))
+  assert run.config.keep_checkpoints == 3 and _entries(workdir) == ['2', '4', '6']
+  restore = checkpoints.Checkpointer.restore
+  calls = []
+
+  def rotate_then_restore(self, step, *args):
+    if not calls:  # The run commits step 8 and removes step 2 while eval.py reads step 2.
+      shutil.copytree(workdir / 'checkpoints' / '6', workdir / 'checkpoints' / '8')
+      shutil.rmtree(workdir / 'checkpoints' / '2')
+    calls.append(step)
+    return restore(self, step, *args)
+
+  caplog.set_level('INFO')
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(checkpoints.Checkpointer, 'restore', rotate_then_restore)
+    _, label = evaluation.restore_params(run, str(workdir), 'avg:3')
+  assert label == 'avg3_4-8' and calls == [2, 4, 6, 8]
+  assert (
+    f'Checkpoint 2 ({workdir}/checkpoints/2) was removed while it was read: the training run '
+    'keeps its last 3 checkpoints (config.keep_checkpoints) and has committed newer ones since'
+  ) in caplog.text
+  assert 'corrupt' not in caplog.text.lower() and 'cannot be restored' not in caplog.text
+  # A step named on the command line that the run removed is said so, not called corrupt.
+  with (
+    pytest.raises(checkpoints.CheckpointGoneError, match=r'checkpoints now are at steps \[4, 6'),
+    pytest.MonkeyPatch.context() as patch,
+  ):
+    patch.setattr(checkpoints.Checkpointer, 'all_steps', lambda self: [2, 4, 6, 8])
+    evaluation.restore_params(run, str(workdir), '2')
+
+
+@pytest.mark.parametrize(
+  'signal_at, signum',
+  [('tfds:100', signal.SIGTERM), ('encoding:0', signal.SIGINT)],
+)
+def test_a_signal_during_data_preparation_stops_at_once_leaving_nothing_half_made(
+  train, synthetic_multi30k_dir, tmp_path, signal_at, signum
+):
+  data_dir, workdir = tmp_path / 'tfds', tmp_path / 'run'
+  command = train.command(workdir, **{'data.data_dir': data_dir})
+  command[1:2] = ['tests/fault_driver.py', f'--signal={signum.name}:{signal_at}']
+  result = subprocess.run(
+    command, cwd=REPO, env=train.env, capture_output=True, text=True, timeout=300
+  )
+  assert result.returncode == 128 + signum, result.stderr[-3000:]
+  assert f'--signal: sending {signum.name} to this process.' in result.stderr
+  assert _last_lines(result, 1)[0].endswith(
+    f'Stopped by {signum.name} before training began: nothing was trained or saved, and data '
+    'being prepared was discarded (prepared data is complete or absent). Run the same command '
+    'to start again.'
+  ), result.stderr[-3000:]
+  assert not workdir.exists()
+  leftovers = [
+    p for p in data_dir.rglob('*') if 'incomplete' in p.name or p.name.startswith('.tmp')
+  ]
+  assert leftovers == []
+  prepared = sorted(p.relative_to(data_dir).parts[-1] for p in data_dir.rglob('*.json'))
+  if signal_at.startswith('tfds'):  # TFDS wrote nothing in place: no dataset, no vocabulary.
+    assert prepared == [] and not list(data_dir.rglob('*.model'))
+  else:  # Encoding the first split: the dataset and vocabulary are complete, no ids yet.
+    assert 'dataset_info.json' in prepared and list(data_dir.rglob('spm_*.model'))
+    assert not list(data_dir.rglob('ids-*/*/*.array_record'))
+  # What is there is whole: preparing again completes it.
+  config = _config(synthetic_multi30k_dir, data_dir)
+  vocab = tokenizer_lib.get_tokenizer(config)
+  translation.prepare_ids(config, vocab)
+
+
+def test_ctrl_c_while_the_libraries_import_ends_train_py_at_once(train, tmp_path):
+  process = subprocess.Popen(
+    train.command(tmp_path / 'run'), cwd=REPO, env=train.env, stderr=subprocess.PIPE, text=True
+  )
+  time.sleep(0.5)  # JAX, TFDS and Orbax take seconds to import.
+  started = time.monotonic()
+  process.send_signal(signal.SIGINT)
+  stderr = process.communicate(timeout=120)[1]
+  # Killed by the signal while importing (never a KeyboardInterrupt that a library's garbage
+  # collection callback would swallow), or stopped at once if the run had begun.
+  assert process.returncode in (-signal.SIGINT, 128 + signal.SIGINT), stderr[-3000:]
+  assert time.monotonic() - started < 10
+  assert not (tmp_path / 'run').exists()
+
+
+def _warnings(stderr: str) -> list[str]:
+  """absl's (W1201 ...) and Python logging's (WARNING:...) warning lines."""
+  return [line for line in stderr.splitlines() if re.match(r'W\d{4} |WARNING:', line)]
+
+
+def test_a_healthy_resume_and_eval_print_no_warning(train, reference, tmp_path):
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference, workdir)
+  result = train(workdir, num_train_steps=8)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'Restored checkpoint' in result.stderr
+  assert _warnings(result.stderr) == []
+  (tmp_path / 'in.txt').write_text('Bada kelo.\n')  # One sentence: one decoder to compile.
+  result = _subprocess(
+    'eval.py',
+    f'--workdir={workdir}',
+    '--decoder=greedy',
+    '--checkpoint=avg:2',
+    f'--input_file={tmp_path / "in.txt"}',
+    f'--output_file={tmp_path / "out.txt"}',
+    env=train.env,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert len((tmp_path / 'out.txt').read_text().splitlines()) == 1
+  assert _warnings(result.stderr) == []

@@ -8,13 +8,17 @@ asynchronous and atomic (Orbax renames a finished temporary folder
 a checkpoint that looks complete; such folders are never read, and a training
 run removes them when it starts. A checkpoint that fails to restore is reported
 by step; only `restore_latest(..., fallback=True)` moves it aside (to
-WORKDIR/corrupt_checkpoints/) and resumes from an older one.
+WORKDIR/corrupt_checkpoints/) and resumes from an older one. A reader (eval.py)
+racing the training run's rotation (it keeps the last `keep_checkpoints`) gets
+`CheckpointGoneError`, never a report of corruption; `load_params` then reads
+the checkpoints anew.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import logging as py_logging
 import os
 import shutil
 from collections.abc import Callable
@@ -24,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 from jax.experimental import multihost_utils
 
 # custom_metadata key of each checkpoint: {array path: checksum} (`array_checksums`).
@@ -36,6 +41,29 @@ class CorruptCheckpointError(RuntimeError):
 
 class CheckpointSaveError(RuntimeError):
   """Writing a checkpoint failed (e.g. the disk is full); committed ones are untouched."""
+
+
+class CheckpointGoneError(RuntimeError):
+  """A checkpoint was removed while it was read: the training run rotated it out."""
+
+
+class _ReadOnlyNotice(py_logging.Filter):
+  """Drops Orbax's warning that a read-only manager's directory is read-only: it says what was
+  asked, every time a read-only manager opens, and would teach users to ignore warnings."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    return not str(record.msg).startswith('Given directory is read only')
+
+
+@contextlib.contextmanager
+def _quiet_read_only_notice():
+  logger = logging.get_absl_logger()
+  notice = _ReadOnlyNotice()
+  logger.addFilter(notice)
+  try:
+    yield
+  finally:
+    logger.removeFilter(notice)
 
 
 def _entry_name(entry) -> str:
@@ -98,7 +126,9 @@ class Checkpointer:
 
     Args:
       workdir: The run's directory.
-      keep: Checkpoints kept when saving (None: all).
+      keep: Checkpoints kept when saving (None: all); with `read_only`, those the
+        training run keeps (`config.keep_checkpoints`), to tell a checkpoint it
+        rotated out from a damaged one.
       read_only: For evaluation: never writes or deletes.
       during_save: Called with the step inside each save, in Orbax's background
         thread, once every file is written into the temporary
@@ -116,28 +146,40 @@ class Checkpointer:
           'Removing %s: a save that never committed (the process died during it).', path
         )
     self._saving_step = None  # The step of the save in flight, if any.
+    self._keep = keep
+    self._read_only = read_only
     async_options = None
     if during_save is not None:
       async_options = ocp.AsyncOptions(
         post_finalization_callback=lambda: during_save(self._saving_step)
       )
-    self._manager = ocp.CheckpointManager(
-      self.directory,
-      options=ocp.CheckpointManagerOptions(
-        max_to_keep=keep,
-        create=not read_only,
-        read_only=read_only,
-        cleanup_tmp_directories=not read_only,
-        async_options=async_options,
-      ),
-      item_names=('state', 'data'),
-    )
+    with _quiet_read_only_notice():
+      self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(
+          max_to_keep=None if read_only else keep,
+          save_interval_steps=0 if read_only else 1,
+          create=not read_only,
+          read_only=read_only,
+          cleanup_tmp_directories=not read_only,
+          async_options=async_options,
+        ),
+        # Both items' handlers, so that restoring the state alone (eval.py) is not a warning.
+        item_handlers={
+          'state': ocp.StandardCheckpointHandler(),
+          'data': grain.checkpoint.CheckpointHandler(),
+        },
+      )
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
   def all_steps(self) -> list[int]:
     return list(self._manager.all_steps())
+
+  def reload(self) -> None:
+    """Reads the list of checkpoints anew (another process saves and rotates them)."""
+    self._manager.reload()
 
   def save(self, step: int, state, data_iterator: grain.DatasetIterator, *, force=False) -> bool:
     """Starts an asynchronous save of `state` and the iterator's position at `step`.
@@ -181,15 +223,15 @@ class Checkpointer:
 
     Runs before any restore or compile; the checkpoint on disk is never touched.
     """
-    try:
-      metadata = ocp.StandardCheckpointer().metadata(
-        os.path.join(self.directory, str(step), 'state')
-      )
-      saved = _leaf_shapes(metadata.item_metadata)
+    handler = ocp.StandardCheckpointHandler()
+    try:  # The item's own handler: a StandardCheckpointer would look for a step's metadata.
+      saved = _leaf_shapes(handler.metadata(epath.Path(self.directory, str(step), 'state')))
     except Exception as e:
-      raise self._corrupt(step, e) from e
+      raise self._read_error(step, e) from e
+    finally:
+      handler.close()
     if not saved:  # Orbax only warns when the array metadata cannot be read.
-      raise self._corrupt(step, 'its array metadata is missing or unreadable')
+      raise self._read_error(step, 'its array metadata is missing or unreadable')
     expected = _leaf_shapes(abstract_state)
     problems = []
     for key in sorted(set(saved) | set(expected)):
@@ -229,7 +271,7 @@ class Checkpointer:
       restored = self._manager.restore(step, args=ocp.args.Composite(**args))
       saved_checksums = self._manager.metadata(step).custom_metadata.get(_CHECKSUMS_KEY)
     except Exception as e:
-      raise self._corrupt(step, e) from e
+      raise self._read_error(step, e) from e
     if saved_checksums is not None:  # Checkpoints written before checksums have none.
       restored_checksums = array_checksums(restored['state'])
       damaged = sorted(
@@ -246,6 +288,24 @@ class Checkpointer:
         )
     logging.info('Restored checkpoint %s/%d.', self.directory, step)
     return restored['state']
+
+  def _read_error(self, step: int, error: Exception | str) -> Exception:
+    """For a reader, `CheckpointGoneError` if the training run rotated `step` out; else `_corrupt`.
+
+    Rotated out: its folder is gone, or at least `keep` newer checkpoints are committed
+    (the run deletes it right after committing the newest).
+    """
+    newer = [s for s in committed_steps(self.directory) if s > step]
+    rotated = self._keep is not None and len(newer) >= self._keep
+    exists = os.path.isdir(os.path.join(self.directory, str(step)))
+    if not self._read_only or (exists and not rotated):
+      return self._corrupt(step, error)
+    return CheckpointGoneError(
+      f'Checkpoint {step} ({self.directory}/{step}) was removed while it was read: the '
+      f'training run keeps its last {self._keep} checkpoints (config.keep_checkpoints) and '
+      f'has committed newer ones since; the checkpoints now are at steps '
+      f'{committed_steps(self.directory)}.'
+    )
 
   def _corrupt(self, step: int, error: Exception | str) -> CorruptCheckpointError:
     if isinstance(error, Exception):
@@ -426,6 +486,24 @@ def select_best_steps(scores: dict[int, float], checkpoint: str) -> list[int]:
   return sorted(list(scores)[: int(count)])
 
 
+def checkpoint_error(checkpoint: str) -> str | None:
+  """Why `checkpoint` names no checkpoint in any run, or None.
+
+  Valid: 'latest', a step, 'avg:N', 'best' or 'avg_best:N' (N a positive integer).
+  """
+  if checkpoint in ('latest', 'best') or checkpoint.isdigit():
+    return None
+  for prefix in ('avg:', 'avg_best:'):
+    if checkpoint.startswith(prefix):
+      count = checkpoint[len(prefix) :]
+      if count.isdigit() and int(count) >= 1:
+        return None
+      return f'checkpoint={checkpoint!r}: expected {prefix}N with N a positive integer.'
+  return (
+    f"checkpoint={checkpoint!r}: expected 'latest', a step number, 'avg:N', 'best' or 'avg_best:N'."
+  )
+
+
 def select_steps(available: list[int], checkpoint: str) -> list[int]:
   """Steps named by `checkpoint`: 'latest', a step number, or 'avg:N' (the last N).
 
@@ -438,8 +516,8 @@ def select_steps(available: list[int], checkpoint: str) -> list[int]:
     return available[-1:]
   if checkpoint.startswith('avg:'):
     count = checkpoint[len('avg:') :]
-    if not count.isdigit() or int(count) < 1:
-      raise ValueError(f'checkpoint={checkpoint!r}: expected avg:N with N a positive integer.')
+    if error := checkpoint_error(checkpoint):
+      raise ValueError(error)
     if int(count) > len(available):
       raise ValueError(
         f'checkpoint={checkpoint!r} needs {count} checkpoints, but there are only '
@@ -458,23 +536,52 @@ def _is_best(checkpoint: str) -> bool:
   return checkpoint == 'best' or checkpoint.startswith('avg_best:')
 
 
-def load_params(workdir: str, abstract_state, checkpoint: str = 'latest'):
+def committed_steps(directory: str) -> list[int]:
+  """Steps of the committed checkpoints in `directory` (WORKDIR/checkpoints), by folder name.
+
+  Reads the folder only (no checkpoint manager): temporary folders of saves in flight are
+  not committed steps.
+  """
+  try:
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+  except FileNotFoundError:
+    return []
+
+
+# Times `load_params` reads the checkpoints anew after the run rotated one out under it.
+_ROTATION_RETRIES = 3
+
+
+def load_params(workdir: str, abstract_state, checkpoint: str = 'latest', keep: int | None = None):
   """Parameters of one checkpoint, or the average of several (`avg:N`, section 6.1).
 
   `checkpoint`: 'latest', a step, 'avg:N' (the last N), 'best' (the best
   validation BLEU of `BestCheckpoints`) or 'avg_best:N' (the N best averaged).
+  `keep`: the checkpoints the training run keeps (`config.keep_checkpoints`). If the run
+  rotates out a checkpoint while it is read, 'latest' and 'avg:N' are selected again
+  among the checkpoints now there; a step number is `CheckpointGoneError`.
   Returns the parameters and a label naming them (`step_1500`, `avg5_1100-1500`,
   `best_step_1200`, `avg_best3_900-1200-1500`).
   """
   if _is_best(checkpoint):
     return _load_best_params(workdir, abstract_state, checkpoint)
-  checkpointer = Checkpointer(workdir, read_only=True)
+  checkpointer = Checkpointer(workdir, read_only=True, keep=keep)
   try:
-    steps = select_steps(checkpointer.all_steps(), checkpoint)
-    total = None
-    for step in steps:
-      params = checkpointer.restore(step, abstract_state, None).params
-      total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
+    for attempt in range(_ROTATION_RETRIES + 1):
+      steps = select_steps(checkpointer.all_steps(), checkpoint)
+      try:
+        total = None
+        for step in steps:
+          params = checkpointer.restore(step, abstract_state, None).params
+          total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
+        break
+      except CheckpointGoneError as e:
+        if attempt == _ROTATION_RETRIES or (
+          checkpoint != 'latest' and not checkpoint.startswith('avg:')
+        ):
+          raise
+        logging.info('%s Selecting --checkpoint=%s among them again.', e, checkpoint)
+        checkpointer.reload()
   finally:
     checkpointer.close()
   params = jax.tree.map(lambda x: x / len(steps), total) if len(steps) > 1 else total

@@ -20,14 +20,19 @@ older run meant is one line in `ADDED_KEYS`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 import os
+import re
+import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
 import ml_collections
+from absl import app
 
 from transformer import datasets, sharding
 
@@ -482,19 +487,56 @@ def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config
 
 
+def read_run_config(workdir: str) -> ml_collections.ConfigDict | None:
+  """WORKDIR/config.json as train.py wrote it, `upgrade`d; None if there is none.
+
+  A file that is not such a config (damaged, or overwritten by something else) is a
+  `ConfigError` naming it and saying how to recover.
+  """
+  path = os.path.join(os.path.expanduser(workdir), 'config.json')
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding='utf-8') as f:
+      loaded = json.load(f)
+    if not isinstance(loaded, dict) or not {'model', 'data'} <= set(loaded):
+      raise ValueError('not a JSON object with the groups model and data')
+    return upgrade(ml_collections.ConfigDict(loaded))
+  except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError and UnicodeError are too.
+    raise ConfigError(
+      f'{path} is not a config written by train.py ({type(e).__name__}: {e}): it was damaged '
+      'or overwritten. The checkpoints beside it are not affected. Restore it, or move it aside '
+      f'(mv {path} {path}.bad) and run the train.py command of this run again: it checks the '
+      "checkpoint's arrays against the model instead, and writes config.json anew."
+    ) from None
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
   """Raises `ConfigError` listing every invalid value of `config`.
 
   Args:
     config: A training config, or a run's config.json after `upgrade`.
-    num_devices: With a number, the mesh must fit that many devices and the
-      batches divide over it; None checks the config alone (a sweep's trials, a
-      run evaluated on other devices).
+    num_devices: With a number, the mesh must fit that many devices, the
+      batches divide over it and the resource counts fit this machine
+      (`machine_errors`); None checks the config alone (a sweep's trials, a run
+      evaluated on other devices).
   """
   errors = config_errors(config)
   if not errors and num_devices is not None:
-    errors = _device_errors(config, num_devices)
+    errors = _device_errors(config, num_devices) + machine_errors(config)
   raise_if(errors)
+
+
+def machine_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """Resource counts of `config` that this machine cannot serve (`validate` with devices)."""
+  cores = os.cpu_count() or 1
+  if config.data.num_workers > cores:
+    return [
+      f'config.data.num_workers={config.data.num_workers} exceeds the {cores} CPU cores of this '
+      'machine: each worker is a process that reads and packs batches, and more of them than '
+      'cores only take memory and slow each other down (0 packs in the training process).'
+    ]
+  return []
 
 
 def _device_errors(config: ml_collections.ConfigDict, num_devices: int) -> list[str]:
@@ -519,6 +561,38 @@ def _device_errors(config: ml_collections.ConfigDict, num_devices: int) -> list[
       f'batch into equal micro-batches over {shards} batch shards.'
     )
   return errors
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+  """absl's flag parsing for entry points with a config flag (`app.run(flags_parser=...)`).
+
+  An override of a key the config lacks (`--config.model.num_layer=2`) is a flag error that
+  names the flag and the nearest keys, as absl reports other flag errors, instead of
+  ml_collections' traceback.
+  """
+  try:
+    return app.parse_flags_with_usage(list(argv))
+  except (AttributeError, KeyError) as e:
+    while isinstance(e, AttributeError) and e.args and isinstance(e.args[0], KeyError):
+      e = e.args[0]
+    first, _, hint = str(e.args[0] if e.args else e).partition('\n')
+    missing = first.strip('\'"')
+    flag = next(
+      (
+        arg.split('=', 1)[0]
+        for arg in argv[1:]
+        if re.match(r'--\w+\.', arg) and missing in arg.split('=', 1)[0].split('.')[1:]
+      ),
+      None,
+    )
+    if flag is None:
+      raise
+    key = flag.split('.', 1)[1]
+    sys.stderr.write(
+      f'FATAL Flags parsing error: {flag}: the config has no key {key}. {hint}'.rstrip()
+      + '\nPass --helpshort or --helpfull to see help on flags.\n'
+    )
+    sys.exit(1)
 
 
 # --- eval.py's flags ------------------------------------------------------------------------------
@@ -564,6 +638,140 @@ def eval_flag_errors(values: Mapping[str, Any]) -> list[str]:
     if k in values
     if (e := rule.error(f'--{k}', values[k]))
   ]
+
+
+# --- Paths a command writes ----------------------------------------------------------------------
+
+# What train.py, eval.py and sweep.py write at the top of a run's workdir: a path at or under one
+# of these entries is a file of the run, never an output of another command.
+RUN_ENTRIES = (
+  'config.json',
+  'provenance.jsonl',
+  'metrics.jsonl',
+  'train.lock',
+  'checkpoints',
+  'best_checkpoints',
+  'corrupt_checkpoints',
+  'tensorboard',
+  'eval',
+  'profile',
+  'trial.json',
+  'train.log',
+  'eval.log',
+)
+# The checkout that holds this package: the files git tracks there are the code.
+CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def absolute(path: str) -> str:
+  """`path` with `~` expanded, absolute and with symbolic links resolved."""
+  return os.path.realpath(os.path.expanduser(path))
+
+
+def is_run(directory: str) -> bool:
+  """Whether `directory` is the workdir of a training run (train.py wrote or is writing it)."""
+  has = lambda name: os.path.exists(os.path.join(directory, name))
+  written = has('checkpoints') or has('provenance.jsonl')
+  return has('train.lock') or (has('config.json') and written)
+
+
+def run_file(path: str) -> tuple[str, str] | None:
+  """(workdir, entry) when `path` is or lies under a `RUN_ENTRIES` entry of a run's workdir."""
+  path = absolute(path)
+  parent = os.path.dirname(path)
+  while True:
+    if is_run(parent):
+      entry = os.path.relpath(path, parent).split(os.sep)[0]
+      if entry in RUN_ENTRIES:
+        return parent, entry
+    if os.path.dirname(parent) == parent:
+      return None
+    parent = os.path.dirname(parent)
+
+
+def _code_files(path: str) -> list[str]:
+  """The files of the code (tracked by git in `CODE_DIR`) that are `path` or lie under it."""
+  if os.path.commonpath([path, CODE_DIR]) != CODE_DIR:
+    return []
+  try:
+    result = subprocess.run(
+      ['git', '-C', CODE_DIR, 'ls-files', '-z', '--', os.path.relpath(path, CODE_DIR)],
+      capture_output=True,
+      timeout=30,
+      check=True,
+    )
+  except (OSError, subprocess.SubprocessError):
+    return []  # Not a git checkout (an installed copy): no file is known as code.
+  return [name for name in result.stdout.decode(errors='replace').split('\0') if name]
+
+
+def _within(path: str, other: str) -> bool:
+  """Whether `path` is `other` (the same file, also through a hard link) or lies under it."""
+  if os.path.commonpath([path, other]) == other:
+    return True
+  try:
+    return os.path.samefile(path, other)
+  except OSError:
+    return False
+
+
+def protected_path_errors(
+  path: str, name: str, inputs: Mapping[str, str | None] | None = None
+) -> list[str]:
+  """Errors of a path that a command would write (`name`: its flag or config key).
+
+  It must not be a file of a run (`run_file`), be or lie in one of `inputs` ({what: path}, the
+  files and folders the command reads), nor be or hold files of the code. Checked before any
+  work, so that nothing a user or a run made is overwritten.
+  """
+  if not path or not path.strip():
+    return [f'{name} is empty: name a path.']
+  path = absolute(path)
+  if (found := run_file(path)) is not None:
+    workdir, entry = found
+    where = 'is' if os.path.relpath(path, workdir) == entry else 'lies in'
+    return [
+      f'{name}={path} {where} {entry} of the training run in {workdir}, which only that run '
+      'writes; write elsewhere.'
+    ]
+  for what, other in (inputs or {}).items():
+    if other and other != '-' and _within(path, absolute(other)):
+      other = absolute(other)
+      where = 'lies in' if path != other and os.path.commonpath([path, other]) == other else 'is'
+      return [f'{name}={path} {where} {what}, {other}, an input of this command; write elsewhere.']
+  code = _code_files(path)
+  if code:
+    what = 'a file of the code' if code == [os.path.relpath(path, CODE_DIR)] else 'the code'
+    shown = ', '.join(code[:3]) + (', ...' if len(code) > 3 else '')
+    return [f'{name}={path} is {what} ({shown} in {CODE_DIR}); write elsewhere.']
+  return []
+
+
+def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+  """Errors of train.py's `--workdir` and the paths it writes data to, before anything runs.
+
+  The workdir must be a folder (new, or a run's to resume), not inside another run's files,
+  the raw data (`config.data.manual_dir`), the prepared data (`config.data.data_dir`) or the
+  code; the prepared data and a vocabulary to be trained must not land in a run's files or
+  the raw data. Existing prepared data and vocabularies are only read.
+  """
+  if not workdir or not workdir.strip():
+    return [
+      f"--workdir is empty: name the run's folder (e.g. --workdir=workdirs/m30k); an empty "
+      f'one would write the run into the current directory, {os.getcwd()}.'
+    ]
+  data = config.data
+  raw = {'the raw data (config.data.manual_dir)': data.manual_dir}
+  path = absolute(workdir)
+  if os.path.exists(path) and not os.path.isdir(path):
+    return [f'--workdir={path} is a file, not a folder: name a new folder, or a run to resume.']
+  errors = protected_path_errors(
+    path, '--workdir', {**raw, 'the prepared data (config.data.data_dir)': data.data_dir}
+  )
+  errors += protected_path_errors(data.data_dir, 'config.data.data_dir', raw)
+  if data.vocab_path and not os.path.exists(absolute(data.vocab_path)):  # Trained, then written.
+    errors += protected_path_errors(data.vocab_path, 'config.data.vocab_path', raw)
+  return errors or writable_dir_errors(path, '--workdir')
 
 
 def writable_file_errors(path: str, flag: str) -> list[str]:

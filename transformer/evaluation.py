@@ -9,7 +9,6 @@ language model.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from typing import Any
@@ -19,7 +18,7 @@ import ml_collections
 from absl import logging
 from jax.sharding import Mesh
 
-from transformer import checkpoints, optim, sharding, tasks, training
+from transformer import checkpoints, optim, provenance, sharding, tasks, training
 from transformer import config as config_lib
 from transformer.config import ModelConfig
 
@@ -33,14 +32,14 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   GPUs, evaluated on 1) becomes data-parallel over the devices here: restore
   reshards the checkpoint onto it.
   """
-  path = os.path.join(os.path.expanduser(workdir), 'config.json')
-  if not os.path.exists(path):
+  config = config_lib.read_run_config(workdir)
+  if config is None:
+    path = os.path.join(os.path.expanduser(workdir), 'config.json')
     raise FileNotFoundError(
       f'No resolved config at {path}: --workdir must be a directory written by train.py.'
     )
-  with open(path) as f:
-    config = config_lib.upgrade(ml_collections.ConfigDict(json.load(f)))
   config_lib.validate(config)
+  _check_vocabulary(config, workdir)
   try:
     sharding.mesh_shape(config.mesh, jax.device_count())
   except ValueError as e:
@@ -49,6 +48,23 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
     )
     config.mesh.update(data=-1, fsdp=1, tensor=1)
   return config
+
+
+def _check_vocabulary(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Refuses a vocabulary whose content differs from the one the run trained with."""
+  recorded = provenance.recorded_inputs(workdir).get('vocabulary')
+  if not recorded:
+    return  # A run from before inputs were recorded.
+  changes = provenance.input_changes(
+    {'vocabulary': recorded}, {'vocabulary': provenance.vocabulary_input(config)}
+  )
+  if changes:
+    raise ValueError(
+      f'The run in {workdir} trained with another vocabulary than the one its config names '
+      f'now (recorded in {workdir}/{provenance.FILENAME} -> now):\n  {changes[0]}\nIts '
+      'checkpoints would translate into other pieces. Put the original vocabulary back at '
+      'that path (or point config.data.vocab_path in its config.json at a copy of it).'
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +93,9 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
 
 def restore_params(run: Setup, workdir: str, checkpoint: str):
   """(params, label) of `checkpoint` ('latest', a step, 'avg:N', 'best', 'avg_best:N')."""
-  return checkpoints.load_params(workdir, run.abstract_state, checkpoint)
+  return checkpoints.load_params(
+    workdir, run.abstract_state, checkpoint, keep=run.config.keep_checkpoints
+  )
 
 
 def read_input_lines(path: str) -> list[str]:

@@ -8,12 +8,14 @@ import os
 import jax
 from absl import logging
 
+FILENAME = 'metrics.jsonl'  # In the workdir: one JSON object per line, each with its step.
+
 
 class MetricsWriter:
   """Writes scalar rows from process 0 only; other processes write nothing."""
 
   def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.path = os.path.join(workdir, FILENAME)
     self._enabled = jax.process_index() == 0
     self._tensorboard = None
     if self._enabled:

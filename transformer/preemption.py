@@ -1,5 +1,11 @@
 """Preemption: on SIGTERM or SIGINT the loop finishes its step, checkpoints it and exits cleanly.
 
+Before training starts (start-up, data preparation, restoring a checkpoint) there is no step to
+checkpoint: the watcher is installed unarmed, and a signal raises `Interrupted` at once, so
+that the run stops within moments and every `finally` cleans up (temporary files of data
+being prepared, the workdir's lock, the folders this start created). `arm()`, just before the
+first step, switches to the mechanisms below.
+
 Two mechanisms, chosen by the process count:
 
 * One process: Python handlers for SIGTERM and SIGINT set a flag that the loop
@@ -26,11 +32,28 @@ from jax.experimental import multihost_utils
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+class Interrupted(KeyboardInterrupt):
+  """SIGTERM or SIGINT before training started: nothing was trained, so the run stops at once.
+
+  A KeyboardInterrupt, so that no `except Exception` swallows it on its way out.
+  """
+
+  def __init__(self, signum: int):
+    self.signum = signum
+    self.signal_name = signal.Signals(signum).name
+    super().__init__(
+      f'Stopped by {self.signal_name} before training began: nothing was trained or saved, '
+      'and data being prepared was discarded (prepared data is complete or absent). Run the '
+      'same command to start again.'
+    )
+
+
 class PreemptionWatcher:
   """Says, after each step, whether the run should checkpoint that step and stop.
 
-  Use as a context manager around the loop: the single-process signal handlers
-  are installed on entry and the previous ones restored on exit.
+  Use as a context manager around the whole run: the single-process signal
+  handlers are installed on entry and the previous ones restored on exit. Until
+  `arm()` a signal raises `Interrupted` (nothing to checkpoint yet).
   """
 
   def __init__(self):
@@ -38,12 +61,24 @@ class PreemptionWatcher:
     self._multi_process = jax.process_count() > 1
     self._previous_handlers: dict[int, object] = {}
     self._service_off_logged = False
+    self._armed = False
+    self._interrupted: int | None = None  # A signal before `arm()`.
 
   def __enter__(self) -> PreemptionWatcher:
     if not self._multi_process:
       for signum in _SIGNALS:
         self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
     return self
+
+  def arm(self) -> None:
+    """From now on a signal stops the run after the current step, with a checkpoint of it.
+
+    Raises `Interrupted` for a signal that came before, if a library swallowed it (Python
+    only prints an exception raised in a garbage-collection callback, such as JAX's).
+    """
+    if self._interrupted is not None:
+      raise Interrupted(self._interrupted)
+    self._armed = True
 
   def __exit__(self, *exc_info) -> None:
     for signum, handler in self._previous_handlers.items():
@@ -52,6 +87,9 @@ class PreemptionWatcher:
 
   def _on_signal(self, signum: int, frame: types.FrameType | None) -> None:
     del frame
+    if not self._armed:
+      self._interrupted = signum
+      raise Interrupted(signum)
     name = signal.Signals(signum).name
     if self.signal_name is not None and signum == signal.SIGINT:
       # A second Ctrl-C means "now": the committed checkpoints are safe, an

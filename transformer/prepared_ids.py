@@ -19,6 +19,7 @@ and the TFDS decoding are both CPU-bound), with a progress bar.
 """
 
 import concurrent.futures
+import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
@@ -235,12 +236,18 @@ def _encode(
   num_texts = None
   try:
     writer = array_record_module.ArrayRecordWriter(tmp, _WRITER_OPTIONS)
-    progress = tqdm.tqdm(total=num, unit=' examples', desc=f'Encoding {split}')
-    for encoded in _encoded_blocks(data_config, split, texts, tokenizer, blocks, processes):
-      for record in encoded:
-        writer.write(record)
-      progress.update(len(encoded))
-    progress.close()
+    # Both closed at once on an error or interrupt: the workers' queued blocks are cancelled,
+    # and the progress bar ends before the error is printed.
+    with (
+      tqdm.tqdm(total=num, unit=' examples', desc=f'Encoding {split}') as progress,
+      contextlib.closing(
+        _encoded_blocks(data_config, split, texts, tokenizer, blocks, processes)
+      ) as encoded_blocks,
+    ):
+      for encoded in encoded_blocks:
+        for record in encoded:
+          writer.write(record)
+        progress.update(len(encoded))
     writer.close()
     if num:
       num_texts = len(texts(source[0]))
@@ -275,10 +282,13 @@ def _encoded_blocks(
   # Spawned, not forked: the training process may hold threads (JAX) that fork would copy.
   # An executor, not a Pool: a worker that dies or fails to start raises here (a Pool
   # would start another and wait forever).
-  with concurrent.futures.ProcessPoolExecutor(
+  pool = concurrent.futures.ProcessPoolExecutor(
     processes, multiprocessing.get_context('spawn'), _init_worker, args
-  ) as pool:
+  )
+  try:
     yield from pool.map(_encode_block, blocks)
+  finally:  # On an error or interrupt, the blocks not yet started are dropped, not waited for.
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 _worker: dict[str, Any] = {}  # The encoding process's data source, texts and tokenizer.
@@ -314,9 +324,14 @@ def _encode_block(block: tuple[int, int]) -> list[bytes]:
 
 def _write_json_atomically(path: str, data: dict) -> None:
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.tmp-', suffix='.json')
-  with os.fdopen(fd, 'w', encoding='utf-8') as f:
-    json.dump(data, f, indent=1)
-  os.replace(tmp, path)
+  try:
+    with os.fdopen(fd, 'w', encoding='utf-8') as f:
+      json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What produced a run: command line, code version, package versions and devices.
+"""What produced a run: command line, code version, package versions, devices and input files.
 
 Every start of training appends one JSON line to WORKDIR/provenance.jsonl, so a
 resumed run keeps the history of each process that wrote to the workdir; a start
@@ -7,6 +7,13 @@ other package versions than the previous one is logged as a warning, since the
 checkpoints then continue a run that the current code did not begin.
 (WORKDIR/config.json, written beside it, holds the resolved config; its changes
 on resume are reported by `training.write_config`.)
+
+Each entry also records, by content, the files the run depends on (`inputs`): the
+vocabulary (sha256 of the SentencePiece model) and the training data (the
+fingerprint of its source files, which keys the prepared data and ids). A
+resume whose inputs differ in content, at whatever path, is refused
+(`input_changes`): the checkpoint's token ids and data position would mean
+something else. The same content at another path is the same input.
 """
 
 from __future__ import annotations
@@ -98,12 +105,92 @@ def current() -> dict[str, Any]:
 
 
 def read(workdir: str) -> list[dict[str, Any]]:
-  """Every entry of WORKDIR/provenance.jsonl, oldest first ([] when there is none)."""
+  """Every entry of WORKDIR/provenance.jsonl, oldest first ([] when there is none).
+
+  A line that does not parse (a start killed while appending it) is skipped with a warning.
+  """
   path = os.path.join(workdir, FILENAME)
   if not os.path.exists(path):
     return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  entries = []
+  with open(path, encoding='utf-8', errors='replace') as f:
+    for number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        entry = json.loads(line)
+      except json.JSONDecodeError:
+        entry = None
+      if not isinstance(entry, dict):
+        logging.warning('%s: line %d is not a provenance entry; skipping it.', path, number)
+        continue
+      entries.append(entry)
+  return entries
+
+
+def file_sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def vocabulary_input(config, vocabulary: bytes | None = None) -> dict[str, str | None]:
+  """The vocabulary's path and sha256: of `vocabulary` (the model's bytes) or of its file.
+
+  The hash is None while the file does not exist (it is trained on first use).
+  """
+  from transformer import tokenizer  # pylint: disable=g-import-not-at-top
+
+  path = os.path.abspath(tokenizer.vocab_path(config))
+  if vocabulary is not None:
+    digest = hashlib.sha256(vocabulary).hexdigest()
+  else:
+    digest = file_sha256(path) if os.path.isfile(path) else None
+  return {'path': path, 'hash': digest}
+
+
+def inputs(config, vocabulary: bytes | None = None) -> dict[str, dict[str, str | None]]:
+  """The files `config` trains on, by content: {what: {'path': ..., 'hash': ...}}.
+
+  'data': the prepared data's folder and the fingerprint of its source files (sha256 of
+  their names and bytes; the catalog name for catalog datasets); 'vocabulary':
+  `vocabulary_input`. Raises what `datasets.fingerprint` raises for missing source files.
+  """
+  from transformer import datasets  # pylint: disable=g-import-not-at-top
+
+  data = {'path': datasets.dataset_dir(config.data), 'hash': datasets.fingerprint(config.data)}
+  return {'data': data, 'vocabulary': vocabulary_input(config, vocabulary)}
+
+
+# What each input is, and what its hash is, for messages.
+_INPUT_NAMES = {
+  'vocabulary': ('the vocabulary (every token id would mean another piece)', 'sha256'),
+  'data': ('the training data (the data position would point into other examples)', 'fingerprint'),
+}
+
+
+def recorded_inputs(workdir: str) -> dict[str, dict[str, str | None]]:
+  """The inputs recorded by the run's last start that recorded them ({} for older runs)."""
+  return next((e['inputs'] for e in reversed(read(workdir)) if e.get('inputs')), {})
+
+
+def input_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+  """'what: old path (sha256 ...) -> new path (sha256 ...)' for each input whose content changed.
+
+  Only inputs known on both sides are compared (a vocabulary still to be trained is not).
+  """
+  changes = []
+  for key, now in current.items():
+    before = recorded.get(key) or {}
+    if before.get('hash') and now.get('hash') and before['hash'] != now['hash']:
+      what, label = _INPUT_NAMES.get(key, (key, 'hash'))
+      changes.append(
+        f'{what}: {before.get("path")} ({label} {before["hash"][:16]}) -> {now["path"]} '
+        f'({label} {now["hash"][:16]})'
+      )
+  return changes
 
 
 def differences(previous: dict[str, Any], entry: dict[str, Any]) -> list[str]:
@@ -121,9 +208,14 @@ def differences(previous: dict[str, Any], entry: dict[str, Any]) -> list[str]:
   return changes
 
 
-def record(workdir: str) -> dict[str, Any]:
-  """Appends this process's entry to WORKDIR/provenance.jsonl; warns if the code changed."""
+def record(workdir: str, run_inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+  """Appends this process's entry (with `run_inputs`, see `inputs`) to WORKDIR/provenance.jsonl.
+
+  Warns if the code changed since the previous entry.
+  """
   entry = current()
+  if run_inputs is not None:
+    entry['inputs'] = run_inputs
   history = read(workdir)
   if history:
     changes = differences(history[-1], entry)

@@ -124,9 +124,10 @@ def train_tokenizer(
     ValueError: If the corpus cannot give `vocab_size` pieces.
   """
   model = _InMemoryFile()
+  source = _Sentences(sentences)
   try:
     spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sentences),
+      sentence_iterator=source,
       model_writer=model,
       model_type=model_type,
       vocab_size=vocab_size,
@@ -145,6 +146,8 @@ def train_tokenizer(
       minloglevel=1,
     )
   except RuntimeError as e:
+    if source.error is not None:  # SentencePiece reports it as its own; raise it as it was.
+      raise source.error from None
     raise ValueError(f'SentencePiece training with vocab_size={vocab_size} failed: {e}') from e
   tokenizer = Tokenizer(model.data)
   if model_path:
@@ -192,10 +195,19 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
         if config.data.vocab_path
         else 'the vocabulary beside the prepared data, under config.data.data_dir'
       )
+      if config.data.vocab_path:
+        fix = (
+          'Point config.data.vocab_path at a SentencePiece model trained by this project, or '
+          'at a path where no file exists yet, to have one trained and written there.'
+        )
+      else:
+        fix = (
+          'This project writes its trained vocabulary there, so the file was damaged: move '
+          f'it aside (mv {path} {path}.bad) to have a new one trained.'
+        )
+      reason = str(e).strip().rstrip('.')
       raise ValueError(
-        f'{path} ({key}) is not a usable SentencePiece model: {e}. Point '
-        'config.data.vocab_path at a model trained by this project, or remove the file to '
-        'train one.'
+        f'{path} ({key}) is not a usable SentencePiece model: {reason}. It was left as it is. {fix}'
       ) from e
     if tokenizer.vocab_size != config.vocab_size:
       raise ValueError(
@@ -247,6 +259,27 @@ def _training_sentences(
           return
         count += 1
         yield text
+
+
+class _Sentences:
+  """An iterator over `sentences` that keeps what it raised (an error reading the data, a
+  KeyboardInterrupt), which SentencePiece would otherwise report as its own failure."""
+
+  def __init__(self, sentences: Iterable[str]):
+    self._sentences = iter(sentences)
+    self.error: BaseException | None = None
+
+  def __iter__(self) -> '_Sentences':
+    return self
+
+  def __next__(self) -> str:
+    try:
+      return next(self._sentences)
+    except StopIteration:
+      raise
+    except BaseException as e:
+      self.error = e
+      raise
 
 
 class _InMemoryFile:

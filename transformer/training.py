@@ -248,32 +248,29 @@ def _flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 def _saved_config(workdir: str) -> dict[str, Any] | None:
   """WORKDIR/config.json flattened, with the keys older runs lack as they had them (`upgrade`)."""
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return _flatten(config_lib.upgrade(ml_collections.ConfigDict(json.load(f))))
+  saved = config_lib.read_run_config(workdir)
+  return None if saved is None else _flatten(saved)
 
 
 def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Refuses, listing each key, a config that would read the workdir's weights as another model.
+  """Refuses a resume that would read the workdir's checkpoints as something else.
 
-  Every model field and the vocabulary (`_changes_weight_meaning`) must equal
-  WORKDIR/config.json's once the workdir holds a checkpoint; other keys may
-  change (`write_config` reports them). Runs before anything is written.
+  Once the workdir holds a checkpoint: every model field and the vocabulary size
+  (`_changes_weight_meaning`) must equal WORKDIR/config.json's (other keys may change;
+  `write_config` reports them), `config.num_train_steps` must not lie below the latest
+  checkpoint, and the data and an existing vocabulary must have the content the run
+  recorded (`check_inputs`). Runs before anything is written.
   """
-  saved = _saved_config(workdir)
-  checkpoint_dir = os.path.join(workdir, 'checkpoints')
-  has_checkpoint = os.path.isdir(checkpoint_dir) and any(
-    name.isdigit() for name in os.listdir(checkpoint_dir)
-  )
-  if saved is None or not has_checkpoint:
+  steps = checkpoints.committed_steps(os.path.join(workdir, 'checkpoints'))
+  if not steps:
     return
+  checkpoint_dir = os.path.join(workdir, 'checkpoints')
+  saved = _saved_config(workdir)
   current = _flatten(config)
   changed = [
     f'config.{key}: {saved.get(key)!r} -> {current.get(key)!r}'
-    for key in sorted(set(saved) | set(current))
-    if _changes_weight_meaning(key) and saved.get(key) != current.get(key)
+    for key in sorted(set(saved or {}) | set(current))
+    if saved is not None and _changes_weight_meaning(key) and saved.get(key) != current.get(key)
   ]
   if changed:
     raise ValueError(
@@ -286,7 +283,10 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   switched = [
     f'config.{key}: {saved[key]!r} -> {current[key]!r}'
     for key in _OPTIMIZER_SWITCH_KEYS
-    if key in saved and key in current and (saved[key] > 0) != (current[key] > 0)
+    if saved is not None
+    and key in saved
+    and key in current
+    and (saved[key] > 0) != (current[key] > 0)
   ]
   if switched:
     raise ValueError(
@@ -295,6 +295,41 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
       'changed. Resume with the saved value (any value > 0 if it was on), or train in a new '
       '--workdir.'
     )
+  if config.num_train_steps < steps[-1]:
+    raise ValueError(
+      f'config.num_train_steps={config.num_train_steps} lies below the latest checkpoint, step '
+      f'{steps[-1]} of {checkpoint_dir}: this run is past it, and training cannot go back. '
+      f'Nothing was changed. To evaluate an earlier checkpoint, run eval.py --workdir={workdir} '
+      f'--checkpoint=STEP (steps {steps}); to train on, set config.num_train_steps above '
+      f'{steps[-1]}; to train {config.num_train_steps} steps from scratch, use a new --workdir.'
+    )
+  check_inputs(config, workdir)
+
+
+def check_inputs(
+  config: ml_collections.ConfigDict, workdir: str, vocabulary: bytes | None = None
+) -> dict[str, Any]:
+  """Refuses inputs whose content differs from what the run recorded; returns the current ones.
+
+  `provenance.inputs`: the training data (by the fingerprint of its source files) and the
+  vocabulary (by sha256: of `vocabulary`, the model's bytes, or of its file if it exists),
+  compared with the last start's record in WORKDIR/provenance.jsonl while the workdir holds
+  a checkpoint. The same content at another path is accepted.
+  """
+  current = provenance.inputs(config, vocabulary)
+  if not checkpoints.committed_steps(os.path.join(workdir, 'checkpoints')):
+    return current
+  changes = provenance.input_changes(provenance.recorded_inputs(workdir), current)
+  if changes:
+    raise ValueError(
+      f'The checkpoints in {workdir}/checkpoints were trained on other files: resuming would '
+      f'read them with a changed meaning. Changed in content since the run recorded them in '
+      f'{workdir}/{provenance.FILENAME} (recorded -> now):\n  '
+      + '\n  '.join(changes)
+      + '\nNothing was changed. Resume with the files the run started with (at any path: '
+      'only their content counts), or train in a new --workdir.'
+    )
+  return current
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -408,14 +443,18 @@ def train_and_evaluate(
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns final metrics.
 
   `devices` (default: every device of every process) are laid out as `config.mesh`.
-  Every config value is checked first, then the workdir is locked for this run
-  (`workdir_lock`; another run holding it is an error naming its host and pid).
-  A resume that would change any model field is an error (`check_resume`). A
-  latest checkpoint that fails to restore is an error that changes nothing,
-  unless `restore_fallback` (then the newest one that restores is used). Any
-  error before training starts leaves the workdir as it was. On SIGTERM/SIGINT
-  the current step is finished, checkpointed and committed, and this returns
-  normally. `profile_steps` > 0 traces that many train steps, from the second one
+  Every config value and the paths the run writes (`config.workdir_errors`) are
+  checked first, then the workdir is locked for this run (`workdir_lock`; another
+  run holding it is an error naming its host and pid). A resume that would read
+  the checkpoints as something else (another model, fewer steps, other input
+  files) is an error (`check_resume`). A latest checkpoint that fails to restore is
+  an error that changes nothing, unless `restore_fallback` (then the newest one
+  that restores is used). Any error before training starts leaves the workdir as
+  it was. On SIGTERM/SIGINT before the first step, `preemption.Interrupted` is
+  raised at once (nothing to save); afterwards the current step is finished,
+  checkpointed and committed, and this returns normally. A run already at
+  `config.num_train_steps` changes nothing and returns the final metrics of its
+  metrics.jsonl. `profile_steps` > 0 traces that many train steps, from the second one
   this process runs, into WORKDIR/profile/ (TensorBoard's Profile tab).
   `hooks` are called at their points of the run (`Hooks`).
   """
@@ -423,6 +462,7 @@ def train_and_evaluate(
     raise ValueError(f'profile_steps={profile_steps} must be >= 0.')
   devices = jax.devices() if devices is None else devices
   config_lib.validate(config, len(devices))
+  config_lib.raise_if(config_lib.workdir_errors(config, workdir), 'paths')
   workdir = os.path.abspath(os.path.expanduser(workdir))
   with (
     _owned_workdir(workdir),
@@ -511,6 +551,20 @@ def _remove_new_empty_folders(workdir: str, existed: set[str] | None) -> None:
     os.rmdir(workdir)
 
 
+def _final_metrics(workdir: str, step: int) -> dict[str, float] | None:
+  """The rows of metrics.jsonl at `step` merged, if they hold its evaluation; else None."""
+  path = os.path.join(workdir, metrics.FILENAME)
+  if not os.path.exists(path):
+    return None
+  merged = {}
+  with open(path) as f:
+    for line in f:
+      row = json.loads(line) if line.strip() else {}
+      if row.get('step') == step:
+        merged.update({k: v for k, v in row.items() if k != 'step'})
+  return merged if 'eval_loss' in merged else None
+
+
 def _train_and_evaluate(
   config,
   workdir: str,
@@ -537,8 +591,21 @@ def _train_and_evaluate(
   checkpoints.check_latest_compatible(workdir, abstract_state)
 
   vocab = _prepare_data(config)
+  # A vocabulary trained just now (none existed at `check_resume`) must be the recorded one too.
+  run_inputs = check_inputs(config, workdir, vocab.serialized_model())
   train_iter = task.train_iterator(
     config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count()
+  )
+  # Every split is prepared and checked (e.g. that config.data.eval_split exists) before the
+  # workdir changes.
+  validation_metrics = task.validation_metrics_fn(config, eval_model.config, vocab, mesh, rules)
+  eval_batches = task.eval_batches(
+    config,
+    vocab,
+    config.data.eval_split,
+    rows_multiple_of=sharding.batch_shards(dict(mesh.shape), rules),
+    shard_index=jax.process_index(),
+    shard_count=jax.process_count(),
   )
 
   # Created only now, after every check on the config and the data: it starts Orbax's background
@@ -553,13 +620,31 @@ def _train_and_evaluate(
   if latest is None:
     state = create_train_state(model, optimizer, task, state_shardings, mesh, params_key)
   start_step = int(state.step)
+  # A run that stopped early (its validation BLEU had not improved for `patience` evaluations)
+  # stays stopped; a larger config.early_stopping_patience lets it go on.
+  stopping = EarlyStopping(config.early_stopping_patience).replay(
+    os.path.join(workdir, metrics.FILENAME), start_step
+  )
+  finished = start_step >= config.num_train_steps or stopping.stop
+  final = _final_metrics(workdir, start_step) if finished else None
+  if final is not None:
+    logging.info(
+      'Nothing to train: the checkpoint is at step %d, %s; nothing was changed. Its final '
+      'metrics are in %s/metrics.jsonl.',
+      start_step,
+      'where the run stopped early' if stopping.stop else 'config.num_train_steps',
+      workdir,
+    )
+    if jax.process_index() == 0 and _saved_config(workdir) is None:
+      write_config(config, workdir)  # One that was moved aside (`config.read_run_config`).
+    return final
   # Only once the checkpoint restored: an unreadable one leaves the workdir as it was.
   if jax.process_index() == 0:
     write_config(config, workdir)
-    provenance.record(workdir)  # Command line, git commit, package versions; warns on changes.
+    # Command line, git commit, package versions (warns on changes), the inputs' content.
+    provenance.record(workdir, run_inputs)
 
   writer = metrics.MetricsWriter(workdir)
-  stopping = EarlyStopping(config.early_stopping_patience).replay(writer.path, start_step)
   writer.truncate_after(start_step)
   best = None  # The parameters of the evaluations with the best validation BLEU.
   if config.keep_best_checkpoints:
@@ -578,16 +663,6 @@ def _train_and_evaluate(
     functools.partial(eval_step, model=eval_model, task=task, config=config),
     in_shardings=(state_shardings.params, batch_shardings),
     out_shardings=sharding.replicated(mesh),
-  )
-
-  validation_metrics = task.validation_metrics_fn(config, eval_model.config, vocab, mesh, rules)
-  eval_batches = task.eval_batches(
-    config,
-    vocab,
-    config.data.eval_split,
-    rows_multiple_of=sharding.batch_shards(dict(mesh.shape), rules),
-    shard_index=jax.process_index(),
-    shard_count=jax.process_count(),
   )
 
   def run_eval(step: int) -> dict[str, float]:
@@ -615,14 +690,13 @@ def _train_and_evaluate(
     stopping.record(step, evaluated['eval_bleu'])
     return stopping.stop
 
-  # A run that stopped early (its validation BLEU had not improved for `patience` evaluations)
-  # stays stopped; a larger config.early_stopping_patience lets it go on.
   last_step = start_step if stopping.stop else config.num_train_steps
   logging.info('Training from step %d to %d on mesh %s.', start_step, last_step, dict(mesh.shape))
   progress = _Progress(start_step, config.num_train_steps)
   monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps)
   train_sums, summary = None, {}
   profiler = _StepProfiler(os.path.join(workdir, 'profile'), start_step + 2, profile_steps)
+  watcher.arm()  # From here a signal stops the run after a step, with a checkpoint of it.
   for step in range(start_step + 1, last_step + 1):
     batch = sharding.global_batch(next(train_iter), mesh, rules)
     profiler.before(step)
@@ -708,8 +782,8 @@ def _train_and_evaluate(
   if start_step >= last_step:
     if stopping.stop:
       logging.info('Nothing to train: the run stopped early, at step %d.', start_step)
-    else:
-      logging.info('Nothing to train: the checkpoint is at step %d.', start_step)
+    else:  # Its final evaluation is missing from metrics.jsonl.
+      logging.info('Nothing to train: the checkpoint is at step %d; evaluating it.', start_step)
     summary = run_eval(start_step)
   if best is not None:
     best.wait_until_finished()

@@ -24,11 +24,14 @@ import json
 import os
 import socket
 import sys
+import time
 from typing import Any
 
 from absl import logging
 
 LOCK_FILE = 'train.lock'
+# How long a lock that names no holder may be in the middle of being written.
+_WRITE_GRACE_SECONDS = 0.5
 
 
 class WorkdirLockedError(RuntimeError):
@@ -72,19 +75,22 @@ def lock_path(workdir: str) -> str:
 def read_holder(workdir: str) -> dict[str, Any] | None:
   """The holder recorded in WORKDIR/train.lock, or None if there is no lock.
 
-  A lock file being written (empty or partial JSON) reads as a holder with
-  unknown fields, which is alive as far as anyone can tell.
+  A lock file that is not a holder record (empty or partial JSON while it is being
+  written, or damaged) reads as a holder with unknown fields and its content under
+  'unreadable': alive as far as anyone can tell.
   """
   try:
-    with open(lock_path(workdir)) as f:
+    with open(lock_path(workdir), 'rb') as f:
       text = f.read()
   except FileNotFoundError:
     return None
   try:
     holder = json.loads(text)
-  except json.JSONDecodeError:
-    return {'host': None, 'pid': None}
-  return holder if isinstance(holder, dict) else {'host': None, 'pid': None}
+  except (json.JSONDecodeError, UnicodeDecodeError):
+    holder = None
+  if isinstance(holder, dict):
+    return holder
+  return {'host': None, 'pid': None, 'unreadable': text[:80].decode('utf-8', 'replace')}
 
 
 def holder_alive(holder: dict[str, Any]) -> bool | None:
@@ -110,6 +116,8 @@ def holder_alive(holder: dict[str, Any]) -> bool | None:
 
 def describe(holder: dict[str, Any]) -> str:
   """'pid 123 on host h (started 2026-..., `python train.py ...`)'."""
+  if 'unreadable' in holder:
+    return f'an unknown run (the lock holds {holder["unreadable"]!r}, not a holder record)'
   parts = [f'pid {holder.get("pid")} on host {holder.get("host")}']
   if holder.get('started'):
     parts.append(f'started {holder["started"]}')
@@ -137,6 +145,9 @@ class WorkdirLock:
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
       except FileExistsError:
         holder = read_holder(os.path.dirname(self.path))
+        if holder is not None and 'unreadable' in holder:
+          time.sleep(_WRITE_GRACE_SECONDS)  # A lock being written: its record follows at once.
+          holder = read_holder(os.path.dirname(self.path))
         if holder is None:
           continue  # Released meanwhile.
         alive = holder_alive(holder)
@@ -176,6 +187,14 @@ class WorkdirLock:
 
   def _refusal(self, holder: dict[str, Any], alive: bool | None) -> str:
     workdir = os.path.dirname(self.path)
+    if 'unreadable' in holder:
+      return (
+        f'The workdir {workdir} holds a lock, {self.path}, that names no run: its content, '
+        f'{holder["unreadable"]!r}, is not the record train.py writes (damaged, or written by '
+        'something else). Nothing was changed. If no train.py runs on this workdir (check '
+        f'`ps aux | grep {workdir}` on every host that sees it), remove the file (rm '
+        f'{self.path}) and run again.'
+      )
     if alive is None and holder.get('host') is not None:
       how = (
         f'This host cannot see processes of host {holder.get("host")}: if that run is '

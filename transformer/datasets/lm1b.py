@@ -54,7 +54,7 @@ class Lm1b(catalog.Builder, skip_registration=True):
         return epath.Path(dl_manager.extract(local / ARCHIVE))
       raise ValueError(
         f'config.data.manual_dir={self._source_dir} holds neither {TOP_LEVEL_DIR}/ nor '
-        f'{ARCHIVE}; unset it to download lm1b.'
+        f'{ARCHIVE} ({DOWNLOAD_URL}); put one of them there, or unset it to download lm1b.'
       )
     return epath.Path(dl_manager.download_and_extract(DOWNLOAD_URL))
 

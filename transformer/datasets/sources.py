@@ -13,9 +13,17 @@ Changed files therefore get a new directory and are prepared again; unchanged
 files reuse the prepared data. The catalog WMT14 builders live at the usual TFDS
 place `<data_dir>/wmt14_translate/<pair>/<version>/` (`<data_dir>/lm1b/<version>/`)
 and are keyed by their TFDS name and version.
+
+Without `config.data.manual_dir`, a dataset that is not prepared yet is downloaded;
+first one connection to each server (`download_files`) is tried, and if it fails the
+run stops within seconds with one error listing every file to put in a manual_dir
+instead, with its URL (TFDS would retry each file for minutes).
 """
 
 import os
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,7 +32,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from tensorflow_datasets.proto import tf_example_pb2
 
-from transformer.datasets import lm1b, multi30k, parallel_text, text_lines, wmt14
+from transformer.datasets import lm1b, multi30k, parallel_text, text_files, text_lines, wmt14
 
 LOCAL_BUILDERS: Mapping[str, type[parallel_text.ParallelText]] = {
   'multi30k': multi30k.Multi30k,
@@ -36,6 +44,8 @@ DATASETS = tuple(LOCAL_BUILDERS) + CATALOG_DATASETS
 # Monolingual text for a language model; every other dataset is parallel text.
 LM_DATASETS = ('text_lines', 'lm1b')
 FILE_FORMAT = 'array_record'
+# Seconds to wait for a server to answer before the download is given up as offline.
+CONNECT_TIMEOUT_SECONDS = 10.0
 
 
 def _check_name(data_config: ml_collections.ConfigDict) -> str:
@@ -153,11 +163,59 @@ def prepare(data_config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
     )
   if name not in LM_DATASETS:
     _check_languages(data_config, available=languages(builder))
+  if manual_dir is None and not builder.data_path.exists():
+    _check_servers_reachable(name, download_files(data_config))
   builder.download_and_prepare(
     download_config=tfds.download.DownloadConfig(manual_dir=manual_dir, try_download_gcs=False)
   )
   logging.info('Dataset %s ready in %s.', name, builder.data_dir)
   return builder
+
+
+def download_files(data_config: ml_collections.ConfigDict) -> dict[str, str]:
+  """{file name: URL} of what `config.data.dataset` downloads without a manual_dir.
+
+  The same names in a folder passed as `config.data.manual_dir` are read instead.
+  Empty for the datasets of local files only.
+  """
+  name = _check_name(data_config)
+  if name == 'multi30k':
+    return {
+      f'{text_files.raw_split_name(split)}.{lang}.gz': url
+      for (split, lang), url in multi30k.source_urls().items()
+      if split in multi30k.REQUIRED_SPLITS
+    }
+  if name == 'lm1b':
+    return {lm1b.ARCHIVE: lm1b.DOWNLOAD_URL}
+  if name.startswith('wmt14_translate/'):
+    return wmt14.archive_urls(name.split('/')[1])
+  return {}
+
+
+def _check_servers_reachable(name: str, files: Mapping[str, str]) -> None:
+  """Connects once to each server of `files`; if one does not answer, lists every file.
+
+  Any HTTP answer (even an error status) counts as reachable: only a failed
+  connection (no network, DNS, a proxy that refuses) stops the run, within
+  `CONNECT_TIMEOUT_SECONDS`.
+  """
+  by_server = {}
+  for url in files.values():
+    by_server.setdefault(urllib.parse.urlsplit(url)[:2], url)
+  for url in by_server.values():
+    try:
+      urllib.request.urlopen(
+        urllib.request.Request(url, method='HEAD'), timeout=CONNECT_TIMEOUT_SECONDS
+      ).close()
+    except urllib.error.HTTPError:
+      continue  # The server answered.
+    except (OSError, ValueError) as e:  # URLError, timeouts and refused connections.
+      reason = getattr(e, 'reason', e)
+      raise ConnectionError(
+        f'Cannot download {name}: {url} cannot be reached ({reason}). Without a network, put '
+        f'these {len(files)} files in a folder and pass it as --config.data.manual_dir:\n'
+        + '\n'.join(f'  {file}  ({file_url})' for file, file_url in files.items())
+      ) from None
 
 
 def languages(builder: tfds.core.DatasetBuilder) -> list[str]:

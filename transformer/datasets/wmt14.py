@@ -12,8 +12,9 @@ manual_dir every archive is read from it, by the name it has on statmt.org:
   training-giga-fren.tar               giga-fren.release2.fixed.{fr,en}.gz (fr-en only)
   dev.tgz                              dev/newstest2013.{de,en}, dev/newstest2014-deen-*.sgm, ...
 
-(`archive_names(pair)` lists those a pair needs). Without one, the archives are
-downloaded as the catalog does.
+(`archive_urls(pair)` lists those a pair needs, with their URLs; a manual_dir that lacks
+any is an error listing every one missing). Without one, the archives are downloaded as
+the catalog does.
 """
 
 import inspect
@@ -29,17 +30,22 @@ from etils import epath
 from tensorflow_datasets.translate import wmt, wmt14
 
 
-def archive_names(pair: str) -> list[str]:
-  """The release archives (statmt.org file names) that `pair` (e.g. 'de-en') is built from."""
+def archive_urls(pair: str) -> dict[str, str]:
+  """{statmt.org file name: URL} of the release archives `pair` (e.g. 'de-en') is built from."""
   builder_config = next(c for c in wmt14.Wmt14Translate.BUILDER_CONFIGS if c.name == pair)
   source = builder_config.language_pair[0]
-  names = set()
+  urls = {}
   for split_subsets in wmt14.Wmt14Translate._subsets.fget(None).values():  # pylint: disable=protected-access
     for name in split_subsets:
       subset = wmt.DATASET_MAP[name]
       if subset.target == builder_config.language_pair[1] and source in subset.sources:
-        names.update(os.path.basename(url) for url in subset.get_url(source))
-  return sorted(names)
+        urls.update((os.path.basename(url), url) for url in subset.get_url(source))
+  return dict(sorted(urls.items()))
+
+
+def archive_names(pair: str) -> list[str]:
+  """The release archives (statmt.org file names) that `pair` (e.g. 'de-en') is built from."""
+  return list(archive_urls(pair))
 
 
 class _LocalArchives:
@@ -100,6 +106,19 @@ class Wmt14Translate(wmt14.Wmt14Translate, skip_registration=True):
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     if self._source_dir is not None:
+      pair = self.builder_config.name
+      missing = {
+        name: url
+        for name, url in archive_urls(pair).items()
+        if not os.path.exists(os.path.join(self._source_dir, name))
+      }
+      if missing:
+        raise ValueError(
+          f'config.data.manual_dir={self._source_dir} lacks {len(missing)} of the '
+          f'{len(archive_urls(pair))} release archives of wmt14_translate/{pair}; put them '
+          'there (or unset config.data.manual_dir to download them):\n'
+          + '\n'.join(f'  {name}  ({url})' for name, url in missing.items())
+        )
       extract_dir = os.path.join(os.fspath(dl_manager.download_dir), 'extracted')
       dl_manager = _LocalArchives(self._source_dir, extract_dir)
     return super()._split_generators(dl_manager)

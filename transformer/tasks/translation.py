@@ -715,6 +715,7 @@ def watch(
   references_written = False
   writer = metrics.MetricsWriter(os.path.join(workdir, 'eval'))
   evaluated: list[int] = []
+  rotated_out: set[int] = set()  # Removed by the run's rotation before they could be read.
   started = time.monotonic()
   waiting_for = None
   try:
@@ -722,8 +723,15 @@ def watch(
       # The lock first: a run that ends after this look left its last checkpoint in the listing.
       holder = workdir_lock.read_holder(workdir)
       steps = checkpoints.available_steps(workdir)
-      for step in sorted(set(steps) - set(evaluated)):
-        params, label = checkpoints.load_params(workdir, target, str(step))
+      for step in sorted(set(steps) - set(evaluated) - rotated_out):
+        try:
+          params, label = checkpoints.load_params(
+            workdir, target, str(step), keep=config.keep_checkpoints
+          )
+        except checkpoints.CheckpointGoneError as e:
+          logging.info('Skipping step %d: %s', step, e)
+          rotated_out.add(step)
+          continue
         lines, results = evaluate_split(
           config,
           params,

@@ -485,6 +485,9 @@ def create(
   """
   config_lib.validate(config)
   check_seeds(seeds)
+  config_lib.raise_if(root_errors(config, root), 'paths')
+  if eval_flags is not None:
+    config_lib.raise_if(eval_flag_errors(eval_flags), 'flags')
   path, colon, argument = config_file.partition(':')
   shared_overrides = dict(shared_overrides or {})
   overrides_list = load_overrides(sweep_file)
@@ -517,6 +520,92 @@ def create(
     seeds=seeds,
     compare_to=compare_to,
   )
+
+
+def root_errors(config: ml_collections.ConfigDict, root: str) -> list[str]:
+  """Errors of the sweep root `root`: a folder of its own, not a run, its files or its inputs."""
+  if root and os.path.isdir(root) and config_lib.is_run(root):
+    return [f'--workdir={root} is the workdir of a training run; give the sweep its own folder.']
+  if root and os.path.exists(root) and not os.path.isdir(root):
+    return [f'--workdir={root} is a file, not a folder.']
+  inputs = {
+    'the raw data (config.data.manual_dir)': config.data.manual_dir,
+    'the prepared data (config.data.data_dir)': config.data.data_dir,
+  }
+  return config_lib.protected_path_errors(root, '--workdir', inputs)
+
+
+# eval.py's flags that the sweep sets itself, or that would not score the trial's split into
+# WORKDIR/eval/ (where the summary reads results), or would write one path for every trial.
+_EVAL_FLAGS_OF_THE_SWEEP = (
+  'workdir',
+  'dry_run',
+  'watch',
+  'input_file',
+  'output_file',
+  'prompt',
+  'attention_plot',
+  'input_text',
+)
+
+
+def eval_flag_errors(eval_flags: Sequence[str]) -> list[str]:
+  """Errors of `--eval_flags` that the sweep itself can tell (`check_eval_flags`: eval.py's)."""
+  errors = []
+  for flag in eval_flags:
+    name = flag.lstrip('-').split('=', 1)[0]
+    name = name[2:] if name.startswith('no') and name[2:] in _EVAL_FLAGS_OF_THE_SWEEP else name
+    if not flag.startswith('-'):
+      errors.append(f'--eval_flags: {flag!r} is not a flag (eval.py takes --name=value flags).')
+    elif name in _EVAL_FLAGS_OF_THE_SWEEP:
+      errors.append(
+        f'--eval_flags: {flag} is not for a sweep: the sweep sets --workdir, and the summary '
+        "reads the scores eval.py writes to each trial's WORKDIR/eval/ (no "
+        + ', '.join(f'--{n}' for n in _EVAL_FLAGS_OF_THE_SWEEP[1:])
+        + ').'
+      )
+  return errors
+
+
+def check_eval_flags(sweep: Sweep) -> None:
+  """eval.py checks the sweep's `--eval_flags` itself (`eval.py --dry_run`), before any trial.
+
+  Names, types and domains of every flag, as the eval.py of each trial would read them.
+  Raises `ValueError` with eval.py's error. Takes one eval.py start (a few seconds).
+  """
+  if sweep.eval_flags is None:
+    return
+  command = sweep.commands(sweep.trials[0])[-1][1] + ['--dry_run']
+  result = subprocess.run(
+    command, cwd=sweep.cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600
+  )
+  if result.returncode != 0:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    start = next(
+      (
+        i
+        for i in range(len(lines) - 1, -1, -1)
+        if lines[i].startswith(('FATAL Flags parsing error', 'Invalid flags:'))
+      ),
+      max(len(lines) - 3, 0),
+    )
+    raise ValueError(
+      f'--eval_flags={shlex.join(sweep.eval_flags)}: eval.py refuses them, so no trial was '
+      'run:\n  ' + '\n  '.join(lines[start:])
+    )
+
+
+def check_parallel(parallel: int, slurm: bool = False) -> None:
+  """`--parallel`: trials at once here (1 up to the CPU cores), or with Slurm a cap (>= 1)."""
+  cores = os.cpu_count() or 1
+  if parallel < 1:
+    raise ValueError(f'--parallel={parallel} must be at least 1.')
+  if not slurm and parallel > cores:
+    raise ValueError(
+      f'--parallel={parallel} exceeds the {cores} CPU cores of this machine: each trial is a '
+      'train.py process that uses every core it gets, so more at once than cores only slow '
+      f'each other down. Use --parallel={cores} or fewer (or --emit=slurm for a cluster).'
+    )
 
 
 # --- Trial state: ROOT/<name>/trial.json ----------------------------------------------------------
@@ -740,8 +829,7 @@ def run(sweep: Sweep, parallel: int = 1, only: str | None = None) -> dict[str, s
   one by the caller) the running trials are stopped, marked 'interrupted' and the
   exception is raised again.
   """
-  if parallel < 1:
-    raise ValueError(f'--parallel={parallel} must be at least 1.')
+  check_parallel(parallel)
   trials = [sweep.trial(only)] if only else list(sweep.trials)
   pending = [
     t

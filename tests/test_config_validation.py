@@ -22,7 +22,7 @@ CONFIGS = sorted(
 @pytest.mark.parametrize('name', CONFIGS)
 def test_every_field_of_every_config_has_a_rule_and_is_valid(name):
   config = importlib.import_module(f'configs.{name}').get_config()
-  keys = sweeps.flatten_keys(config)
+  keys = list(config_lib.flatten(config))
   assert not sorted(set(keys) - set(config_lib.CONFIG_RULES)), (
     f'configs/{name}.py has fields without a rule in config_lib.CONFIG_RULES: add one line '
     'per field there.'

@@ -8,6 +8,8 @@ import os
 import jax
 from absl import logging
 
+from transformer import atomic
+
 FILENAME = 'metrics.jsonl'  # In the workdir: one JSON object per line, each with its step.
 
 
@@ -36,10 +38,7 @@ class MetricsWriter:
     kept = [line for line in rows if json.loads(line)['step'] <= step]
     if len(kept) != len(rows):
       logging.info('metrics.jsonl: dropping %d rows after step %d.', len(rows) - len(kept), step)
-      tmp = self.path + '.tmp'
-      with open(tmp, 'w') as f:
-        f.writelines(kept)
-      os.replace(tmp, self.path)
+      atomic.write_text(self.path, ''.join(kept))
 
   def write(self, step: int, metrics: dict[str, float]) -> None:
     if not self._enabled:

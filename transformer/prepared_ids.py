@@ -28,7 +28,6 @@ import itertools
 import json
 import multiprocessing
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -39,7 +38,7 @@ import tqdm
 from absl import logging
 from array_record.python import array_record_module
 
-from transformer import datasets
+from transformer import atomic, datasets
 from transformer import tokenizer as tokenizer_lib
 
 RECORD_DTYPE = np.dtype('<i4')
@@ -231,10 +230,8 @@ def _encode(
   logging.info(
     'Encoding %d examples of split %s into %s (%d processes).', num, split, directory, processes
   )
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.tmp-{split}-', suffix='.array_record')
-  os.close(fd)
   num_texts = None
-  try:
+  with atomic.replacing(os.path.join(directory, f'{split}.array_record')) as tmp:
     writer = array_record_module.ArrayRecordWriter(tmp, _WRITER_OPTIONS)
     # Both closed at once on an error or interrupt: the workers' queued blocks are cancelled,
     # and the progress bar ends before the error is printed.
@@ -251,19 +248,13 @@ def _encode(
     writer.close()
     if num:
       num_texts = len(texts(source[0]))
-    path = os.path.join(directory, f'{split}.array_record')
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
   meta = {
     'vocabulary_sha256': vocab_hash,
     'num_records': num,
     'num_texts': num_texts or 1,
     'record': 'int32: the length of each text, then the ids of each text',
   }
-  _write_json_atomically(os.path.join(directory, f'{split}.json'), meta)
+  atomic.write_json(os.path.join(directory, f'{split}.json'), meta, indent=1)
   return meta
 
 
@@ -320,18 +311,6 @@ def _encode_block(block: tuple[int, int]) -> list[bytes]:
   return [
     data[4 * (end - n) : 4 * end] for end, n in zip(ends.tolist(), words.tolist(), strict=True)
   ]
-
-
-def _write_json_atomically(path: str, data: dict) -> None:
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.tmp-', suffix='.json')
-  try:
-    with os.fdopen(fd, 'w', encoding='utf-8') as f:
-      json.dump(data, f, indent=1)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,6 @@ trained on its texts and named `spm_<lang>_...` (`spm_lm1b_...` for lm1b).
 """
 
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -22,7 +21,7 @@ import sentencepiece as spm
 from absl import logging
 from sentencepiece import sentencepiece_model_pb2
 
-from transformer import datasets
+from transformer import atomic, datasets
 
 PAD_ID = 0
 EOS_ID = 1
@@ -297,14 +296,8 @@ def _write_atomically(path: str, data: bytes) -> None:
 
   If `path` appeared meanwhile (another process trained too), it is kept.
   """
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix='.tmp-', suffix='.model')
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   try:
-    with os.fdopen(fd, 'wb') as f:
-      f.write(data)
-    os.link(tmp, path)  # Atomic, and fails rather than replace `path`.
+    atomic.write_bytes(path, data, overwrite=False)
   except FileExistsError:
     logging.warning('%s appeared while training; keeping it.', path)
-  finally:
-    os.unlink(tmp)

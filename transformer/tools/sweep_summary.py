@@ -22,7 +22,6 @@ import io
 import json
 import math
 import os
-import socket
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +30,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from transformer import atomic
 from transformer.tools import significance, sweeps
 
 COLUMNS = (
@@ -719,22 +719,6 @@ def plot_groups(
   return fig
 
 
-def _replace(path: str, write_tmp) -> None:
-  """Writes through `write_tmp(tmp_path)`, then renames: readers never see half a file."""
-  # Slurm tasks on several hosts may write at once: the name is unique to this process.
-  tmp = f'{path}.tmp-{socket.gethostname()}-{os.getpid()}{os.path.splitext(path)[1]}'
-  write_tmp(tmp)
-  os.replace(tmp, path)
-
-
-def _write_text(path: str, text: str) -> None:
-  def write_tmp(tmp: str) -> None:
-    with open(tmp, 'w') as f:
-      f.write(text)
-
-  _replace(path, write_tmp)
-
-
 def write(sweep: sweeps.Sweep) -> list[TrialResult] | list[GroupResult]:
   """Writes ROOT/summary.{csv,md,png}; returns the rows, ranked.
 
@@ -751,14 +735,12 @@ def write(sweep: sweeps.Sweep) -> list[TrialResult] | list[GroupResult]:
     f'Sweep {os.path.basename(sweep.sweep_file)} over '
     f'{os.path.basename(sweep.config_file)}: {len(results)} trials'
   )
-  _write_text(os.path.join(sweep.root, 'summary.csv'), to_csv(results, swept_keys))
-  _write_text(
+  atomic.write_text(os.path.join(sweep.root, 'summary.csv'), to_csv(results, swept_keys))
+  atomic.write_text(
     os.path.join(sweep.root, 'summary.md'), to_markdown(results, swept_keys, target_metric, title)
   )
-  _replace(
-    os.path.join(sweep.root, 'summary.png'),
-    lambda tmp: plot(results, swept_keys, target_metric, tmp),
-  )
+  with atomic.replacing(os.path.join(sweep.root, 'summary.png')) as tmp:
+    plot(results, swept_keys, target_metric, tmp)
   return results
 
 
@@ -775,16 +757,14 @@ def _write_groups(
   )
   # Trials in the order of their configurations, each ranked as its configuration.
   trials = [dataclasses.replace(t, rank=g.rank) for g in groups for t in g.trials]
-  _write_text(os.path.join(sweep.root, 'trials.csv'), to_csv(trials, [*swept_keys, 'seed']))
-  _write_text(os.path.join(sweep.root, 'summary.csv'), groups_to_csv(groups, swept_keys))
-  _write_text(
+  atomic.write_text(os.path.join(sweep.root, 'trials.csv'), to_csv(trials, [*swept_keys, 'seed']))
+  atomic.write_text(os.path.join(sweep.root, 'summary.csv'), groups_to_csv(groups, swept_keys))
+  atomic.write_text(
     os.path.join(sweep.root, 'summary.md'),
     groups_to_markdown(
       groups, trials, swept_keys, target_metric, title, sweep.seeds, sweep.compare_to
     ),
   )
-  _replace(
-    os.path.join(sweep.root, 'summary.png'),
-    lambda tmp: plot_groups(groups, swept_keys, target_metric, tmp, sweep.compare_to),
-  )
+  with atomic.replacing(os.path.join(sweep.root, 'summary.png')) as tmp:
+    plot_groups(groups, swept_keys, target_metric, tmp, sweep.compare_to)
   return groups

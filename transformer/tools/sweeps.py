@@ -44,8 +44,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from transformer import atomic, workdir_lock
 from transformer import config as config_lib
-from transformer import workdir_lock
 
 Overrides = dict[str, Any]
 # The repository root, where train.py and eval.py live.
@@ -192,17 +192,6 @@ def load_overrides(sweep_file: str) -> list[Overrides]:
   return [dict(overrides) for overrides in trials]
 
 
-def flatten_keys(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
-  """Every leaf key of `config`, dotted ('lr_scale', 'model.num_layers', ...)."""
-  keys = []
-  for key, value in config.items():
-    if isinstance(value, ml_collections.ConfigDict):
-      keys.extend(flatten_keys(value, f'{prefix}{key}.'))
-    else:
-      keys.append(prefix + key)
-  return keys
-
-
 def _typed_value(config: ml_collections.ConfigDict, key: str, value: Any) -> Any:
   """`value` as the type of config field `key` (int -> float only); raises naming the key."""
   *parents, leaf = key.split('.')
@@ -242,7 +231,7 @@ def check_overrides(config: ml_collections.ConfigDict, overrides: Overrides) -> 
   Each value must lie in its domain (`config_lib.CONFIG_RULES`); rules
   across keys are checked on the whole trial config (`make_trials`).
   """
-  keys = flatten_keys(config)
+  keys = list(config_lib.flatten(config))
   groups = {key.rsplit('.', 1)[0] for key in keys if '.' in key}
   typed = {}
   for key, value in overrides.items():
@@ -620,11 +609,7 @@ def read_state(workdir: str) -> dict[str, Any] | None:
 
 
 def _write_state(workdir: str, state: dict[str, Any]) -> None:
-  path = os.path.join(workdir, STATE_FILE)
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'w') as f:
-    json.dump(state, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  atomic.write_json(os.path.join(workdir, STATE_FILE), state, indent=2, sort_keys=True)
 
 
 def _process_alive(state: Mapping[str, Any], workdir: str) -> bool | None:

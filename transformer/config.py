@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import app
 
-from transformer import datasets, sharding
+from transformer import sharding
 
 # The choices of each model switch; the first is the paper's.
 ARCHITECTURES = ('encoder_decoder', 'decoder_only')
@@ -54,9 +54,12 @@ EVAL_BLEU_DECODERS = ('greedy', 'beam')
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-  """A domain: `check(value)` is True inside it; `text` says what it is, for error messages."""
+  """A domain: `check(value)` is True inside it; `text` says what it is, for error messages.
 
-  text: str
+  `text` may be a function that returns it (a domain that grows while the program runs).
+  """
+
+  text: str | Callable[[], str]
   check: Callable[[Any], bool]
 
   def error(self, name: str, value: Any) -> str | None:
@@ -67,8 +70,9 @@ class Rule:
       ok = False
     if ok:
       return None
-    verb = 'is not' if self.text.startswith('one of') else 'must be'
-    return f'{name}={value!r} {verb} {self.text}.'
+    text = self.text if isinstance(self.text, str) else self.text()
+    verb = 'is not' if text.startswith('one of') else 'must be'
+    return f'{name}={value!r} {verb} {text}.'
 
 
 def _is_int(value: Any) -> bool:
@@ -112,6 +116,20 @@ def real(
 
 def one_of(choices: Sequence[Any]) -> Rule:
   return Rule(f'one of {tuple(choices)}', lambda v: v in tuple(choices))
+
+
+def _datasets() -> dict[str, Any]:
+  """The dataset registry (`datasets.registry.DATASETS`), by name.
+
+  Imported on first use, not with this module: the model imports this module
+  (`ModelConfig`), and must not load the data code (TFDS) with it.
+  """
+  from transformer.datasets import registry
+
+  return registry.DATASETS
+
+
+DATASET = Rule(lambda: f'one of {tuple(_datasets())}', lambda v: v in _datasets())
 
 
 BOOLEAN = Rule('True or False', lambda v: isinstance(v, bool))
@@ -184,7 +202,7 @@ CONFIG_RULES: dict[str, Rule] = {
   'model.use_bias': BOOLEAN,
   'model.share_embeddings': BOOLEAN,
   'model.max_len': POSITIVE_INT,
-  'data.dataset': one_of(datasets.DATASETS),
+  'data.dataset': DATASET,
   'data.source_lang': LANGUAGE,
   'data.target_lang': NAME,
   'data.manual_dir': OPTIONAL_PATH,
@@ -267,13 +285,13 @@ def _length_errors(c) -> list[str]:
 def _task_errors(c) -> list[str]:
   """A language model and its data, or a translation model and its languages, fit together."""
   decoder_only = c.model.architecture == 'decoder_only'
-  lm_data = datasets.is_monolingual(c.data)
+  monolingual = tuple(name for name, entry in _datasets().items() if entry.monolingual)
   errors = []
-  if decoder_only != lm_data:
+  if decoder_only != (c.data.dataset in monolingual):
     errors.append(
       f'config.model.architecture={c.model.architecture!r} does not fit '
       f'config.data.dataset={c.data.dataset!r}: a decoder_only model trains on '
-      f'monolingual text {datasets.LM_DATASETS}, an encoder_decoder one on parallel text.'
+      f'monolingual text {monolingual}, an encoder_decoder one on parallel text.'
     )
   uses_bleu = [
     f'config.{key}={c[key]}'

@@ -8,7 +8,8 @@ prepared data at `<dataset_dir>/spm_<lang>-<lang>_<vocab_size>_<sentences>.model
 (`..._bpe.model` for BPE; `dataset_dir` is keyed by the data fingerprint). An
 existing model is loaded, never retrained or overwritten, and must be of the
 configured type. For language-model data (one language) the vocabulary is
-trained on its texts and named `spm_<lang>_...` (`spm_lm1b_...` for lm1b).
+trained on its texts and named `spm_<lang>_...` (`spm_lm1b_...` for lm1b): the
+dataset's registry entry names it (`registry.Dataset.vocabulary_languages`).
 """
 
 import os
@@ -22,6 +23,7 @@ from absl import logging
 from sentencepiece import sentencepiece_model_pb2
 
 from transformer import atomic, datasets
+from transformer.datasets import registry
 
 PAD_ID = 0
 EOS_ID = 1
@@ -159,10 +161,7 @@ def vocab_path(config: ml_collections.ConfigDict) -> str:
   """Returns where the model of `config` lives (`config.data.vocab_path` or default)."""
   if config.data.vocab_path:
     return os.path.expanduser(config.data.vocab_path)
-  if datasets.is_monolingual(config.data):
-    langs = config.data.target_lang if config.data.dataset == 'text_lines' else 'lm1b'
-  else:
-    langs = '-'.join(sorted([config.data.source_lang, config.data.target_lang]))
+  langs = registry.get(config.data).vocabulary_languages(config.data)
   # The unigram vocabulary keeps the name it had before BPE existed; another type is named.
   kind = '' if config.data.spm_model_type == 'unigram' else f'_{config.data.spm_model_type}'
   name = f'spm_{langs}_{config.vocab_size}_{config.data.spm_train_sentences}{kind}.model'

@@ -1,12 +1,11 @@
 """Translation and language-model datasets: TFDS builders and random-access data sources.
 
 `get_data_source(config.data, split)` prepares `config.data.dataset` (once per
-set of source files) and returns `builder.as_data_source(split)`.
+set of source files) and returns `builder.as_data_source(split)`. The datasets
+are the entries of `registry.DATASETS`.
 """
 
 from transformer.datasets.sources import (
-  DATASETS,
-  LM_DATASETS,
   dataset_dir,
   document_text,
   download_files,
@@ -21,8 +20,6 @@ from transformer.datasets.sources import (
 )
 
 __all__ = [
-  'DATASETS',
-  'LM_DATASETS',
   'dataset_dir',
   'document_text',
   'download_files',

@@ -39,6 +39,15 @@ def source_urls() -> dict[tuple[str, str], str]:
   }
 
 
+def download_files() -> dict[str, str]:
+  """{file name: URL} of the required files, named as in a manual_dir (`train.en.gz`, ...)."""
+  return {
+    f'{text_files.raw_split_name(split)}.{lang}.gz': url
+    for (split, lang), url in source_urls().items()
+    if split in REQUIRED_SPLITS
+  }
+
+
 class Multi30k(parallel_text.ParallelText):
   """Multi30k task 1: en, de, fr, cs parallel image captions."""
 

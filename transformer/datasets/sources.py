@@ -1,16 +1,13 @@
-"""Prepares translation and language-model datasets and opens their splits for random access.
+"""Prepares the datasets of the registry (`registry.DATASETS`) and opens their splits for reading.
 
-Translation: `multi30k`, `parallel_text` (local files), `wmt14_translate/*`
-(catalog). Language modelling (`LM_DATASETS`, for `architecture='decoder_only'`):
-`text_lines` (local files of one language, `config.data.target_lang`) and `lm1b`
-(the catalog's One Billion Word benchmark).
+Every dataset is prepared and opened the same way, from its registry entry.
 
 Prepared data lives under `config.data.data_dir` (with `~` expanded). For the
-local builders (`multi30k`, `parallel_text`, `text_lines`) it is keyed by its source files:
+builders of local files (`multi30k`, `parallel_text`, `text_lines`) it is keyed by its source files:
 `<data_dir>/<name>-<fingerprint[:16]>/`, where the fingerprint is the sha256 of
 the source files' names and bytes (of the URLs when Multi30k is downloaded).
 Changed files therefore get a new directory and are prepared again; unchanged
-files reuse the prepared data. The catalog WMT14 builders live at the usual TFDS
+files reuse the prepared data. The catalog builders (WMT14, lm1b) live at the usual TFDS
 place `<data_dir>/wmt14_translate/<pair>/<version>/` (`<data_dir>/lm1b/<version>/`)
 and are keyed by their TFDS name and version.
 
@@ -32,27 +29,11 @@ import tensorflow_datasets as tfds
 from absl import logging
 from tensorflow_datasets.proto import tf_example_pb2
 
-from transformer.datasets import lm1b, multi30k, parallel_text, text_files, text_lines, wmt14
+from transformer.datasets import registry
 
-LOCAL_BUILDERS: Mapping[str, type[parallel_text.ParallelText]] = {
-  'multi30k': multi30k.Multi30k,
-  'parallel_text': parallel_text.ParallelText,
-  'text_lines': text_lines.TextLines,
-}
-CATALOG_DATASETS = ('wmt14_translate/de-en', 'wmt14_translate/fr-en', 'lm1b')
-DATASETS = tuple(LOCAL_BUILDERS) + CATALOG_DATASETS
-# Monolingual text for a language model; every other dataset is parallel text.
-LM_DATASETS = ('text_lines', 'lm1b')
 FILE_FORMAT = 'array_record'
 # Seconds to wait for a server to answer before the download is given up as offline.
 CONNECT_TIMEOUT_SECONDS = 10.0
-
-
-def _check_name(data_config: ml_collections.ConfigDict) -> str:
-  name = data_config.dataset
-  if name not in DATASETS:
-    raise ValueError(f'config.data.dataset={name!r} is not supported; use one of {DATASETS}.')
-  return name
 
 
 def _manual_dir(data_config: ml_collections.ConfigDict) -> str | None:
@@ -64,17 +45,13 @@ def _data_root(data_config: ml_collections.ConfigDict) -> str:
   return os.path.abspath(os.path.expanduser(data_config.data_dir))
 
 
-def _required_languages(data_config: ml_collections.ConfigDict) -> list[str]:
-  return [data_config.source_lang, data_config.target_lang]
-
-
 def is_monolingual(data_config: ml_collections.ConfigDict) -> bool:
-  """Whether `config.data.dataset` is monolingual text (`LM_DATASETS`)."""
-  return _check_name(data_config) in LM_DATASETS
+  """Whether `config.data.dataset` is monolingual text (a language model's)."""
+  return registry.get(data_config).monolingual
 
 
 def fingerprint(data_config: ml_collections.ConfigDict) -> str:
-  """Returns the key of the dataset's source (hex sha256 or TFDS name).
+  """Returns the key of the dataset's source (hex sha256 of its files, or its TFDS name).
 
   Args:
     data_config: `config.data`.
@@ -82,25 +59,12 @@ def fingerprint(data_config: ml_collections.ConfigDict) -> str:
   Raises:
     ValueError: For an unknown dataset, or missing required source files.
   """
-  name = _check_name(data_config)
-  if name in LOCAL_BUILDERS:
-    return LOCAL_BUILDERS[name].source_fingerprint(
-      _manual_dir(data_config), _languages_to_require(data_config)
-    )
-  return name.replace('/', '-')
-
-
-def _languages_to_require(
-  data_config: ml_collections.ConfigDict,
-) -> list[str] | None:
-  # Multi30k has fixed languages (all required); parallel_text requires the
-  # train and validation files of the configured source and target, text_lines
-  # those of the one language it reads.
-  if data_config.dataset == 'parallel_text':
-    return _required_languages(data_config)
-  if data_config.dataset == 'text_lines':
-    return [data_config.target_lang]
-  return None
+  entry = registry.get(data_config)
+  if entry.catalog:
+    return data_config.dataset.replace('/', '-')
+  return entry.builder.source_fingerprint(
+    _manual_dir(data_config), entry.required_languages(data_config)
+  )
 
 
 def dataset_dir(data_config: ml_collections.ConfigDict) -> str:
@@ -113,12 +77,10 @@ def dataset_dir(data_config: ml_collections.ConfigDict) -> str:
   Args:
     data_config: `config.data`.
   """
-  data_root = _data_root(data_config)
-  name = _check_name(data_config)
   key = fingerprint(data_config)
-  if name in LOCAL_BUILDERS:
-    return os.path.join(data_root, f'{name}-{key[:16]}')
-  return os.path.join(data_root, key)
+  if registry.get(data_config).catalog:
+    return os.path.join(_data_root(data_config), key)
+  return os.path.join(_data_root(data_config), f'{data_config.dataset}-{key[:16]}')
 
 
 def prepare(data_config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
@@ -139,29 +101,24 @@ def prepare(data_config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
     ValueError: For an unknown dataset, bad source files (see `ParallelText`),
       or languages the dataset does not have.
   """
-  name = _check_name(data_config)
+  entry, name = registry.get(data_config), data_config.dataset
   manual_dir = _manual_dir(data_config)
-  if name in LOCAL_BUILDERS:
-    builder = LOCAL_BUILDERS[name](
-      manual_dir=manual_dir,
-      languages=_languages_to_require(data_config),
-      data_dir=dataset_dir(data_config),
-      file_format=FILE_FORMAT,
-    )
-  elif name == 'lm1b':
-    builder = lm1b.Lm1b(
+  if entry.catalog:
+    builder = entry.builder(
       manual_dir=manual_dir,
       data_dir=_data_root(data_config),
       file_format=FILE_FORMAT,
+      **entry.builder_options,
     )
   else:
-    builder = wmt14.Wmt14Translate(
-      config=name.split('/')[1],
+    builder = entry.builder(
       manual_dir=manual_dir,
-      data_dir=_data_root(data_config),
+      languages=entry.required_languages(data_config),
+      data_dir=dataset_dir(data_config),
       file_format=FILE_FORMAT,
+      **entry.builder_options,
     )
-  if name not in LM_DATASETS:
+  if not entry.monolingual:
     _check_languages(data_config, available=languages(builder))
   if manual_dir is None and not builder.data_path.exists():
     _check_servers_reachable(name, download_files(data_config))
@@ -178,18 +135,7 @@ def download_files(data_config: ml_collections.ConfigDict) -> dict[str, str]:
   The same names in a folder passed as `config.data.manual_dir` are read instead.
   Empty for the datasets of local files only.
   """
-  name = _check_name(data_config)
-  if name == 'multi30k':
-    return {
-      f'{text_files.raw_split_name(split)}.{lang}.gz': url
-      for (split, lang), url in multi30k.source_urls().items()
-      if split in multi30k.REQUIRED_SPLITS
-    }
-  if name == 'lm1b':
-    return {lm1b.ARCHIVE: lm1b.DOWNLOAD_URL}
-  if name.startswith('wmt14_translate/'):
-    return wmt14.archive_urls(name.split('/')[1])
-  return {}
+  return dict(registry.get(data_config).download_files())
 
 
 def _check_servers_reachable(name: str, files: Mapping[str, str]) -> None:

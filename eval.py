@@ -134,22 +134,22 @@ def main(argv):
     print(f'eval.py --dry_run: the flags are valid for the {task.name} model in {_WORKDIR.value}.')
     return
   run = evaluation.setup(config)  # Model config, task, mesh, rules: built once, passed down.
-  split = _SPLIT.value or config.data.test_split
+  request = tasks.EvalRequest(
+    config=config,
+    model_config=run.model_config,
+    mesh=run.mesh,
+    rules=run.rules,
+    split=_SPLIT.value or config.data.test_split,
+    options=options,
+    batch_size=_BATCH_SIZE.value,
+    max_tokens=_MAX_TOKENS.value,
+    seed=_SEED.value,
+    n_bootstrap=_N_BOOTSTRAP.value,
+    lengths=[int(length) for length in _LENGTHS.value or []],  # Checked by _check_flags.
+  )
 
   if _WATCH.value:
-    task.watch(
-      config,
-      run.model_config,
-      _WORKDIR.value,
-      run.abstract_state,
-      split=split,
-      options=options,
-      batch_size=_BATCH_SIZE.value,
-      max_tokens=_MAX_TOKENS.value,
-      poll_seconds=_POLL_SECONDS.value,
-      mesh=run.mesh,
-      rules=run.rules,
-    )
+    evaluation.watch(run, _WORKDIR.value, request, poll_seconds=_POLL_SECONDS.value)
     return
 
   lines = None
@@ -167,40 +167,12 @@ def main(argv):
     return
 
   if lines is not None:
-    _write_output(
-      task.decode_lines(
-        config,
-        run.model_config,
-        params,
-        lines,
-        options=options,
-        batch_size=_BATCH_SIZE.value,
-        max_tokens=_MAX_TOKENS.value,
-        seed=_SEED.value,
-        mesh=run.mesh,
-        rules=run.rules,
-      )
-    )
+    _write_output(task.decode_lines(request, params, lines))
     return
 
-  lengths = [int(length) for length in _LENGTHS.value or []]  # Checked by _check_flags.
-  path, text = task.evaluate_checkpoint(
-    config,
-    run.model_config,
-    params,
-    workdir=_WORKDIR.value,
-    label=label,
-    split=split,
-    options=options,
-    batch_size=_BATCH_SIZE.value,
-    max_tokens=_MAX_TOKENS.value,
-    seed=_SEED.value,
-    n_bootstrap=_N_BOOTSTRAP.value,
-    lengths=lengths,
-    mesh=run.mesh,
-    rules=run.rules,
-  )
-  print(text)
+  result = task.evaluator(request)(params, label)
+  path = evaluation.write(_WORKDIR.value, label, request.split, result)
+  print(result.summary)
   logging.info('Wrote %s', path)
 
 

@@ -114,7 +114,7 @@ def source_batches(config, vocab, split: str) -> tuple[list[dict[str, np.ndarray
   """The split's decoding batches, capped at --max_sentences; and the seconds taken."""
   start = time.perf_counter()
   batches, count = [], 0
-  for batch in translation.translation_batches(config, vocab, split, _BATCH_SIZE.value):
+  for batch in translation.data.translation_batches(config, vocab, split, _BATCH_SIZE.value):
     valid = batch['valid'].copy()
     if _MAX_SENTENCES.value:
       keep = max(0, _MAX_SENTENCES.value - count)
@@ -188,7 +188,7 @@ def main(argv):
 
   results = {}
   for name, options in DECODERS.items():
-    translate = translation.make_translate_fn(model_config, options)
+    translate = translation.decode.make_translate_fn(model_config, options)
     if _ONE_PASS.value and isinstance(translate, inference.TwoPass):
       # Its second pass alone: every step in one pass, the decoding before issue 14.
       one_pass = lambda params, src, key, full=translate.full_fn: full(params, src, key).tokens  # noqa: E731

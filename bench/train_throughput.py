@@ -206,7 +206,7 @@ def main(argv):
   if fixed:
     if _BATCH_ROWS.value < 1 or _BATCH_LEN.value < 2:
       raise app.UsageError('--batch_rows >= 1 and --batch_len >= 2 go together.')
-    if set(task.batch_keys) != set(translation.BATCH_KEYS):
+    if set(task.batch_keys) != set(translation.data.BATCH_KEYS):
       raise app.UsageError(
         '--batch_rows/--batch_len make translation batches; '
         f'{config.model.architecture!r} is a {task.name} model.'

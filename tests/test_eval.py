@@ -168,13 +168,13 @@ def test_translate_lines_keeps_empty_lines_and_alignment(run):
   params, _ = evaluation.restore_params(run, workdir, 'latest')
   lines = ['A man is riding a bike.', '', '   ', 'Two dogs play in the snow.']
   options = inference.DecodeOptions(decoder='greedy')
-  outputs = translation.translate_lines(
+  outputs = translation.decode.translate_lines(
     config, run.model_config, params, lines, options=options, batch_size=2
   )
   assert len(outputs) == 4
   assert outputs[1] == '' and outputs[2] == ''
   assert outputs[0] and outputs[3]
-  alone = translation.translate_lines(
+  alone = translation.decode.translate_lines(
     config, run.model_config, params, lines[3:], options=options, batch_size=2
   )
   assert alone == outputs[3:]

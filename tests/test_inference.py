@@ -33,7 +33,9 @@ def _setup():
 
 def _translate(**options):
   cfg, params, src = _setup()
-  fn = translation.make_translate_fn(cfg, inference.DecodeOptions(max_extra_len=5, **options))
+  fn = translation.decode.make_translate_fn(
+    cfg, inference.DecodeOptions(max_extra_len=5, **options)
+  )
   return np.asarray(fn(params, src, jax.random.key(0)))
 
 
@@ -117,7 +119,9 @@ def test_length_sorted_batches_keep_every_row_once_in_few_shapes():
 def test_translation_does_not_depend_on_batch_or_padding(decoder):
   # Sorted decoding puts each sentence in another batch, padded to another width.
   cfg, params, src = _setup()
-  fn = translation.make_translate_fn(cfg, inference.DecodeOptions(decoder=decoder, max_extra_len=5))
+  fn = translation.decode.make_translate_fn(
+    cfg, inference.DecodeOptions(decoder=decoder, max_extra_len=5)
+  )
   together = np.asarray(fn(params, src, jax.random.key(0)))
   for i in range(src.shape[0]):
     alone = np.asarray(fn(params, jnp.pad(src[i : i + 1], ((0, 1), (0, 4))), jax.random.key(0)))
@@ -133,11 +137,11 @@ def test_two_passes_give_the_one_pass_translations(decoder, monkeypatch):
   cfg, params, src = _setup()
   src = jnp.concatenate([src, jnp.zeros((1, 6), jnp.int32)])  # An all-PAD row: done in 1 step.
   options = inference.DecodeOptions(decoder=decoder, max_extra_len=5)
-  translate = functools.partial(translation.translate, model_config=cfg, options=options)
+  translate = functools.partial(translation.decode.translate, model_config=cfg, options=options)
   one_pass = np.asarray(jax.jit(translate)(params, src, jax.random.key(0)).tokens)
   done_counts = set()
   for steps in (3, 8):
-    monkeypatch.setattr(translation, 'first_pass_steps', lambda src_len, limit, k=steps: k)
+    monkeypatch.setattr(translation.decode, 'first_pass_steps', lambda src_len, limit, k=steps: k)
     first_fn = jax.jit(functools.partial(translate, first_pass=True))  # Compiled once, used twice.
     first = first_fn(params, src, jax.random.key(0))
     assert not np.asarray(first.tokens)[:, steps:].any()
@@ -151,5 +155,5 @@ def test_two_passes_give_the_one_pass_translations(decoder, monkeypatch):
 
 def test_beam_search_translates_in_two_passes():
   cfg, _, _ = _setup()
-  fn = translation.make_translate_fn(cfg, inference.DecodeOptions(max_extra_len=5))
+  fn = translation.decode.make_translate_fn(cfg, inference.DecodeOptions(max_extra_len=5))
   assert isinstance(fn, inference.TwoPass)

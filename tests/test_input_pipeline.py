@@ -67,7 +67,7 @@ def _encoded(config, tok, split, limit=None):
 
 
 def _check_batch(batch, rows: int, length: int) -> None:
-  assert set(batch) == set(translation.BATCH_KEYS)
+  assert set(batch) == set(translation.data.BATCH_KEYS)
   for key, value in batch.items():
     assert value.dtype == np.int32 and value.shape == (rows, length), key
   for side, token_keys in (('src', ['src_tokens']), ('tgt', ['tgt_tokens', 'tgt_input_tokens'])):
@@ -99,7 +99,7 @@ def test_train_batches_shapes_and_packing(small):
   config, tok = small
   rows = input_pipeline.train_rows(config)
   assert rows == 256 // 32
-  it = translation.train_iterator(config, tok)
+  it = translation.data.train_iterator(config, tok)
   for _ in range(5):
     _check_batch(next(it), rows, config.data.max_len)
 
@@ -108,7 +108,7 @@ def test_train_epoch_drops_only_long_pairs(small):
   config, tok = small
   short = {p for p in _encoded(config, tok, 'train') if max(map(len, p)) <= config.data.max_len}
   assert 0 < len(short) < 300  # Some pairs are too long: the filter is exercised.
-  it = translation.train_iterator(config, tok)
+  it = translation.data.train_iterator(config, tok)
   seen = collections.Counter(p for _ in range(60) for p in _pairs(next(it)))
   assert set(seen) == short  # Over several epochs: every kept pair, nothing else.
   assert max(seen.values()) - min(seen.values()) <= 2  # Each epoch sees each pair once.
@@ -119,16 +119,16 @@ def test_state_restore_reproduces_next_batches(small, num_workers):
   config, tok = small
   config = config.copy_and_resolve_references()
   config.data.num_workers = num_workers
-  it = translation.train_iterator(config, tok)
+  it = translation.data.train_iterator(config, tok)
   for _ in range(7):
     next(it)
   state = it.get_state()
   expected = [next(it) for _ in range(4)]
-  restored = translation.train_iterator(config, tok)
+  restored = translation.data.train_iterator(config, tok)
   restored.set_state(state)
   for want in expected:
     got = next(restored)
-    for key in translation.BATCH_KEYS:
+    for key in translation.data.BATCH_KEYS:
       np.testing.assert_array_equal(got[key], want[key])
   for iterator in (it, restored):
     getattr(iterator, 'close', lambda: None)()
@@ -139,7 +139,7 @@ def test_workers_read_each_pair_once_an_epoch(small):
   config = config.copy_and_resolve_references()
   config.data.num_workers = 2
   short = {p for p in _encoded(config, tok, 'train') if max(map(len, p)) <= config.data.max_len}
-  it = translation.train_iterator(config, tok)
+  it = translation.data.train_iterator(config, tok)
   seen = collections.Counter(p for _ in range(60) for p in _pairs(next(it)))
   it.close()
   # Every kept pair, nothing else (worker i packs chunks i, i + 2, ..., so the workers'
@@ -152,7 +152,7 @@ def test_a_dying_worker_stops_the_iterator(small):
   config = config.copy_and_resolve_references()
   config.data.num_workers = 1
   before = set(psutil.Process().children())
-  it = translation.train_iterator(config, tok)
+  it = translation.data.train_iterator(config, tok)
   next(it)
   (worker,) = [
     p
@@ -168,12 +168,12 @@ def test_a_dying_worker_stops_the_iterator(small):
 
 def test_train_order_follows_the_seed(small):
   config, tok = small
-  first = [_pairs(b) for b in [next(translation.train_iterator(config, tok))]]
-  again = [_pairs(b) for b in [next(translation.train_iterator(config, tok))]]
+  first = [_pairs(b) for b in [next(translation.data.train_iterator(config, tok))]]
+  again = [_pairs(b) for b in [next(translation.data.train_iterator(config, tok))]]
   assert first == again  # Same seed, same order.
   config = config.copy_and_resolve_references()
   config.seed = 1
-  other = [_pairs(b) for b in [next(translation.train_iterator(config, tok))]]
+  other = [_pairs(b) for b in [next(translation.data.train_iterator(config, tok))]]
   assert other != first
 
 
@@ -181,7 +181,7 @@ def test_shards_are_disjoint_and_cover_the_data(small):
   config, tok = small
   seen = []
   for index in range(2):
-    it = translation.train_iterator(config, tok, shard_index=index, shard_count=2)
+    it = translation.data.train_iterator(config, tok, shard_index=index, shard_count=2)
     batch = next(it)
     assert batch['src_tokens'].shape == (input_pipeline.train_rows(config) // 2, 32)
     seen.append({p for _ in range(40) for p in _pairs(next(it))})
@@ -207,7 +207,7 @@ def test_eval_covers_every_example_exactly_once(small):
   config, tok = small
   rows, length = input_pipeline.eval_rows(config), config.data.max_eval_len
   assert rows == 256 // 64
-  batches = list(translation.eval_batches(config, tok, 'validation'))
+  batches = list(translation.data.eval_batches(config, tok, 'validation'))
   assert len(batches) > 2
   for batch in batches:
     _check_batch(batch, rows, length)
@@ -216,16 +216,16 @@ def test_eval_covers_every_example_exactly_once(small):
   assert got == expected and sum(got.values()) == 39
   assert sum(len(s) == length for s, _ in got) == 2  # The two long pairs, truncated.
   assert not batches[-1]['src_segments'][-1].any()  # Padded with all-zero rows.
-  again = list(translation.eval_batches(config, tok, 'validation'))
+  again = list(translation.data.eval_batches(config, tok, 'validation'))
   for a, b in zip(batches, again, strict=True):
-    for key in translation.BATCH_KEYS:
+    for key in translation.data.BATCH_KEYS:
       np.testing.assert_array_equal(a[key], b[key])
 
 
 def test_translation_batches_in_input_order(small):
   config, tok = small
-  batches = list(translation.translation_batches(config, tok, 'test', batch_size=4))
-  refs = translation.translation_references(config, 'test')
+  batches = list(translation.data.translation_batches(config, tok, 'test', batch_size=4))
+  refs = translation.data.translation_references(config, 'test')
   assert len(batches) == 3 and len(refs) == 11
   index = np.concatenate([b['index'][b['valid']] for b in batches])
   np.testing.assert_array_equal(index, [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11])  # Line 5 was empty.
@@ -270,7 +270,7 @@ def test_real_tokens_share_on_multi30k(multi30k_data_dir, multi30k_dir):
     tokens_per_batch=4096,
   )
   tok = tokenizer_lib.get_tokenizer(config)
-  it = translation.train_iterator(config, tok)
+  it = translation.data.train_iterator(config, tok)
   batches = [next(it) for _ in range(20)]
   assert batches[0]['tgt_tokens'].shape == (64, 64)
   real = sum(int((b['tgt_segments'] > 0).sum()) for b in batches)

@@ -127,11 +127,11 @@ def test_eval_batches_predict_every_token_once(small, lines_per_document):
   docs = [
     ' '.join(kept[i : i + lines_per_document]) for i in range(0, len(kept), lines_per_document)
   ]
-  assert list(language_model.documents(config, 'validation')) == docs
+  assert list(language_model.data.documents(config, 'validation')) == docs
   for length in (config.data.max_eval_len, 64):
-    batches = list(language_model.eval_batches(config, tok, 'validation', length))
+    batches = list(language_model.data.eval_batches(config, tok, 'validation', length))
     rows = max(1, config.data.tokens_per_batch // length)
-    assert all(set(b) == set(language_model.BATCH_KEYS) for b in batches)
+    assert all(set(b) == set(language_model.data.BATCH_KEYS) for b in batches)
     assert all(b[k].shape == (rows, length) for b in batches for k in b)
     got = collections.Counter(w for b in batches for w in _packed_windows(b))
     expected = collections.Counter(_windows(tok, docs, length))
@@ -143,35 +143,35 @@ def test_eval_batches_predict_every_token_once(small, lines_per_document):
 def test_train_batches_are_packed_windows_and_resume(small):
   config, tok, lines = small
   rows = input_pipeline.train_rows(config)
-  it = language_model.train_iterator(config, tok)
+  it = language_model.data.train_iterator(config, tok)
   epoch = collections.Counter(_windows(tok, lines['train'], config.data.max_len))
   seen = collections.Counter()
   for _ in range(80):  # Over an epoch: every window of every document, nothing else.
     batch = next(it)
-    assert set(batch) == set(language_model.BATCH_KEYS)
+    assert set(batch) == set(language_model.data.BATCH_KEYS)
     assert batch['tgt_tokens'].shape == (rows, config.data.max_len)
     seen.update(_packed_windows(batch))
   assert set(seen) == set(epoch)
   state = it.get_state()
   expected = [next(it) for _ in range(3)]
-  restored = language_model.train_iterator(config, tok)
+  restored = language_model.data.train_iterator(config, tok)
   restored.set_state(state)
   for want in expected:
     got = next(restored)
-    for key in language_model.BATCH_KEYS:
+    for key in language_model.data.BATCH_KEYS:
       np.testing.assert_array_equal(got[key], want[key])
 
 
 def test_prompt_batches_keep_order_and_pad_right(small):
   config, tok, _ = small
   prompts = ['Bada kelo', '', 'Sopi ra ve dulo kamo']
-  batches = list(language_model.prompt_batches(prompts, tok, 2, max_len=16))
+  batches = list(language_model.data.prompt_batches(prompts, tok, 2, max_len=16))
   assert [b['index'].tolist() for b in batches] == [[0, 1], [2, -1]]
   assert batches[0]['prompt_tokens'].shape == (2, 8)
   assert tok.decode(batches[0]['prompt_tokens'][0]) == 'Bada kelo'
   assert not batches[0]['prompt_tokens'][1].any() and batches[1]['valid'].tolist() == [True, False]
   with pytest.raises(ValueError, match='Prompt 1 has'):
-    list(language_model.prompt_batches(['word ' * 40], tok, 2, max_len=16))
+    list(language_model.data.prompt_batches(['word ' * 40], tok, 2, max_len=16))
 
 
 def test_lm1b_prepares_a_local_release_without_tensorflow(tmp_path):
@@ -261,7 +261,9 @@ def _tiny_model():
 
 @functools.cache
 def _generate_fn(options: inference.DecodeOptions):
-  return language_model.make_generate_fn(_tiny_model()[0], options)  # One compile per options.
+  return language_model.generate.make_generate_fn(
+    _tiny_model()[0], options
+  )  # One compile per options.
 
 
 def _generate(seed=0, **options):
@@ -329,12 +331,12 @@ def test_lm_tiny_trains_and_eval_scores_and_generates(lm_run):
 
   run = evaluation.setup(config)
   params, _ = evaluation.restore_params(run, str(workdir), 'latest')
-  scores = language_model.score_split(config, run.model_config, params, 'validation')
+  scores = language_model.evaluate.score_split(config, run.model_config, params, 'validation')
   assert scores['perplexity'] == pytest.approx(final['eval_perplexity'], rel=1e-4)
   assert scores['num_tokens'] > 2_000  # Every token of 200 lines of 3 to 14 words.
   learned = config.copy_and_resolve_references()
   learned.model.position = 'learned'
-  skipped = language_model.length_extrapolation(
+  skipped = language_model.evaluate.length_extrapolation(
     learned, ModelConfig.from_config(learned), params, 'validation', [256]
   )
   assert 'config.model.max_len' in skipped['256']['skipped']

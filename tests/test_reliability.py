@@ -37,6 +37,7 @@ from transformer import (
   inference,
   preemption,
   provenance,
+  tasks,
   training,
   workdir_lock,
 )
@@ -771,17 +772,10 @@ def test_watch_says_what_it_waits_for_and_stops_when_the_run_is_gone(
 
   def watch(config, workdir, **kwargs):
     run = evaluation.setup(config)
-    return translation.watch(
-      config,
-      run.model_config,
-      workdir,
-      run.abstract_state,
-      split='validation',
-      options=options,
-      batch_size=16,
-      poll_seconds=0.01,
-      **kwargs,
+    request = tasks.EvalRequest(
+      config, run.model_config, run.mesh, run.rules, 'validation', options, batch_size=16
     )
+    return evaluation.watch(run, workdir, request, poll_seconds=0.01, **kwargs)
 
   caplog.set_level('INFO')
   # A run still training (its lock held by this live process) before its first checkpoint.
@@ -811,7 +805,7 @@ def test_over_long_input_lines_are_reported_by_number(small_run, caplog):
   params, _ = evaluation.restore_params(run, str(workdir), 'latest')
   lines = ['Bada kelo.', 'bada ' * 200, '', 'Sopi ' * 30 + 'ra ' * 40]
   caplog.set_level('WARNING')
-  outputs = translation.translate_lines(
+  outputs = translation.decode.translate_lines(
     config,
     run.model_config,
     params,
@@ -1244,7 +1238,7 @@ def test_a_signal_during_data_preparation_stops_at_once_leaving_nothing_half_mad
   # What is there is whole: preparing again completes it.
   config = _config(synthetic_multi30k_dir, data_dir)
   vocab = tokenizer_lib.get_tokenizer(config)
-  translation.prepare_ids(config, vocab)
+  translation.data.prepare_ids(config, vocab)
 
 
 def test_ctrl_c_while_the_libraries_import_ends_train_py_at_once(train, tmp_path):

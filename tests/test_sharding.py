@@ -249,9 +249,11 @@ def test_sharded_greedy_and_beam_decoding_match_single_device():
     inference.DecodeOptions(beam_size=2, max_extra_len=6),
   ):
     expected = np.asarray(
-      translation.make_translate_fn(model_config, options)(host_params, src, jax.random.key(0))
+      translation.decode.make_translate_fn(model_config, options)(
+        host_params, src, jax.random.key(0)
+      )
     )
-    got = translation.make_translate_fn(model_config, options, mesh, rules)(
+    got = translation.decode.make_translate_fn(model_config, options, mesh, rules)(
       params, src, jax.random.key(0)
     )
     np.testing.assert_array_equal(got, expected)

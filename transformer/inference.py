@@ -2,8 +2,8 @@
 
 `length_sorted_batches` groups inputs by length and `decode_batches` turns the
 outputs back into text in input order.
-Each task supplies the model side (`tasks.translation.translate`,
-`tasks.language_model.generate`): a step function `logits_fn(tokens, state)` and
+Each task supplies the model side (`tasks.translation.decode.translate`,
+`tasks.language_model.generate.generate`): a step function `logits_fn(tokens, state)` and
 its initial state; `run_decoder` runs the decoder of `DecodeOptions` (beam
 search, greedy, sampling; `decoding.py`) over it, `jit_rows` jits it once
 per input width with its rows split over the mesh, and `TwoPass` decodes in a
@@ -198,7 +198,7 @@ def length_sorted_batches(
 ) -> list[dict[str, np.ndarray]]:
   """Decoding batches regrouped by input length, so that a batch's rows end together.
 
-  Takes the valid rows of `batches` (as `tasks.translation.translation_batches` or
+  Takes the valid rows of `batches` (as `tasks.translation.data.translation_batches` or
   `text_batches` make them: `input_key`, `index`, `valid`), sorts them longest
   first (equal lengths keep their order) and cuts them into batches of width
   `input_pipeline.bucket_length(longest row, max_len)` holding the largest power of
@@ -246,7 +246,7 @@ def decode_batches(
   """Detokenized outputs keyed by input index, and decode-speed figures.
 
   `decode_fn(params, tokens, rng)` is a task's decoding function
-  (`translation.make_translate_fn`, or `language_model.make_generate_fn` with
+  (`translation.decode.make_translate_fn`, or `language_model.generate.make_generate_fn` with
   `input_key='prompt_tokens'`).
   With `max_sentences`, stops after the batch that reaches that many sentences.
   """

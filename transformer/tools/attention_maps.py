@@ -267,7 +267,7 @@ def translate_and_plot(
   """
   tokenizer = tokenizer_lib.get_tokenizer(config)
   src_tokens = np.asarray(tokenizer.encode(text) + [tokenizer_lib.EOS_ID], np.int32)[None]
-  translate_fn = translation.make_translate_fn(model_config, options)
+  translate_fn = translation.decode.make_translate_fn(model_config, options)
   output = np.asarray(translate_fn(params, src_tokens, jax.random.key(0)))[0]
   output = (
     output[: np.flatnonzero(output == tokenizer_lib.EOS_ID)[0] + 1]

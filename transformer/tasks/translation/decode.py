@@ -1,0 +1,209 @@
+"""Translation by the encoder-decoder: the model side of the decoders, jitted once per shape.
+
+`translate` is the model side of the decoders' contract in `decoding.py`:
+`_init_state` encodes the source once and builds the decoder's cache
+(self-attention key/value buffers plus the cross-attention keys and values of
+the encoder output); `_logits_fn` runs one decoder step. Everything is a pure
+function of (params, source tokens, key), jitted once per source length
+(`make_translate_fn`). `translate_lines` translates any text, one output line
+per input line.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from jax.sharding import Mesh
+
+from transformer import decoding, inference, sharding
+from transformer import tokenizer as tokenizer_lib
+from transformer.config import ModelConfig
+from transformer.model import Transformer
+from transformer.tasks.translation import data
+
+
+def _init_state(params, src_tokens_BS: jax.Array, model_config: ModelConfig, max_decode_len: int):
+  """Encodes the source and creates the decoding cache (index 0, cross K/V filled)."""
+  model = Transformer(
+    model_config.replace(deterministic=True, decode=True, max_decode_len=max_decode_len)
+  )
+  src_segments_BS = (src_tokens_BS != 0).astype(jnp.int32)
+  encoded_BSD = model.apply(
+    {'params': params}, src_tokens_BS, src_segments_BS, method=Transformer.encode
+  )
+  bos_B1 = jnp.full((src_tokens_BS.shape[0], 1), tokenizer_lib.BOS_ID, jnp.int32)
+  _, variables = model.apply(
+    {'params': params},
+    encoded_BSD,
+    src_segments_BS,
+    bos_B1,
+    method=Transformer.decode,
+    mutable=['cache'],
+  )
+  return model, {'cache': variables['cache'], 'src_segments': src_segments_BS}
+
+
+def _logits_fn(model: Transformer, params):
+  """One decoder step: (tokens [N, 1], state) -> (logits [N, V], state)."""
+
+  def step(tokens_N1, state):
+    # The encoder output is only read when the cache is created; steps use the
+    # cross-attention keys and values held in the cache.
+    logits_N1V, variables = model.apply(
+      {'params': params, 'cache': state['cache']},
+      None,
+      state['src_segments'],
+      tokens_N1,
+      method=Transformer.decode,
+      mutable=['cache'],
+    )
+    return logits_N1V[:, 0], {**state, 'cache': variables['cache']}
+
+  return step
+
+
+# Decoding-state leaves that are equal across the beams of a sentence (the encoder output's
+# keys/values and the source segments): beam search leaves them where they are.
+_BEAM_INVARIANT = ('cross_key', 'cross_value', 'src_segments')
+
+
+def _reorder_beam_state(state, beam_indices_BW: jax.Array):
+  """`decoding.reorder_beam_rows` on every leaf but the beam-invariant ones."""
+
+  def reorder(path, x):
+    if any(getattr(key, 'key', None) in _BEAM_INVARIANT for key in path):
+      return x
+    return decoding.reorder_beam_rows(x, beam_indices_BW)
+
+  return jax.tree_util.tree_map_with_path(reorder, state)
+
+
+def first_pass_steps(src_len: int, max_decode_len: int) -> int:
+  """Steps of the first decoding pass (`inference.TwoPass`) for sources of width `src_len`.
+
+  Twice the width: a translation rarely needs more, while the length limit, the
+  width + `max_extra_len` (50), is usually far longer. Every step costs in
+  proportion to the self-attention cache, which is sized to the pass's steps. At
+  least 24: with shorter caches XLA:CPU sums the attention in another order, and
+  the logits would differ from one pass's in the last bits (docs/benchmarks.md).
+  """
+  return min(max_decode_len, max(24, 2 * src_len))
+
+
+def translate(
+  params,
+  src_tokens_BS: jax.Array,
+  rng: jax.Array,
+  *,
+  model_config: ModelConfig,
+  options: inference.DecodeOptions,
+  first_pass: bool = False,
+) -> decoding.Decoded:
+  """Best translation of each source row: tokens int32 [B, S + max_extra_len], 0-padded after EOS.
+
+  Each row's output is limited to its own source length + `max_extra_len`
+  tokens (EOS included), as in the paper. With `first_pass`, only
+  `first_pass_steps` steps are decoded (the rest of each row is padding) and
+  `done` says which rows finished within them.
+  """
+  src_len = src_tokens_BS.shape[1]
+  max_decode_len = src_len + options.max_extra_len
+  max_steps = first_pass_steps(src_len, max_decode_len) if first_pass else max_decode_len
+  model, state = _init_state(params, src_tokens_BS, model_config, max_steps)
+  src_lengths_B = jnp.sum(src_tokens_BS != 0, axis=1).astype(jnp.int32)
+  # An all-PAD row (batch padding) is no sentence: one step ends it, instead of its running
+  # to the length limit and holding up the loop.
+  max_lengths_B = jnp.where(src_lengths_B > 0, src_lengths_B + options.max_extra_len, 1)
+  decoded = inference.run_decoder(
+    _logits_fn(model, params),
+    state,
+    rng,
+    options,
+    max_decode_len,
+    max_lengths_B,
+    _reorder_beam_state,
+    max_steps=max_steps,
+  )
+  return decoded._replace(tokens=jnp.pad(decoded.tokens, [(0, 0), (0, max_decode_len - max_steps)]))
+
+
+def make_translate_fn(
+  model_config: ModelConfig,
+  options: inference.DecodeOptions,
+  mesh: Mesh | None = None,
+  rules: sharding.Rules = (),
+):
+  """`translate(params, src_tokens, rng) -> tokens` as a host array, jitted per source shape.
+
+  Beam search runs in two passes (`inference.TwoPass`): `first_pass_steps` steps
+  first, then all of them for the rows that need more. Greedy decoding and sampling
+  run in one: a greedy step is cheap beside a beam step, so that the compiles of a
+  second pass would cost more than the shorter cache saves (docs/benchmarks.md).
+  Rows are split over the mesh (`inference.jit_rows`).
+  """
+
+  def jitted(first_pass: bool):
+    decode_fn = functools.partial(
+      translate, model_config=model_config, options=options, first_pass=first_pass
+    )
+    return inference.jit_rows(decode_fn, mesh, rules)
+
+  full = jitted(first_pass=False)
+  if options.decoder != 'beam':
+    return lambda params, src_tokens_BS, rng: np.asarray(full(params, src_tokens_BS, rng).tokens)
+  return inference.TwoPass(jitted(first_pass=True), full)
+
+
+def translate_lines(
+  config: ml_collections.ConfigDict,
+  model_config: ModelConfig,
+  params,
+  lines: Sequence[str],
+  *,
+  options: inference.DecodeOptions,
+  batch_size: int,
+  seed: int = 0,
+  max_tokens: int = inference.MAX_DECODE_TOKENS,
+  mesh: Mesh | None = None,
+  rules: sharding.Rules = (),
+) -> list[str]:
+  """One translation per input line; empty input lines give empty output lines.
+
+  Decoded sorted by length, as `evaluate.evaluate_split` does.
+  """
+  tokenizer = tokenizer_lib.get_tokenizer(config)
+  max_len = config.data.max_eval_len
+  too_long = [
+    number
+    for number, line in enumerate(lines, start=1)
+    if line.strip() and len(tokenizer.encode(line)) > max_len - 1
+  ]
+  if too_long:
+    shown = ', '.join(map(str, too_long[:20])) + (
+      f' and {len(too_long) - 20} more' if len(too_long) > 20 else ''
+    )
+    logging.warning(
+      '%d input lines are longer than the model reads (config.data.max_eval_len=%d tokens, EOS '
+      'included): each was truncated to fit, so its translation covers only its start. '
+      'Lines: %s.',
+      len(too_long),
+      max_len,
+      shown,
+    )
+  translate_fn = make_translate_fn(model_config, options, mesh, rules)
+  batches = inference.length_sorted_batches(
+    data.text_batches(lines, tokenizer, batch_size, max_len),
+    max_tokens=max_tokens,
+    max_rows=batch_size,
+    max_len=max_len,
+  )
+  translations, _ = inference.decode_batches(
+    translate_fn, params, batches, tokenizer, jax.random.key(seed)
+  )
+  return [translations.get(i, '') for i in range(len(lines))]

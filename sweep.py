@@ -27,7 +27,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer import config as config_lib  # noqa: E402
-from transformer.tools import sweep_summary, sweeps  # noqa: E402
+from transformer.tools import sweep_runner, sweep_summary, sweeps  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Base config file of every trial.', lock_config=True
@@ -80,7 +80,7 @@ def main(argv):
   signal.signal(signal.SIGINT, signal.default_int_handler)
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  sweeps.check_parallel(_PARALLEL.value, slurm=_EMIT.value == 'slurm')
+  sweep_runner.check_parallel(_PARALLEL.value, slurm=_EMIT.value == 'slurm')
   sweep = sweeps.create(
     config_flags.get_config_filename(flags.FLAGS['config']),
     _CONFIG.value,
@@ -91,13 +91,13 @@ def main(argv):
     seeds=_SEEDS.value,
     compare_to=_COMPARE_TO.value,
   )
-  sweeps.check_eval_flags(sweep)  # eval.py reads them only after training: checked now.
+  sweep_runner.check_eval_flags(sweep)  # eval.py reads them only after training: checked now.
   if _DRY_RUN.value:
-    print('\n'.join(sweeps.dry_run(sweep)))
+    print('\n'.join(sweep_runner.dry_run(sweep)))
     return
   if _EMIT.value == 'slurm':
-    sweeps.prepare_data(sweep.trials)  # Once here, rather than racing in every task.
-    path = sweeps.write_slurm(
+    sweep_runner.prepare_data(sweep.trials)  # Once here, rather than racing in every task.
+    path = sweep_runner.write_slurm(
       sweep, _PARALLEL.value if _PARALLEL.value > 1 else 0, _SLURM_OPTIONS.value
     )
     print(f'Wrote {path} ({len(sweep.trials)} trials); submit it with: sbatch {path}')
@@ -107,7 +107,7 @@ def main(argv):
     if not _SUMMARIZE.value:
       # Slurm and `kill` stop jobs with SIGTERM: stop the trials as on Ctrl-C, marked interrupted.
       signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-      outcomes = sweeps.run(sweep, _PARALLEL.value, only=_TRIAL.value)
+      outcomes = sweep_runner.run(sweep, _PARALLEL.value, only=_TRIAL.value)
   except KeyboardInterrupt:
     sweep_summary.write(sweep)  # What there is so far.
     logging.warning(

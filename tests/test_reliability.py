@@ -45,7 +45,7 @@ from transformer import config as config_lib
 from transformer import tokenizer as tokenizer_lib
 from transformer.datasets import wmt14
 from transformer.tasks import translation
-from transformer.tools import sweeps
+from transformer.tools import sweep_runner, sweeps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -1091,11 +1091,11 @@ def test_flags_for_a_later_command_are_checked_before_the_first_trial(tmp_path):
       eval_flags=['--output_file=out.txt'],
     )
   with pytest.raises(ValueError, match=r'--parallel=0 must be at least 1'):
-    sweeps.check_parallel(0)
+    sweep_runner.check_parallel(0)
   cores = os.cpu_count()
   with pytest.raises(ValueError, match=rf'--parallel={cores + 1} exceeds the {cores} CPU cores'):
-    sweeps.check_parallel(cores + 1)
-  sweeps.check_parallel(cores + 1, slurm=True)  # A cap on array tasks, on other machines.
+    sweep_runner.check_parallel(cores + 1)
+  sweep_runner.check_parallel(cores + 1, slurm=True)  # A cap on array tasks, on other machines.
   config.data.num_workers = cores + 1
   with pytest.raises(config_lib.ConfigError, match=rf'num_workers={cores + 1} exceeds the {cores}'):
     config_lib.validate(config, num_devices=1)

@@ -21,7 +21,14 @@ from conftest import synthetic_pairs, write_lines
 
 from configs import tiny
 from transformer import provenance, scoring, workdir_lock
-from transformer.tools import significance, sweep_summary, sweeps
+from transformer.tools import (
+  significance,
+  sweep_plots,
+  sweep_runner,
+  sweep_summary,
+  sweep_tests,
+  sweeps,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -142,7 +149,7 @@ def test_command_line_overrides_may_not_be_swept_too():
 
 def test_trial_status_tells_a_running_trial_from_an_interrupted_one(tmp_path):
   workdir = tmp_path / 'trial'
-  assert sweeps.trial_status(str(workdir)) == 'pending'
+  assert sweep_runner.trial_status(str(workdir)) == 'pending'
   workdir.mkdir()
   # A live process whose command line names the workdir, as train.py's does.
   process = subprocess.Popen(
@@ -164,15 +171,15 @@ def test_trial_status_tells_a_running_trial_from_an_interrupted_one(tmp_path):
       (process.pid, 'another-host', 'running'),  # Cannot be looked at: trust the record.
     ]:
       state = {'status': 'running', 'pid': pid, 'host': host, 'stages': {}}
-      (workdir / sweeps.STATE_FILE).write_text(json.dumps(state))
-      assert sweeps.trial_status(str(workdir)) == expected, (pid, host)
+      (workdir / sweep_runner.STATE_FILE).write_text(json.dumps(state))
+      assert sweep_runner.trial_status(str(workdir)) == expected, (pid, host)
   finally:
     process.kill()
     process.wait()
     process.stdout.close()
   state['host'] = socket.gethostname()
-  (workdir / sweeps.STATE_FILE).write_text(json.dumps(state | {'pid': process.pid}))
-  assert sweeps.trial_status(str(workdir)) == 'interrupted'  # The process is gone.
+  (workdir / sweep_runner.STATE_FILE).write_text(json.dumps(state | {'pid': process.pid}))
+  assert sweep_runner.trial_status(str(workdir)) == 'interrupted'  # The process is gone.
 
 
 class _StandInSweep(sweeps.Sweep):
@@ -200,7 +207,7 @@ def test_a_stopped_trial_is_interrupted_although_train_py_exits_0(tmp_path):
     root=str(tmp_path),
     trials=(trial,),
   )
-  runner = sweeps._Runner(sweep)
+  runner = sweep_runner._Runner(sweep)
   with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
     outcome = pool.submit(runner.run_trial, trial)
     log = tmp_path / 'base' / 'train.log'
@@ -210,10 +217,10 @@ def test_a_stopped_trial_is_interrupted_although_train_py_exits_0(tmp_path):
       time.sleep(0.05)
     runner.stop()
     assert outcome.result(timeout=30) == 'interrupted'
-  state = sweeps.read_state(str(tmp_path / 'base'))
+  state = sweep_runner.read_state(str(tmp_path / 'base'))
   assert state['stages']['train']['returncode'] == 0
   assert state['stages']['train']['status'] == 'interrupted'  # Runs again next time.
-  assert sweeps.trial_status(str(tmp_path / 'base')) == 'interrupted'
+  assert sweep_runner.trial_status(str(tmp_path / 'base')) == 'interrupted'
 
 
 def _write_sweep(path: Path, body: str) -> Path:
@@ -229,7 +236,7 @@ def test_a_trial_whose_workdir_another_run_holds_is_left_alone(tmp_path):
   workdir = Path(sweep.workdir(sweep.trials[0]))
   workdir.mkdir(parents=True)
   with workdir_lock.WorkdirLock(str(workdir)):  # A train.py started by hand, say.
-    assert sweeps.run(sweep) == {'seed=1': 'running'}
+    assert sweep_runner.run(sweep) == {'seed=1': 'running'}
     assert os.listdir(workdir) == [workdir_lock.LOCK_FILE]  # No train.py was started.
 
 
@@ -245,7 +252,7 @@ def test_dry_run_prints_train_commands_and_writes_nothing(tmp_path):
     shared_overrides={'data.manual_dir': '/corpus'},
     eval_flags=['--split=validation'],
   )
-  lines = sweeps.dry_run(sweep)
+  lines = sweep_runner.dry_run(sweep)
   assert lines[1].startswith('# lr_scale=1.0 [train, new]\n')
   train_command = lines[1].splitlines()[1]
   assert f'train.py --config={REPO}/configs/tiny.py --workdir={tmp_path}/root/lr_scale=1.0' in (
@@ -273,7 +280,7 @@ def test_seeds_repeat_every_trial_seed_slowest_and_group_them(tmp_path):
     ('lr_scale=2.0,seed=6', 'lr_scale=2.0'),
   ]
   assert sweep.trials[3].config.seed == 6 and sweep.trials[3].config.lr_scale == 2.0
-  assert sweeps.sweep_command(sweep)[-1] == '--seeds=2'
+  assert sweep_runner.sweep_command(sweep)[-1] == '--seeds=2'
   with pytest.raises(ValueError, match='seeds=0 must be an integer >= 1'):
     sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'), seeds=0)
   seeded = _write_sweep(tmp_path / 'seeded.py', "[{'seed': 1}]")
@@ -308,7 +315,7 @@ def test_seeds_repeat_every_trial_seed_slowest_and_group_them(tmp_path):
   sweep = sweeps.create(
     'configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'), seeds=2, compare_to='base'
   )
-  assert sweeps.sweep_command(sweep)[-2:] == ['--seeds=2', '--compare_to=base']
+  assert sweep_runner.sweep_command(sweep)[-2:] == ['--seeds=2', '--compare_to=base']
 
 
 def _fake_trial(workdir, eval_loss, references, hypotheses):
@@ -329,7 +336,7 @@ def _fake_trial(workdir, eval_loss, references, hypotheses):
   }
   (workdir / 'eval' / 'step_6-validation.json').write_text(json.dumps(results))
   stage = {'status': 'finished', 'command': []}
-  (workdir / sweeps.STATE_FILE).write_text(
+  (workdir / sweep_runner.STATE_FILE).write_text(
     json.dumps(
       {
         'status': 'finished',
@@ -409,7 +416,7 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
   for sentence in significance.verdicts(expected):
     assert f'* {sentence}' in markdown
   # Across seeds: Welch's t-test of each configuration's per-seed eval.py BLEU against the best's.
-  reference, tests = sweep_summary.seed_tests(groups)
+  reference, tests = sweep_tests.seed_tests(groups)
   assert reference.name == 'lr_scale=2.0'
   assert [g.name for g, _ in tests] == ['lr_scale=1.0', 'lr_scale=4.0']
   assert '## Across seeds, against the best configuration' in markdown
@@ -432,7 +439,7 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
   assert trials_table.index('`lr_scale=2.0,seed=2`') < trials_table.index('`lr_scale=1.0,seed=0`')
 
   # Error bars: mean ± std of each configuration, at its lr_scale.
-  fig = sweep_summary.plot_groups(groups, ['lr_scale'], 'eval_loss', str(tmp_path / 'p.png'))
+  fig = sweep_plots.plot_groups(groups, ['lr_scale'], 'eval_loss', str(tmp_path / 'p.png'))
   bars = fig.axes[0].containers
   assert len(bars) == 3
   for bar, result in zip(bars, groups, strict=True):
@@ -444,7 +451,7 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
     assert segment[1, 1] - segment[0, 1] == pytest.approx(2 * result.stats('eval_loss')['std'])
   assert not fig.axes[0].patches  # The reference is plotted among the panel's own points.
   # A panel that does not plot the reference shows it as a band: mean line, ± std span.
-  fig = sweep_summary.plot_groups(
+  fig = sweep_plots.plot_groups(
     groups, ['lr_scale', 'warmup'], 'eval_loss', str(tmp_path / 'p.png'), 'lr_scale=4.0'
   )
   reference = groups[2].stats('eval_loss')
@@ -469,7 +476,7 @@ def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_pa
   )
 
   # A configuration without eval.py results of every seed is left out, saying so.
-  (Path(groups[2].trials[1].workdir) / sweeps.STATE_FILE).write_text(
+  (Path(groups[2].trials[1].workdir) / sweep_runner.STATE_FILE).write_text(
     json.dumps({'status': 'finished', 'stages': {}})
   )
   sweep_summary.write(sweep)

@@ -20,18 +20,13 @@ import csv
 import dataclasses
 import io
 import json
-import math
 import os
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from matplotlib import colormaps
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
 from transformer import atomic
-from transformer.tools import significance, sweeps
+from transformer.tools import significance, sweep_plots, sweep_runner, sweep_tests, sweeps
 
 COLUMNS = (
   'rank',
@@ -90,7 +85,10 @@ def collect(sweep: sweeps.Sweep, trial: sweeps.Trial) -> TrialResult:
   """One trial's status and metrics, from its workdir."""
   workdir = sweep.workdir(trial)
   result = TrialResult(
-    name=trial.name, overrides=trial.overrides, workdir=workdir, status=sweeps.trial_status(workdir)
+    name=trial.name,
+    overrides=trial.overrides,
+    workdir=workdir,
+    status=sweep_runner.trial_status(workdir),
   )
   rows = _read_metrics(workdir)
   train_rows = [r for r in rows if 'train_loss' in r]
@@ -104,7 +102,7 @@ def collect(sweep: sweeps.Sweep, trial: sweeps.Trial) -> TrialResult:
   result.tokens_per_sec = statistics.median(rates) if rates else None
   result.train_curve = [(r['step'], r['train_loss']) for r in train_rows]
   result.eval_curve = [(r['step'], r['eval_loss']) for r in eval_rows]
-  stages = (sweeps.read_state(workdir) or {}).get('stages', {})
+  stages = (sweep_runner.read_state(workdir) or {}).get('stages', {})
   errors = [r['error'] for r in stages.values() if r['status'] == 'failed' and r.get('error')]
   result.error = errors[-1] if errors and result.status == 'failed' else None
   decode_result = stages.get('eval', {}).get('result')
@@ -220,104 +218,6 @@ def _trials_table(results: Sequence[TrialResult], swept_keys: Sequence[str]) -> 
       for r in failures
     ]
   return lines
-
-
-def _numeric(values: Sequence[Any]) -> bool:
-  return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
-
-
-def _figure(num_panels: int) -> tuple[Figure, list]:
-  """A figure of `num_panels` panels, three to a row."""
-  num_cols = min(num_panels, 3)
-  num_rows = math.ceil(num_panels / num_cols)
-  fig = Figure(figsize=(4.6 * num_cols, 3.6 * num_rows), layout='constrained')
-  FigureCanvasAgg(fig)
-  axes = list(fig.subplots(num_rows, num_cols, squeeze=False).ravel())
-  for ax in axes[num_panels:]:
-    ax.set_visible(False)
-  return fig, axes
-
-
-def _key_axis(ax, key: str, values: Sequence[Any]) -> Callable[[Any], Any]:
-  """Sets up the x axis of a swept key's `values`; returns value -> x position."""
-  numeric = _numeric(values)
-  to_x = (lambda v: v) if numeric else (lambda v: values.index(v))
-  if numeric and values and min(values) > 0 and max(values) >= 8 * min(values):
-    ax.set_xscale('log')
-    ax.minorticks_off()
-  if not numeric or len(values) <= 8:  # Ticks at the values tried.
-    ax.set_xticks(
-      [to_x(v) for v in values],
-      [sweeps.flag_value(v) for v in values],
-      rotation=0 if numeric else 20,
-    )
-  ax.set_xlabel(key)
-  ax.grid(alpha=0.3)
-  return to_x
-
-
-def _learning_curves(
-  ax, runs: Sequence[tuple[str, bool, Sequence[TrialResult]]], title: str
-) -> None:
-  """Train (solid) and validation (dashed) loss of each `(name, is_best, trials)`, a colour each."""
-  colors = colormaps['tab10']
-  for index, (name, is_best, trials) in enumerate(runs):
-    color = colors(index % 10)
-    width = 2.5 if is_best else 1.0
-    for number, trial in enumerate(trials):
-      if trial.train_curve:
-        steps, losses = zip(*trial.train_curve, strict=True)
-        ax.plot(
-          steps,
-          losses,
-          color=color,
-          linewidth=width,
-          alpha=0.8,
-          label=name if number == 0 else None,
-        )
-      if trial.eval_curve:
-        steps, losses = zip(*trial.eval_curve, strict=True)
-        ax.plot(
-          steps, losses, color=color, linewidth=width, linestyle='--', marker='o', markersize=3
-        )
-  ax.set_xlabel('step')
-  ax.set_ylabel('loss (solid: train, dashed: validation)')
-  ax.set_title(title)
-  ax.grid(alpha=0.3)
-  if 0 < len(runs) <= 12:
-    ax.legend(fontsize='x-small')
-
-
-def plot(
-  results: Sequence[TrialResult], swept_keys: Sequence[str], target_metric: str, path: str
-) -> None:
-  """The target metric against each swept key, then every trial's learning curves."""
-  column, _ = sweeps.TARGET_METRICS[target_metric]
-  fig, axes = _figure(len(swept_keys) + 1)
-  scored = [r for r in results if getattr(r, column) is not None]
-  for ax, key in zip(axes, swept_keys, strict=False):
-    points = [
-      (r.overrides[key], getattr(r, column), r.rank == 1) for r in scored if key in r.overrides
-    ]
-    to_x = _key_axis(ax, key, sorted({p[0] for p in points}, key=str))
-    ax.scatter([to_x(p[0]) for p in points], [p[1] for p in points], color='tab:blue')
-    best = [p for p in points if p[2]]
-    ax.scatter(
-      [to_x(p[0]) for p in best],
-      [p[1] for p in best],
-      s=160,
-      marker='*',
-      color='tab:red',
-      label='best',
-      zorder=3,
-    )
-    ax.set_ylabel(column)
-    if best:
-      ax.legend(fontsize='small')
-  _learning_curves(
-    axes[len(swept_keys)], [(r.name, r.rank == 1, [r]) for r in results], 'learning curves'
-  )
-  fig.savefig(path, dpi=90)
 
 
 # --- Seeds: one row per configuration ---------------------------------------------------------
@@ -436,121 +336,6 @@ def _spread(stats: dict[str, float | None], digits: int) -> str:
   return text
 
 
-def paired_tests(
-  groups: Sequence[GroupResult], compare_to: str | None = None
-) -> tuple[dict[str, Any] | None, str]:
-  """sacreBLEU's paired bootstrap test of the best configuration (or `compare_to`) against the rest.
-
-  On eval.py's translations, all seeds pooled: seed k of the best configuration is
-  paired with seed k of the other, and one test resamples all N x S sentence pairs
-  (N seeds, S sentences). Pooled rather than per seed: one p-value per comparison
-  instead of N that would need a multiple-comparison correction (Clark et al. 2011
-  test their optimizer replicas the same way). It resamples sentences only, so it
-  does not see how much training runs differ: one lucky seed among three can make a
-  pooled difference significant (the variants study in docs/variants.md has one).
-  `seed_tests` is the test across seeds that the summary sets beside it.
-
-  Returns (the comparison as `significance.compare` gives it, or None; a note on
-  what was left out and why, or '').
-  """
-  ranked = _reference_first(groups, compare_to)
-  if compare_to is not None and (not ranked or ranked[0].name != compare_to):
-    return None, f'No paired tests: `{compare_to}` has no results yet.'
-  if len(ranked) < 2:
-    return None, 'Fewer than two ranked configurations: nothing to test.'
-  pooled, missing = [], {}
-  for result in ranked:
-    paths = [os.path.join(t.workdir, t.decode_result) for t in result.trials if t.decode_result]
-    if len(paths) < len(result.trials):
-      missing[result.name] = f'`{result.name}` ({len(paths)} of {len(result.trials)} seeds)'
-      continue
-    try:
-      pooled.append(significance.pool(result.name, [significance.load_system(p) for p in paths]))
-    except (OSError, ValueError) as e:  # Not a translation result (a language model), or stale.
-      missing[result.name] = f'`{result.name}` ({e})'
-  if ranked[0].name in missing:
-    return None, (
-      'No paired tests: they need eval.py translations of every seed of '
-      f'`{ranked[0].name}` (run the sweep with --eval); missing: '
-      + '; '.join(missing.values())
-      + '.'
-    )
-  note = (
-    'Left out of the paired tests, without eval.py translations of every seed: '
-    + '; '.join(missing.values())
-    + '.'
-    if missing
-    else ''
-  )
-  if len(pooled) < 2:
-    return None, note
-  try:
-    return significance.compare(pooled, test='bs'), note
-  except ValueError as e:
-    return None, f'No paired tests: {e}'
-
-
-def _reference_first(groups: Sequence[GroupResult], compare_to: str | None) -> list[GroupResult]:
-  """The ranked configurations by rank, `compare_to` (when ranked) moved first."""
-  ranked = sorted((g for g in groups if g.rank is not None), key=lambda g: g.rank)
-  if compare_to is not None:
-    ranked.sort(key=lambda g: g.name != compare_to)  # Stable: the others stay by rank.
-  return ranked
-
-
-def seed_tests(
-  groups: Sequence[GroupResult], compare_to: str | None = None
-) -> tuple[GroupResult | None, list[tuple[GroupResult, dict[str, Any]]]]:
-  """Welch's t-test of each configuration's per-seed eval.py BLEU against the reference's.
-
-  Returns (the reference: `compare_to`, else the best configuration; one
-  `significance.seed_test` per other configuration, by rank). Configurations
-  without eval.py BLEU are left out; (None, []) with fewer than two seeds.
-  """
-  ranked = [g for g in _reference_first(groups, compare_to) if g.values('decode_bleu')]
-  if compare_to is not None and (not ranked or ranked[0].name != compare_to):
-    return None, []
-  if len(ranked) < 2 or max(len(g.values('decode_bleu')) for g in ranked) < 2:
-    return None, []
-  reference = ranked[0].values('decode_bleu')
-  return ranked[0], [
-    (g, significance.seed_test(reference, g.values('decode_bleu'))) for g in ranked[1:]
-  ]
-
-
-def _seed_tests_table(
-  tests: Sequence[tuple[GroupResult, dict[str, Any]]], comparison: dict[str, Any] | None
-) -> list[str]:
-  pooled = {}
-  if comparison is not None:
-    pooled = {row['name']: row['scores']['BLEU'] for row in comparison['systems'][1:]}
-  header = [
-    'configuration',
-    'eval.py BLEU per seed',
-    'difference of means',
-    "p (Welch's t, across seeds)",
-    'significant over sentences and seeds',
-  ]
-  lines = ['| ' + ' | '.join(header) + ' |', '|' + ' --- |' * len(header)]
-  for result, test in tests:
-    p = test['p_value']
-    both = test['significant'] and pooled.get(result.name, {}).get('significant', False)
-    lines.append(
-      '| '
-      + ' | '.join(
-        [
-          f'`{result.name}`',
-          ', '.join(f'{v:.2f}' for v in result.values('decode_bleu')),
-          f'{test["difference"]:+.2f}',
-          'n/a' if p is None else f'{p:.4f}' + (' (significant)' if test['significant'] else ''),
-          'yes' if both else 'no',
-        ]
-      )
-      + ' |'
-    )
-  return lines
-
-
 def groups_to_markdown(
   groups: Sequence[GroupResult],
   results: Sequence[TrialResult],
@@ -596,7 +381,7 @@ def groups_to_markdown(
     if result.rank == 1:
       cells = [f'**{cell}**' if cell else cell for cell in cells]
     lines.append('| ' + ' | '.join(cells) + ' |')
-  comparison, note = paired_tests(groups, compare_to)
+  comparison, note = sweep_tests.paired_tests(groups, compare_to)
   reference = f'`{compare_to}`' if compare_to else 'the best configuration'
   lines += ['', f'## Paired tests against {reference}', '']
   if comparison is not None:
@@ -607,13 +392,13 @@ def groups_to_markdown(
       'of the other; see `sweep_summary.paired_tests` for why pooled). '
       f'p < {comparison["alpha"]}: significant.',
       '',
-      *_comparison_table(comparison, 'best' if not compare_to else 'reference'),
+      *sweep_tests.comparison_table(comparison, 'best' if not compare_to else 'reference'),
       '',
       *(f'* {sentence}' for sentence in significance.verdicts(comparison)),
     ]
   if note:
     lines += ['', note]
-  reference_group, tests = seed_tests(groups, compare_to)
+  reference_group, tests = sweep_tests.seed_tests(groups, compare_to)
   if tests:
     reference_values = ', '.join(f'{v:.2f}' for v in reference_group.values('decode_bleu'))
     lines += [
@@ -625,98 +410,10 @@ def groups_to_markdown(
       f'unequal variances; {reference}: {reference_values}). A difference is established when '
       'both tests find it.',
       '',
-      *_seed_tests_table(tests, comparison),
+      *sweep_tests.seed_tests_table(tests, comparison),
     ]
   lines += ['', '## Trials', '', *_trials_table(results, [*swept_keys, 'seed'])]
   return '\n'.join(lines) + '\n'
-
-
-def _comparison_table(comparison: dict[str, Any], role: str) -> list[str]:
-  metrics = list(comparison['systems'][0]['scores'])
-  header = [
-    'configuration',
-    *(f'{m} (pooled, ± 95% CI)' for m in metrics),
-    *(f'p ({m})' for m in metrics),
-  ]
-  lines = ['| ' + ' | '.join(header) + ' |', '|' + ' --- |' * len(header)]
-  for index, row in enumerate(comparison['systems']):
-    scores = row['scores']
-    cells = [
-      f'`{row["name"]}`' + (f' ({role})' if index == 0 else ''),
-      *(f'{scores[m]["score"]:.2f} ± {scores[m]["ci"]:.2f}' for m in metrics),
-      *(
-        ''
-        if index == 0
-        else f'{scores[m]["p_value"]:.4f}' + (' (significant)' if scores[m]['significant'] else '')
-        for m in metrics
-      ),
-    ]
-    lines.append('| ' + ' | '.join(cells) + ' |')
-  return lines
-
-
-def plot_groups(
-  groups: Sequence[GroupResult],
-  swept_keys: Sequence[str],
-  target_metric: str,
-  path: str,
-  compare_to: str | None = None,
-) -> Figure:
-  """Per swept key: the mean of the target metric with ± std error bars and each seed's value;
-  then every trial's learning curves, one colour per configuration. Returns the figure.
-
-  The reference (`compare_to`, else a configuration without overrides, such as a
-  one-at-a-time sweep's baseline) is a grey band, mean ± std, on every panel that
-  does not plot it, so each switch is seen against it.
-  """
-  column, _ = sweeps.TARGET_METRICS[target_metric]
-  fig, axes = _figure(len(swept_keys) + 1)
-  scored = [g for g in groups if g.values(column)]
-  reference = next(
-    (g for g in scored if (g.name == compare_to if compare_to else not g.overrides)), None
-  )
-  for ax, key in zip(axes, swept_keys, strict=False):
-    members = [g for g in scored if key in g.overrides]
-    if reference is not None and reference not in members:
-      stats = reference.stats(column)
-      spread = stats['std'] or 0.0
-      ax.axhspan(stats['mean'] - spread, stats['mean'] + spread, color='gray', alpha=0.15)
-      ax.axhline(
-        stats['mean'], color='gray', linestyle='--', label=f'{reference.name} (mean ± std)'
-      )
-    to_x = _key_axis(ax, key, sorted({g.overrides[key] for g in members}, key=str))
-    for g in members:
-      stats = g.stats(column)
-      best = g.rank == 1
-      ax.errorbar(
-        [to_x(g.overrides[key])],
-        [stats['mean']],
-        yerr=[stats['std'] or 0.0],
-        fmt='*' if best else 'o',
-        markersize=12 if best else 6,
-        capsize=4,
-        color='tab:red' if best else 'tab:blue',
-        zorder=3,
-        label='best (mean ± std)' if best else None,
-      )
-      ax.scatter(
-        [to_x(g.overrides[key])] * len(g.values(column)),
-        g.values(column),
-        s=10,
-        color='gray',
-        alpha=0.7,
-        zorder=2,
-      )
-    ax.set_ylabel(f'{column} (mean ± std; dots: seeds)')
-    if ax.get_legend_handles_labels()[1]:
-      ax.legend(fontsize='small')
-  _learning_curves(
-    axes[len(swept_keys)],
-    [(g.name, g.rank == 1, g.trials) for g in groups],
-    'learning curves (one colour per configuration)',
-  )
-  fig.savefig(path, dpi=90)
-  return fig
 
 
 def write(sweep: sweeps.Sweep) -> list[TrialResult] | list[GroupResult]:
@@ -740,7 +437,7 @@ def write(sweep: sweeps.Sweep) -> list[TrialResult] | list[GroupResult]:
     os.path.join(sweep.root, 'summary.md'), to_markdown(results, swept_keys, target_metric, title)
   )
   with atomic.replacing(os.path.join(sweep.root, 'summary.png')) as tmp:
-    plot(results, swept_keys, target_metric, tmp)
+    sweep_plots.plot(results, swept_keys, target_metric, tmp)
   return results
 
 
@@ -766,5 +463,5 @@ def _write_groups(
     ),
   )
   with atomic.replacing(os.path.join(sweep.root, 'summary.png')) as tmp:
-    plot_groups(groups, swept_keys, target_metric, tmp, sweep.compare_to)
+    sweep_plots.plot_groups(groups, swept_keys, target_metric, tmp, sweep.compare_to)
   return groups

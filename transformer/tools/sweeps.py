@@ -1,4 +1,4 @@
-"""Hyperparameter sweeps: override dicts from plain Python, one train.py process per trial.
+"""Hyperparameter sweeps defined: override dicts from plain Python, checked, named, one per trial.
 
 A sweep file (`configs/sweeps/*.py`) defines `sweep()`, returning a list of
 override dicts with dotted config keys, e.g. `{'lr_scale': 2.0,
@@ -9,42 +9,29 @@ after its overrides and runs it as `train.py` (then, optionally, `eval.py`) in
 ROOT/<name>/, recording the status, command lines and attempts in
 ROOT/<name>/trial.json and the output in ROOT/<name>/train.log (eval.log).
 
-A trial whose recorded commands equal the current ones and that finished is
-skipped; any other is (re)started, and train.py resumes it from its latest
-checkpoint. Importing this module imports no JAX, so sweep files and `sweep.py`
-start fast.
+Running the trials, and what each recorded, is `sweep_runner`'s. Importing this
+module loads no data code (TFDS), so sweep files and `sweep.py` start fast.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import datetime
 import difflib
-import glob
 import hashlib
 import importlib.util
 import itertools
-import json
 import math
 import numbers
 import os
 import random
 import re
-import shlex
-import socket
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ml_collections
 import numpy as np
-from absl import logging
 
-from transformer import atomic, workdir_lock
 from transformer import config as config_lib
 
 Overrides = dict[str, Any]
@@ -52,7 +39,6 @@ Overrides = dict[str, Any]
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # config.target_metric -> (summary column, True if higher is better).
 TARGET_METRICS = {'eval_bleu': ('best_eval_bleu', True), 'eval_loss': ('eval_loss', False)}
-STATE_FILE = 'trial.json'
 _NAME_MAX_CHARS = 120
 _NAME_UNSAFE = re.compile(r'[^A-Za-z0-9._+=,-]')
 
@@ -554,379 +540,3 @@ def eval_flag_errors(eval_flags: Sequence[str]) -> list[str]:
         + ').'
       )
   return errors
-
-
-def check_eval_flags(sweep: Sweep) -> None:
-  """eval.py checks the sweep's `--eval_flags` itself (`eval.py --dry_run`), before any trial.
-
-  Names, types and domains of every flag, as the eval.py of each trial would read them.
-  Raises `ValueError` with eval.py's error. Takes one eval.py start (a few seconds).
-  """
-  if sweep.eval_flags is None:
-    return
-  command = sweep.commands(sweep.trials[0])[-1][1] + ['--dry_run']
-  result = subprocess.run(
-    command, cwd=sweep.cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600
-  )
-  if result.returncode != 0:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    start = next(
-      (
-        i
-        for i in range(len(lines) - 1, -1, -1)
-        if lines[i].startswith(('FATAL Flags parsing error', 'Invalid flags:'))
-      ),
-      max(len(lines) - 3, 0),
-    )
-    raise ValueError(
-      f'--eval_flags={shlex.join(sweep.eval_flags)}: eval.py refuses them, so no trial was '
-      'run:\n  ' + '\n  '.join(lines[start:])
-    )
-
-
-def check_parallel(parallel: int, slurm: bool = False) -> None:
-  """`--parallel`: trials at once here (1 up to the CPU cores), or with Slurm a cap (>= 1)."""
-  cores = os.cpu_count() or 1
-  if parallel < 1:
-    raise ValueError(f'--parallel={parallel} must be at least 1.')
-  if not slurm and parallel > cores:
-    raise ValueError(
-      f'--parallel={parallel} exceeds the {cores} CPU cores of this machine: each trial is a '
-      'train.py process that uses every core it gets, so more at once than cores only slow '
-      f'each other down. Use --parallel={cores} or fewer (or --emit=slurm for a cluster).'
-    )
-
-
-# --- Trial state: ROOT/<name>/trial.json ----------------------------------------------------------
-
-
-def read_state(workdir: str) -> dict[str, Any] | None:
-  path = os.path.join(workdir, STATE_FILE)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
-
-
-def _write_state(workdir: str, state: dict[str, Any]) -> None:
-  atomic.write_json(os.path.join(workdir, STATE_FILE), state, indent=2, sort_keys=True)
-
-
-def _process_alive(state: Mapping[str, Any], workdir: str) -> bool | None:
-  """Whether the process recorded as running the trial still runs; None if it cannot be known.
-
-  Only a process on this host can be looked at; on Linux it must also still be
-  the trial's (its command line names the workdir), not a later one that got its pid.
-  """
-  if not state.get('pid'):
-    return False  # Between stages, or stopped cleanly.
-  if state.get('host') != socket.gethostname():
-    return None
-  if os.path.isdir('/proc/self'):
-    try:
-      with open(f'/proc/{state["pid"]}/cmdline', 'rb') as f:
-        return f'--workdir={workdir}'.encode() in f.read()
-    except OSError:
-      return False
-  try:
-    os.kill(state['pid'], 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    pass
-  return True
-
-
-def trial_status(workdir: str) -> str:
-  """'pending' (never started), 'running', 'interrupted', 'failed' or 'finished'."""
-  state = read_state(workdir)
-  if state is None:
-    return 'pending'
-  if state['status'] == 'running' and _process_alive(state, workdir) is False:
-    return 'interrupted'
-  return state['status']
-
-
-def _is_done(state: Mapping[str, Any] | None, stage: str, command: Sequence[str]) -> bool:
-  """Finished earlier with the same command line (the Python executable aside)."""
-  record = (state or {}).get('stages', {}).get(stage)
-  return bool(record) and record['status'] == 'finished' and record['command'][1:] == command[1:]
-
-
-def _error_line(log_path: str, offset: int) -> str:
-  """The exception (with its message's following lines) or last line of the log since `offset`."""
-  with open(log_path, errors='replace') as f:
-    f.seek(offset)
-    lines = [line.rstrip() for line in f if line.strip()]
-  for index in range(len(lines) - 1, -1, -1):
-    if re.match(r'^(\w+\.)*\w*(Error|Exception|Interrupt)\b|^FATAL', lines[index]):
-      message = [lines[index]] + list(
-        itertools.takewhile(lambda line: line.startswith(' '), lines[index + 1 :])
-      )
-      return ' '.join(part.strip() for part in message)[:500]
-  return lines[-1][:500] if lines else ''
-
-
-def _now() -> str:
-  return datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')
-
-
-# --- Running --------------------------------------------------------------------------------------
-
-
-def prepare_data(trials: Sequence[Trial]) -> None:
-  """Prepares each distinct dataset and vocabulary of `trials` once, in this process.
-
-  Trials running at the same time (or as Slurm array tasks) would otherwise all
-  prepare the same data at once and fail when renaming it into place.
-  """
-  from transformer import datasets, tokenizer  # TFDS: a slow import, only when needed.
-
-  done = set()
-  for trial in trials:
-    key = (datasets.dataset_dir(trial.config.data), tokenizer.vocab_path(trial.config))
-    if key not in done:
-      logging.info('Preparing data and vocabulary once for all trials: %s, %s.', *key)
-      datasets.prepare(trial.config.data)
-      tokenizer.get_tokenizer(trial.config)
-      done.add(key)
-
-
-class _Runner:
-  """Runs trials as subprocesses, each in its workdir, recording their state."""
-
-  def __init__(self, sweep: Sweep):
-    self.sweep = sweep
-    self.stopping = threading.Event()
-    self._processes: dict[str, subprocess.Popen] = {}
-    self._lock = threading.Lock()
-
-  def run_trial(self, trial: Trial) -> str:
-    """'skipped', 'finished', 'failed', 'interrupted' or 'running' (by another process)."""
-    workdir = self.sweep.workdir(trial)
-    state = read_state(workdir)
-    if state and state['status'] == 'running' and _process_alive(state, workdir):
-      logging.warning('%s: already running in process %s; left alone.', trial.name, state['pid'])
-      return 'running'
-    holder = workdir_lock.read_holder(workdir)
-    if holder is not None and workdir_lock.holder_alive(holder) is not False:
-      logging.warning(
-        '%s: its workdir is in use by another training run, %s; left alone.',
-        trial.name,
-        workdir_lock.describe(holder),
-      )
-      return 'running'
-    commands = self.sweep.commands(trial)
-    # After a stage runs, the later ones run again: they read what it wrote.
-    first = next(
-      (i for i, (stage, command) in enumerate(commands) if not _is_done(state, stage, command)),
-      None,
-    )
-    if first is None:
-      return 'skipped'
-    os.makedirs(workdir, exist_ok=True)
-    state = state or {'stages': {}}
-    state.update(name=trial.name, overrides=trial.overrides)
-    for stage, command in commands[first:]:
-      if self.stopping.is_set():
-        state['status'] = 'interrupted'
-        _write_state(workdir, state)
-        return 'interrupted'
-      status = self._run_stage(trial, state, stage, command)
-      if status != 'finished':
-        return status
-    return 'finished'
-
-  def _run_stage(self, trial: Trial, state: dict[str, Any], stage: str, command: list[str]) -> str:
-    workdir = self.sweep.workdir(trial)
-    log_path = os.path.join(workdir, f'{stage}.log')
-    previous = state['stages'].get(stage, {})
-    record = {
-      'command': command,
-      'status': 'running',
-      'started': _now(),
-      'attempts': previous.get('attempts', 0) + 1,
-      'log': os.path.basename(log_path),
-    }
-    started = time.time()
-    with open(log_path, 'a') as log:
-      log.write(f'\n=== {record["started"]} attempt {record["attempts"]}: {shlex.join(command)}\n')
-      log.flush()
-      offset = log.tell()
-      with self._lock:
-        if self.stopping.is_set():
-          return 'interrupted'
-        process = subprocess.Popen(
-          command,
-          stdout=log,
-          stderr=subprocess.STDOUT,
-          stdin=subprocess.DEVNULL,
-          cwd=self.sweep.cwd,
-        )
-        self._processes[trial.name] = process
-      state.update(status='running', host=socket.gethostname(), pid=process.pid)
-      state['stages'][stage] = record
-      _write_state(workdir, state)
-      returncode = process.wait()
-      with self._lock:
-        del self._processes[trial.name]
-    if self.stopping.is_set():
-      # train.py exits 0 after checkpointing on SIGTERM: stopped, not finished.
-      status = 'interrupted'
-    else:
-      status = 'finished' if returncode == 0 else 'failed'
-    record.update(status=status, returncode=returncode, seconds=round(time.time() - started, 1))
-    if status == 'failed':
-      record['error'] = _error_line(log_path, offset)
-    if stage == 'eval' and status == 'finished':
-      record['result'] = _newest_eval_result(workdir, started)
-    eval_follows = stage == 'train' and self.sweep.eval_flags is not None
-    state['status'] = 'running' if status == 'finished' and eval_follows else status
-    state['pid'] = None
-    _write_state(workdir, state)
-    return status
-
-  def stop(self) -> None:
-    """Stops every running trial (they resume from their checkpoints next time)."""
-    with self._lock:
-      self.stopping.set()
-      processes = list(self._processes.values())
-    for process in processes:
-      process.terminate()
-
-
-def _newest_eval_result(workdir: str, since: float) -> str | None:
-  """The eval/*.json that eval.py wrote (relative to the workdir), or None."""
-  paths = [
-    p
-    for p in glob.glob(os.path.join(workdir, 'eval', '*.json'))
-    if os.path.getmtime(p) >= since - 1
-  ]
-  return os.path.relpath(max(paths, key=os.path.getmtime), workdir) if paths else None
-
-
-def run(sweep: Sweep, parallel: int = 1, only: str | None = None) -> dict[str, str]:
-  """Runs the trials (`parallel` at a time; only the one named `only` if given).
-
-  Returns {trial name: 'skipped' | 'finished' | 'failed' | 'interrupted' |
-  'running'}, the last for a trial that another sweep process is running. A
-  failing trial does not stop the others. On KeyboardInterrupt (or SIGTERM made
-  one by the caller) the running trials are stopped, marked 'interrupted' and the
-  exception is raised again.
-  """
-  check_parallel(parallel)
-  trials = [sweep.trial(only)] if only else list(sweep.trials)
-  pending = [
-    t
-    for t in trials
-    if not all(
-      _is_done(read_state(sweep.workdir(t)), stage, command) for stage, command in sweep.commands(t)
-    )
-  ]
-  if parallel > 1 and len(pending) > 1:
-    prepare_data(pending)
-  runner = _Runner(sweep)
-  pending_names = {t.name for t in pending}
-  outcomes = {t.name: 'skipped' for t in trials if t.name not in pending_names}
-  for name in outcomes:
-    logging.info('%s: finished earlier with the same commands, skipped.', name)
-  with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
-    futures = {pool.submit(runner.run_trial, t): t for t in pending}
-    try:
-      for future in concurrent.futures.as_completed(futures):
-        trial = futures[future]
-        outcomes[trial.name] = future.result()
-        stages = (read_state(sweep.workdir(trial)) or {}).get('stages', {}).values()
-        error = next((r['error'] for r in stages if r['status'] == 'failed'), None)
-        logging.info(
-          '[%d/%d] %s: %s%s',
-          len(outcomes),
-          len(trials),
-          trial.name,
-          outcomes[trial.name],
-          f' ({error})' if error else '',
-        )
-    except KeyboardInterrupt:
-      runner.stop()
-      pool.shutdown(wait=True, cancel_futures=True)
-      for trial in pending:
-        state = read_state(sweep.workdir(trial))
-        if state is not None and state['status'] == 'running':
-          state['status'] = 'interrupted'
-          _write_state(sweep.workdir(trial), state)
-      raise
-  return {t.name: outcomes[t.name] for t in trials}
-
-
-def dry_run(sweep: Sweep) -> list[str]:
-  """One line per command of every trial, with its current status; nothing runs or is written."""
-  lines = [f'# in {sweep.cwd}']
-  for trial in sweep.trials:
-    workdir = sweep.workdir(trial)
-    state = read_state(workdir)
-    status = trial_status(workdir)
-    for stage, command in sweep.commands(trial):
-      if _is_done(state, stage, command):
-        note = 'finished: skipped'
-      else:
-        note = 'new' if state is None else f'{status}: runs again, resuming its checkpoints'
-      lines.append(f'# {trial.name} [{stage}, {note}]\n{shlex.join(command)}')
-  return lines
-
-
-# --- Slurm ----------------------------------------------------------------------------------------
-
-
-def sweep_command(sweep: Sweep, *extra: str) -> list[str]:
-  """The sweep.py command line that reproduces `sweep` (plus `extra` flags)."""
-  command = [
-    sys.executable,
-    os.path.join(REPO_DIR, 'sweep.py'),
-    f'--config={sweep.config_file}',
-    f'--sweep={sweep.sweep_file}',
-    f'--workdir={sweep.root}',
-  ]
-  if sweep.eval_flags is not None:
-    command += ['--eval', f'--eval_flags={shlex.join(sweep.eval_flags)}']
-  if sweep.seeds > 1:
-    command.append(f'--seeds={sweep.seeds}')
-  if sweep.compare_to is not None:
-    command.append(f'--compare_to={sweep.compare_to}')
-  command += [
-    f'--config.{key}={flag_value(value)}' for key, value in sweep.shared_overrides.items()
-  ]
-  return command + list(extra)
-
-
-def write_slurm(sweep: Sweep, parallel: int = 0, options: Sequence[str] = ()) -> str:
-  """Writes ROOT/sweep.slurm: a job array, task i runs trial i through `sweep.py --trial`.
-
-  Each task records its trial's state and log like a local run, skips it if it
-  finished, resumes it if interrupted, and then rewrites the summary files.
-  `parallel` > 0 caps the tasks running at once; `options` are extra `#SBATCH`
-  lines (e.g. '--gres=gpu:1', '--time=4:00:00').
-  """
-  os.makedirs(sweep.root, exist_ok=True)
-  throttle = f'%{parallel}' if parallel > 0 else ''
-  names = '\n'.join(f'  {shlex.quote(t.name)}' for t in sweep.trials)
-  task = shlex.join(sweep_command(sweep)) + ' --trial="${TRIALS[$SLURM_ARRAY_TASK_ID]}"'
-  option_lines = ''.join(f'#SBATCH {option}\n' for option in options)
-  script = f"""#!/bin/bash
-# Sweep {sweep.sweep_file} over {sweep.config_file}: {len(sweep.trials)} trials,
-# one per array task. Submit with `sbatch {sweep.root}/sweep.slurm`; the summary
-# files in {sweep.root} are rewritten as tasks end, or on demand with:
-#   {shlex.join(sweep_command(sweep, '--summarize'))}
-#SBATCH --job-name={shlex.quote('sweep-' + os.path.basename(sweep.root))}
-#SBATCH --array=0-{len(sweep.trials) - 1}{throttle}
-#SBATCH --output={sweep.root}/slurm-%A_%a.out
-{option_lines}set -euo pipefail
-TRIALS=(
-{names}
-)
-cd {shlex.quote(sweep.cwd)}
-{task}
-"""
-  path = os.path.join(sweep.root, 'sweep.slurm')
-  with open(path, 'w') as f:
-    f.write(script)
-  return path

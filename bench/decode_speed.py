@@ -43,7 +43,6 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer import (  # noqa: E402
-  checkpoints,
   evaluation,
   inference,
   tokenizer,
@@ -102,7 +101,7 @@ def load_params(config: ml_collections.ConfigDict):
   """Checkpointed parameters with --workdir, otherwise random ones; and their label."""
   model, _ = training.create_models(ModelConfig.from_config(config))
   if _WORKDIR.value:
-    return checkpoints.load_params(
+    return evaluation.load_params(
       _WORKDIR.value, evaluation.setup(config).abstract_state, _CHECKPOINT.value
     )
   tokens = jnp.ones((1, config.data.max_len), jnp.int32)

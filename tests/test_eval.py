@@ -13,7 +13,7 @@ import pytest
 import sacrebleu
 
 from configs import tiny
-from transformer import checkpoints, evaluation, inference, training
+from transformer import evaluation, inference, training
 from transformer.tasks import translation
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,10 +111,10 @@ def test_decoding_settings_default_to_the_runs_config_and_flags_override_them(ru
 def test_checkpoint_averaging_averages_parameters(run):
   workdir, config = run
   target = evaluation.setup(config).abstract_state
-  averaged, label = checkpoints.load_params(workdir, target, 'avg:2')
+  averaged, label = evaluation.load_params(workdir, target, 'avg:2')
   assert label == 'avg2_30-60'
-  p30, _ = checkpoints.load_params(workdir, target, '30')
-  p60, _ = checkpoints.load_params(workdir, target, 'latest')
+  p30, _ = evaluation.load_params(workdir, target, '30')
+  p60, _ = evaluation.load_params(workdir, target, 'latest')
   leaf = lambda p: np.asarray(p['encoder']['layer_0']['ffn']['wi']['kernel'])
   np.testing.assert_allclose(leaf(averaged), (leaf(p30) + leaf(p60)) / 2, rtol=1e-6)
 
@@ -126,26 +126,26 @@ def test_best_checkpoints_are_chosen_by_validation_bleu(run):
     bleus = {r['step']: r['eval_bleu'] for r in map(json.loads, f) if 'eval_bleu' in r}
   assert sorted(bleus) == [30, 60]
   best_step = max(sorted(bleus), key=lambda step: bleus[step])  # The earlier one on a tie.
-  best, label = checkpoints.load_params(workdir, target, 'best')
+  best, label = evaluation.load_params(workdir, target, 'best')
   assert label == f'best_step_{best_step}'
-  same, _ = checkpoints.load_params(workdir, target, str(best_step))
+  same, _ = evaluation.load_params(workdir, target, str(best_step))
   jax.tree.map(np.testing.assert_array_equal, best, same)
   # The 2 best are steps 30 and 60: their average is avg:2's.
-  averaged, label = checkpoints.load_params(workdir, target, 'avg_best:2')
+  averaged, label = evaluation.load_params(workdir, target, 'avg_best:2')
   assert label == 'avg_best2_30-60'
-  last_two, _ = checkpoints.load_params(workdir, target, 'avg:2')
+  last_two, _ = evaluation.load_params(workdir, target, 'avg:2')
   jax.tree.map(np.testing.assert_array_equal, averaged, last_two)
   with pytest.raises(
     ValueError, match=r"'avg_best:3' needs 3 best checkpoints, but the run kept 2"
   ):
-    checkpoints.load_params(workdir, target, 'avg_best:3')
+    evaluation.load_params(workdir, target, 'avg_best:3')
   with pytest.raises(ValueError, match='expected avg_best:N with N a positive integer'):
-    checkpoints.load_params(workdir, target, 'avg_best:0')
+    evaluation.load_params(workdir, target, 'avg_best:0')
 
 
 def test_best_checkpoint_of_a_run_that_kept_none_names_the_key(tmp_path):
   with pytest.raises(FileNotFoundError, match=r'kept none \(config.keep_best_checkpoints=0\)'):
-    checkpoints.load_params(str(tmp_path), None, 'best')
+    evaluation.load_params(str(tmp_path), None, 'best')
 
 
 def test_greedy_results_do_not_overwrite_beam_results(run):
@@ -183,9 +183,9 @@ def test_translate_lines_keeps_empty_lines_and_alignment(run):
 def test_missing_checkpoint_lists_existing_steps(run):
   workdir, _ = run
   with pytest.raises(ValueError, match=r"checkpoint='45' does not exist.*\[30, 60\]"):
-    checkpoints.select_steps([30, 60], '45')
+    evaluation.select_steps([30, 60], '45')
   with pytest.raises(ValueError, match='needs 3 checkpoints, but there are only 2'):
-    checkpoints.select_steps([30, 60], 'avg:3')
+    evaluation.select_steps([30, 60], 'avg:3')
   result = _eval_py(f'--workdir={workdir}', '--checkpoint=avg:5')
   assert result.returncode != 0 and 'there are only 2' in result.stderr
 

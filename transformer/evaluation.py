@@ -1,11 +1,13 @@
-"""Evaluating a trained run: its config loaded, its checkpoints restored, followed, and scored.
+"""Evaluating a trained run: its config loaded, its checkpoints chosen, restored and followed.
 
 `setup(config)` turns the run's config into model config, task, mesh, rules and
 restore target once; eval.py passes them down, with its flags, as a
-`tasks.EvalRequest`. What is evaluated, and how, is the task's
-(`Task.evaluator`: BLEU of translations, perplexity of a language model); what
-both share is here: `write` puts a task's `Evaluation` in WORKDIR/eval/, and
-`watch` evaluates each new checkpoint of a run as training writes it.
+`tasks.EvalRequest`. `load_params` restores the checkpoints a flag names (one,
+the last N averaged, the best by validation BLEU). What is evaluated, and how,
+is the task's (`Task.evaluator`: BLEU of translations, perplexity of a
+language model); what both share is here: `write` puts a task's `Evaluation` in
+WORKDIR/eval/, and `watch` evaluates each new checkpoint of a run as training
+writes it.
 """
 
 from __future__ import annotations
@@ -106,9 +108,148 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
 
 def restore_params(run: Setup, workdir: str, checkpoint: str):
   """(params, label) of `checkpoint` ('latest', a step, 'avg:N', 'best', 'avg_best:N')."""
-  return checkpoints.load_params(
-    workdir, run.abstract_state, checkpoint, keep=run.config.keep_checkpoints
+  return load_params(workdir, run.abstract_state, checkpoint, keep=run.config.keep_checkpoints)
+
+
+# --- Which checkpoints: one, the last N averaged, the best by validation BLEU --------------------
+
+
+def select_best_steps(scores: dict[int, float], checkpoint: str) -> list[int]:
+  """Steps named by 'best' or 'avg_best:N' (the N with the highest BLEU), in step order.
+
+  `scores` is `BestCheckpoints.scores()`. Errors list what exists.
+  """
+  kept = ', '.join(f'{step} (BLEU {bleu:.2f})' for step, bleu in scores.items())
+  if not scores:
+    raise ValueError('There are no best checkpoints.')
+  count = '1' if checkpoint == 'best' else checkpoint[len('avg_best:') :]
+  if not count.isdigit() or int(count) < 1:
+    raise ValueError(f'checkpoint={checkpoint!r}: expected avg_best:N with N a positive integer.')
+  if int(count) > len(scores):
+    raise ValueError(
+      f'checkpoint={checkpoint!r} needs {count} best checkpoints, but the run kept '
+      f'{len(scores)} (config.keep_best_checkpoints): {kept}.'
+    )
+  return sorted(list(scores)[: int(count)])
+
+
+def checkpoint_error(checkpoint: str) -> str | None:
+  """Why `checkpoint` names no checkpoint in any run, or None.
+
+  Valid: 'latest', a step, 'avg:N', 'best' or 'avg_best:N' (N a positive integer).
+  """
+  if checkpoint in ('latest', 'best') or checkpoint.isdigit():
+    return None
+  for prefix in ('avg:', 'avg_best:'):
+    if checkpoint.startswith(prefix):
+      count = checkpoint[len(prefix) :]
+      if count.isdigit() and int(count) >= 1:
+        return None
+      return f'checkpoint={checkpoint!r}: expected {prefix}N with N a positive integer.'
+  return (
+    f"checkpoint={checkpoint!r}: expected 'latest', a step number, 'avg:N', 'best' or 'avg_best:N'."
   )
+
+
+def select_steps(available: list[int], checkpoint: str) -> list[int]:
+  """Steps named by `checkpoint`: 'latest', a step number, or 'avg:N' (the last N).
+
+  Errors list what exists, so a typo is fixed in one go.
+  """
+  available = sorted(available)
+  if not available:
+    raise ValueError('There are no checkpoints.')
+  if checkpoint == 'latest':
+    return available[-1:]
+  if checkpoint.startswith('avg:'):
+    count = checkpoint[len('avg:') :]
+    if error := checkpoint_error(checkpoint):
+      raise ValueError(error)
+    if int(count) > len(available):
+      raise ValueError(
+        f'checkpoint={checkpoint!r} needs {count} checkpoints, but there are only '
+        f'{len(available)}: {available}.'
+      )
+    return available[-int(count) :]
+  if checkpoint.isdigit() and int(checkpoint) in available:
+    return [int(checkpoint)]
+  raise ValueError(
+    f'checkpoint={checkpoint!r} does not exist; the checkpoints are at steps {available} '
+    f"(or use 'latest' or 'avg:N')."
+  )
+
+
+def _is_best(checkpoint: str) -> bool:
+  return checkpoint == 'best' or checkpoint.startswith('avg_best:')
+
+
+# Times `load_params` reads the checkpoints anew after the run rotated one out under it.
+_ROTATION_RETRIES = 3
+
+
+def load_params(workdir: str, abstract_state, checkpoint: str = 'latest', keep: int | None = None):
+  """Parameters of one checkpoint, or the average of several (`avg:N`, section 6.1).
+
+  `checkpoint`: 'latest', a step, 'avg:N' (the last N), 'best' (the best
+  validation BLEU of `BestCheckpoints`) or 'avg_best:N' (the N best averaged).
+  `keep`: the checkpoints the training run keeps (`config.keep_checkpoints`). If the run
+  rotates out a checkpoint while it is read, 'latest' and 'avg:N' are selected again
+  among the checkpoints now there; a step number is `checkpoints.CheckpointGoneError`.
+  Returns the parameters and a label naming them (`step_1500`, `avg5_1100-1500`,
+  `best_step_1200`, `avg_best3_900-1200-1500`).
+  """
+  if _is_best(checkpoint):
+    return _load_best_params(workdir, abstract_state, checkpoint)
+  checkpointer = checkpoints.Checkpointer(workdir, read_only=True, keep=keep)
+  try:
+    for attempt in range(_ROTATION_RETRIES + 1):
+      steps = select_steps(checkpointer.all_steps(), checkpoint)
+      try:
+        total = None
+        for step in steps:
+          params = checkpointer.restore(step, abstract_state, None).params
+          total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
+        break
+      except checkpoints.CheckpointGoneError as e:
+        if attempt == _ROTATION_RETRIES or (
+          checkpoint != 'latest' and not checkpoint.startswith('avg:')
+        ):
+          raise
+        logging.info('%s Selecting --checkpoint=%s among them again.', e, checkpoint)
+        checkpointer.reload()
+  finally:
+    checkpointer.close()
+  params = jax.tree.map(lambda x: x / len(steps), total) if len(steps) > 1 else total
+  label = f'step_{steps[0]}' if len(steps) == 1 else f'avg{len(steps)}_{steps[0]}-{steps[-1]}'
+  return params, label
+
+
+def _load_best_params(workdir: str, abstract_state, checkpoint: str):
+  best = checkpoints.BestCheckpoints(workdir, read_only=True)
+  try:
+    steps = select_best_steps(best.scores(), checkpoint)
+    total = None
+    for step in steps:
+      params = best.restore(step, abstract_state.params)
+      total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
+  finally:
+    best.close()
+  if len(steps) == 1:
+    return total, f'best_step_{steps[0]}'
+  label = f'avg_best{len(steps)}_' + '-'.join(map(str, steps))
+  return jax.tree.map(lambda x: x / len(steps), total), label
+
+
+def available_steps(workdir: str) -> list[int]:
+  """Steps of the committed checkpoints in `workdir` ([] if there are none yet)."""
+  try:
+    checkpointer = checkpoints.Checkpointer(workdir, read_only=True)
+  except FileNotFoundError:
+    return []
+  try:
+    return sorted(checkpointer.all_steps())
+  finally:
+    checkpointer.close()
 
 
 def read_input_lines(path: str) -> list[str]:
@@ -175,7 +316,17 @@ def watch(
   lock; it reads it (`workdir_lock`) to know whether the run is still
   training, logs what it waits for, and stops with a warning once the run is
   no longer running and every checkpoint it left has been evaluated (no new one
-  can come). Returns the steps evaluated.
+  can come).
+
+  Args:
+    run: The run's set-up (`setup`), its task and restore target.
+    workdir: The training run's workdir.
+    request: What to evaluate on each checkpoint (split, decoding, ...).
+    poll_seconds: Seconds between looks for a new checkpoint.
+    timeout_seconds: Stop after this long (None: only when the run is done).
+
+  Returns:
+    The steps evaluated, in order.
   """
   config = request.config
   evaluate = run.task.evaluator(request)  # Compiled once, for every checkpoint.
@@ -188,10 +339,10 @@ def watch(
     while True:
       # The lock first: a run that ends after this look left its last checkpoint in the listing.
       holder = workdir_lock.read_holder(workdir)
-      steps = checkpoints.available_steps(workdir)
+      steps = available_steps(workdir)
       for step in sorted(set(steps) - set(evaluated) - rotated_out):
         try:
-          params, label = checkpoints.load_params(
+          params, label = load_params(
             workdir, run.abstract_state, str(step), keep=config.keep_checkpoints
           )
         except checkpoints.CheckpointGoneError as e:

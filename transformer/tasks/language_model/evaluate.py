@@ -69,10 +69,21 @@ def score_split(
 ) -> dict[str, Any]:
   """Perplexity of `split` in windows of `length` tokens (default `config.data.max_eval_len`).
 
-  Returns `length`, `num_tokens`, `loss` (mean NLL, nats), `perplexity`,
-  `accuracy` (argmax = next token) and `perplexity_by_position` ({'0-63': ...}
-  per band of `config.data.max_len` positions). Batches are split over `mesh`
-  (default: `config.mesh` over every device).
+  Args:
+    config: The run's config.
+    model_config: Its model.
+    params: The parameters to score.
+    split: The split to score.
+    length: The window length (default `config.data.max_eval_len`).
+    tokenizer: The run's vocabulary (default: loaded from `config`).
+    mesh: The devices batches are split over (default: `config.mesh` over every
+      device).
+    rules: `mesh`'s logical axis rules.
+
+  Returns:
+    `length`, `num_tokens`, `loss` (mean NLL, nats), `perplexity`, `accuracy`
+    (argmax = next token) and `perplexity_by_position` ({'0-63': ...} per band
+    of `config.data.max_len` positions).
   """
   tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
   length = length or config.data.max_eval_len

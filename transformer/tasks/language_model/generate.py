@@ -135,8 +135,21 @@ def continue_prompts(
 ) -> list[str]:
   """Each prompt followed by the model's continuation (up to EOS or `max_extra_len` tokens).
 
-  One output per prompt, in order; an empty prompt gets a document written from
-  scratch. Greedy decoding or sampling (temperature, top-k, top-p), seeded.
+  Greedy decoding or sampling (temperature, top-k, top-p), seeded.
+
+  Args:
+    config: The run's config.
+    model_config: Its model.
+    params: The parameters to generate with.
+    prompts: The texts to continue; an empty one gets a document written from scratch.
+    options: The decoder (greedy or sample) and its settings.
+    batch_size: Most prompts decoded at once.
+    seed: Of the sampler's key.
+    mesh: The devices the rows are split over (None: one device).
+    rules: `mesh`'s logical axis rules.
+
+  Returns:
+    One output per prompt, in order.
   """
   tokenizer = tokenizer_lib.get_tokenizer(config)
   generate_fn = make_generate_fn(model_config, options, mesh, rules)

@@ -175,7 +175,23 @@ def translate_lines(
 ) -> list[str]:
   """One translation per input line; empty input lines give empty output lines.
 
-  Decoded sorted by length, as `evaluate.evaluate_split` does.
+  Decoded sorted by length, as `evaluate.evaluate_split` does. A line longer
+  than `config.data.max_eval_len` tokens is truncated to fit (a warning names it).
+
+  Args:
+    config: The run's config.
+    model_config: Its model.
+    params: The parameters to translate with.
+    lines: The source sentences.
+    options: The decoder and its settings.
+    batch_size: Most sentences decoded at once.
+    seed: Of the decoder's key (sampling).
+    max_tokens: Most source token slots per batch.
+    mesh: The devices the rows are split over (None: one device).
+    rules: `mesh`'s logical axis rules.
+
+  Returns:
+    The translations, one per line of `lines`.
   """
   tokenizer = tokenizer_lib.get_tokenizer(config)
   max_len = config.data.max_eval_len

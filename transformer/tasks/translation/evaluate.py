@@ -54,14 +54,25 @@ def evaluate_split(
 
   Sentences are decoded sorted by length, in batches of at most `batch_size`
   sentences and `max_tokens` source token slots (`inference.length_sorted_batches`).
-  Returns one output line per line of the split's source file (lines that were
-  empty there stay empty), the scores and the references (`data.translation_references`):
-  the scores hold each BLEU and chrF with its bootstrap
-  95% interval from `n_bootstrap` resamples (1: none); `unscored_lines` lists the
-  (1-based) lines left out of the scores (empty source lines), and
-  `references_sha256` identifies the references scored against. `translate_fn`
-  comes from `decode.make_translate_fn` (built once by the caller, so that evaluating
-  several checkpoints compiles once).
+
+  Args:
+    config: The run's config.
+    params: The parameters to translate with.
+    translate_fn: From `decode.make_translate_fn`, built once by the caller, so
+      that evaluating several checkpoints compiles once.
+    split: The split to translate.
+    batch_size: Most sentences decoded at once.
+    seed: Of the decoder's key (sampling).
+    tokenizer: The run's vocabulary (default: loaded from `config`).
+    max_tokens: Most source token slots per batch.
+    n_bootstrap: Resamples of each score's bootstrap 95% interval (1: none).
+
+  Returns:
+    One output line per line of the split's source file (lines that were empty
+    there stay empty); the scores: each BLEU and chrF with its interval,
+    `unscored_lines` (the 1-based lines left out of the scores: empty source
+    lines) and `references_sha256` (the references scored against); and the
+    references, in input order (`data.translation_references`).
   """
   tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
   batches = inference.length_sorted_batches(

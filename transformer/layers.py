@@ -27,8 +27,8 @@ def matmul(x: jax.Array, kernel: jax.Array, in_dims: int = 1) -> jax.Array:
   flattened first (free reshapes of row-major arrays), so that XLA sees a plain
   [N, K] x [K, F] matmul. As a dot_general over several axes, XLA:CPU copies whole
   activations into another layout before its matmul library, in the forward pass and
-  again for every weight gradient; flattened, the train step of `configs/default.py`'s
-  model is 1.08-1.14x faster on CPU, side by side (docs/benchmarks.md). Same sums of products.
+  again for every weight gradient (the gain is measured in docs/benchmarks.md). Same sums
+  of products.
   """
   lead_shape = x.shape[: x.ndim - in_dims]
   contracted = math.prod(x.shape[x.ndim - in_dims :])

@@ -57,9 +57,9 @@ def _malloc_trim() -> Callable[[], None]:
 
   array_record reads a batch of records in a thread pool, and glibc gives each
   thread its own malloc arena: the record buffers freed after a read stay
-  resident there, so without trimming the reading process grew with the number
-  of distinct records read (measured: +390 MB after 330k records of a 1M-pair
-  split, flat at 29k pairs). Trimming after each read keeps it flat.
+  resident there, so without trimming the reading process grows with the number
+  of distinct records read. Trimming after each read keeps its memory flat
+  (docs/benchmarks.md, "Input pipeline", has the figures).
   """
   try:
     trim = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6').malloc_trim

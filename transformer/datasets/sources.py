@@ -245,9 +245,8 @@ def read_examples(source: Any, positions: list[int]) -> list[dict[str, Any]]:
   Only the text (bytes) features are kept, so `translation_pair` and
   `document_text` read them as they read `source[i]`. Parses the stored
   `tf.train.Example` protos directly: TFDS's generic decoding (`source[i]`)
-  costs about 170 us an example, 10x the SentencePiece encoding, and would
-  dominate preparation (vocabulary training, encoding). Other sources are read
-  as they are.
+  would take most of the preparation's time (vocabulary training, encoding;
+  docs/benchmarks.md, "Input pipeline"). Other sources are read as they are.
   """
   raw = getattr(source, 'data_source', None)
   if raw is None:

@@ -61,6 +61,8 @@ RESUMABLE_KEYS = (
   'decode.beam_size',
   'decode.alpha',
   'decode.max_extra_len',
+  'model.attention_impl',  # How attention and gradients are computed, not what.
+  'model.remat',
 )
 # Model keys that change training but not what the saved weights mean: a change on resume warns.
 _REGULARIZATION_KEYS = (
@@ -82,7 +84,7 @@ _OPTIMIZER_SWITCH_KEYS = ('weight_decay',)
 def _changes_weight_meaning(key: str) -> bool:
   """Every model field (sizes, norm, position, activation, bias, ...) and the vocabulary."""
   return (
-    key.startswith('model.') and key not in _REGULARIZATION_KEYS
+    key.startswith('model.') and key not in _REGULARIZATION_KEYS + RESUMABLE_KEYS
   ) or key in _WEIGHT_MEANING_KEYS
 
 
@@ -463,6 +465,7 @@ def train_and_evaluate(
   devices = jax.devices() if devices is None else devices
   config_lib.validate(config, len(devices))
   config_lib.raise_if(config_lib.workdir_errors(config, workdir), 'paths')
+  config_lib.raise_if(config_lib.platform_errors(config, devices[0].platform))
   workdir = os.path.abspath(os.path.expanduser(workdir))
   with (
     _owned_workdir(workdir),

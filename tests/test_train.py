@@ -47,7 +47,7 @@ def _final_params(workdir):
   return step, restored['params'], restored['opt_state']
 
 
-_TIMING = ('steps_per_sec', 'tokens_per_sec', 'eval_decode_sentences_per_sec')
+_TIMING = ('steps_per_sec', 'tokens_per_sec', 'input_wait_ms', 'eval_decode_sentences_per_sec')
 
 
 def test_tiny_trains_and_loss_falls(data_dirs, tmp_path):

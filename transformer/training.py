@@ -27,6 +27,7 @@ from transformer import (
   checkpoints,
   distributed,
   divergence,
+  input_pipeline,
   losses,
   metrics,
   optim,
@@ -42,6 +43,10 @@ from transformer.config import ModelConfig
 from transformer.model import Transformer
 
 Batch = dict[str, jax.Array]
+# Training batches are placed on the devices this many steps before the step that uses them.
+PREFETCH_BATCHES = 2
+# A log window whose time went more than this share to getting batches warns (input-bound).
+INPUT_BOUND_SHARE = 0.5
 
 # Config keys that may change when a run is resumed: they alter neither the model
 # nor the optimizer state.
@@ -419,6 +424,29 @@ class _Progress:
     return steps_per_sec, tokens / elapsed, eta
 
 
+class _InputWait:
+  """Milliseconds per step the loop spent getting batches, and a warning when that is most."""
+
+  def __init__(self, iterator: input_pipeline.DevicePrefetch, num_workers: int):
+    self.iterator, self.num_workers = iterator, num_workers
+    self.last, self.warned = iterator.wait_seconds, False
+
+  def per_step_ms(self, steps: int, steps_per_sec: float) -> float:
+    waited, self.last = self.iterator.wait_seconds - self.last, self.iterator.wait_seconds
+    share = waited * steps_per_sec / max(steps, 1)
+    if share > INPUT_BOUND_SHARE and not self.warned:
+      self.warned = True
+      logging.warning(
+        'Input-bound: the training loop spent %.0f%% of its time getting batches '
+        '(%.0f ms per step), so the steps wait for data. Raise config.data.num_workers '
+        '(now %s) to pack batches in more processes.',
+        100 * share,
+        waited / max(steps, 1) * 1e3,
+        self.num_workers,
+      )
+    return waited / max(steps, 1) * 1e3
+
+
 def _prepare_data(config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
   """Prepares the data and vocabulary once, then loads the vocabulary on every process.
 
@@ -596,8 +624,12 @@ def _train_and_evaluate(
   vocab = _prepare_data(config)
   # A vocabulary trained just now (none existed at `check_resume`) must be the recorded one too.
   run_inputs = check_inputs(config, workdir, vocab.serialized_model())
-  train_iter = task.train_iterator(
-    config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count()
+  train_iter = input_pipeline.DevicePrefetch(
+    task.train_iterator(
+      config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count()
+    ),
+    lambda batch: sharding.global_batch(batch, mesh, rules),
+    PREFETCH_BATCHES,
   )
   # Every split is prepared and checked (e.g. that config.data.eval_split exists) before the
   # workdir changes.
@@ -696,12 +728,13 @@ def _train_and_evaluate(
   last_step = start_step if stopping.stop else config.num_train_steps
   logging.info('Training from step %d to %d on mesh %s.', start_step, last_step, dict(mesh.shape))
   progress = _Progress(start_step, config.num_train_steps)
+  input_wait = _InputWait(train_iter, config.data.num_workers)
   monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps)
   train_sums, summary = None, {}
   profiler = _StepProfiler(os.path.join(workdir, 'profile'), start_step + 2, profile_steps)
   watcher.arm()  # From here a signal stops the run after a step, with a checkpoint of it.
   for step in range(start_step + 1, last_step + 1):
-    batch = sharding.global_batch(next(train_iter), mesh, rules)
+    batch = next(train_iter)
     profiler.before(step)
     with sharding.activated(mesh, rules):
       state, sums = train_step_fn(state, batch)
@@ -735,6 +768,7 @@ def _train_and_evaluate(
         tokens_per_sec=tokens_per_sec,
         learning_rate=float(learning_rate(step - 1)),  # The rate update `step` used.
       )
+      summary['input_wait_ms'] = input_wait.per_step_ms(steps_logged, steps_per_sec)
       writer.write(step, summary)
       logging.info(
         'step %d/%d | loss %.4f | %.2f steps/s | %.0f tok/s | %s left',

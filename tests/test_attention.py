@@ -137,6 +137,21 @@ def test_fused_path_equals_einsum(name, monkeypatch):
     np.testing.assert_allclose(fused_grad, einsum_grad, rtol=1e-4, atol=1e-6)
 
 
+def test_attention_maps_take_the_einsum_whatever_the_switch():
+  module = _mha({}, {'causal': True}, 'xla')
+  x = jax.random.normal(jax.random.key(1), (*SEGMENTS.shape, D_MODEL))
+  mask = attention.segment_mask(jnp.asarray(SEGMENTS), jnp.asarray(SEGMENTS))
+  params = module.init(jax.random.key(0), x, x, mask, deterministic=True)['params']
+  fused = module.apply({'params': params}, x, x, mask, deterministic=True)
+  out, state = module.apply(
+    {'params': params}, x, x, mask, deterministic=True, mutable=['intermediates']
+  )
+  (weights,) = state['intermediates']['attention_weights']
+  assert weights.shape == (2, HEADS, 6, 6)
+  np.testing.assert_allclose(np.triu(weights[1, 0], 1), 0.0)  # Causal.
+  np.testing.assert_allclose(out, fused, rtol=1e-5, atol=1e-6)
+
+
 def test_cached_decoding_equals_with_either_path():
   """The fused encoder, then the einsum over the cache, give the einsum's logits at every step."""
   logits = {}

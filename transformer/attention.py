@@ -287,10 +287,11 @@ class MultiHeadAttention(nn.Module):
     dropout = not deterministic and cfg.attention_dropout_rate > 0.0
     # eval.py's attention maps read the weights through `mutable=['intermediates']`.
     maps = self.is_mutable_collection('intermediates')
+    kv_length = key_BSHK.shape[-1] if self.decode else key_BSHK.shape[1]  # A cache: [B, H, K, S].
     impl = implementation(
       cfg,
       query_BLHK.shape[1],
-      key_BSHK.shape[-1 if self.decode else 1],
+      kv_length,
       einsum_only=maps or dropout or self.decode,
       bias=bias_BHLS is not None,
     )

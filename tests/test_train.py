@@ -287,3 +287,21 @@ def test_dry_run_needs_no_workdir_or_data():
   )
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip().splitlines()[-1] == 'params: 0.038M (37760)'
+
+
+def test_input_wait_is_reported_per_step_and_warns_once_when_input_bound(caplog):
+  class Prefetch:  # Stands for input_pipeline.DevicePrefetch: seconds spent in `next`.
+    wait_seconds = 0.0
+
+  prefetch = Prefetch()
+  wait = training._InputWait(prefetch, num_workers=0)
+  prefetch.wait_seconds = 0.5  # 10 steps at 4 steps/s (2.5 s): 20% of the time on input.
+  assert wait.per_step_ms(10, 4.0) == pytest.approx(50.0)
+  assert 'Input-bound' not in caplog.text
+  prefetch.wait_seconds += 2.0  # Then 80%: the steps wait for data.
+  assert wait.per_step_ms(10, 4.0) == pytest.approx(200.0)
+  assert 'Input-bound: the training loop spent 80% of its time getting batches' in caplog.text
+  assert 'config.data.num_workers' in caplog.text
+  prefetch.wait_seconds += 2.0
+  wait.per_step_ms(10, 4.0)
+  assert caplog.text.count('Input-bound') == 1  # Once per run.

@@ -225,3 +225,11 @@ def test_cudnn_is_an_error_naming_the_key_without_bfloat16_or_a_gpu(tmp_path):
   config.model.attention_impl = 'flash'
   with pytest.raises(config_lib.ConfigError, match=r"attention_impl='flash' is not one of"):
     config_lib.validate(config, num_devices=1)
+
+
+def test_runs_saved_before_the_switches_load_with_the_einsum_on_cpus_and_no_remat():
+  config = tiny.get_config()
+  del config.model.attention_impl, config.model.remat  # A config.json written before them.
+  cfg = ModelConfig.from_config(config_lib.upgrade(config))
+  assert (cfg.attention_impl, cfg.remat) == ('auto', 'none')
+  assert attention.implementation(cfg, 8, 8, einsum_only=False, bias=False) is None  # On CPUs.

@@ -73,6 +73,13 @@ _NUM_WORKERS = flags.DEFINE_integer(
   'num_workers', 4, 'Grain worker processes packing batches (config.data.num_workers).'
 )
 _CONFIGS = flags.DEFINE_list('configs', ['base', 'big'], 'Which configs to run.')
+_TOKENS_PER_BATCH = flags.DEFINE_integer(
+  'tokens_per_batch',
+  0,
+  "Tokens per batch a side (config.data.tokens_per_batch), e.g. less for a smaller device's "
+  "memory; 0: the config's (25,600).",
+  lower_bound=0,
+)
 _TIMEOUT = flags.DEFINE_integer('timeout', 420, 'Seconds each config may take.')
 _PREPARE_ONLY = flags.DEFINE_bool(
   'prepare_only',
@@ -143,6 +150,7 @@ def check_config(name: str, root: Path, smoke: bool) -> ml_collections.ConfigDic
   config.data.eval_split, config.data.test_split = 'validation', 'test'
   config.data.spm_train_sentences = 2 * CORPUS['smoke' if smoke else 'full'][0]
   config.data.num_workers = 0 if smoke else _NUM_WORKERS.value
+  config.data.tokens_per_batch = _TOKENS_PER_BATCH.value or config.data.tokens_per_batch
   return config
 
 
@@ -301,6 +309,7 @@ def main(argv):
   for i, name in enumerate(_CONFIGS.value):
     command = [sys.executable, __file__, f'--run={name}', f'--root={root}']
     command += [f'--train_steps={_TRAIN_STEPS.value}', f'--num_workers={_NUM_WORKERS.value}']
+    command += [f'--tokens_per_batch={_TOKENS_PER_BATCH.value}']
     command += ['--smoke'] if smoke else []
     command += [] if i == 0 else ['--nocheck_attention']  # The same attention code in all.
     logging.info('Running %s: %s', name, ' '.join(command))

@@ -295,7 +295,9 @@ def test_input_wait_is_reported_per_step_and_warns_once_when_input_bound(caplog)
 
   prefetch = Prefetch()
   wait = training._InputWait(prefetch, num_workers=0)
-  prefetch.wait_seconds = 0.5  # 10 steps at 4 steps/s (2.5 s): 20% of the time on input.
+  prefetch.wait_seconds = 0.016  # 8 steps at 300 steps/s: 60% of the time, but 2 ms a step.
+  assert wait.per_step_ms(8, 300.0) == pytest.approx(2.0)
+  prefetch.wait_seconds += 0.5  # 10 steps at 4 steps/s (2.5 s): 20% of the time on input.
   assert wait.per_step_ms(10, 4.0) == pytest.approx(50.0)
   assert 'Input-bound' not in caplog.text
   prefetch.wait_seconds += 2.0  # Then 80%: the steps wait for data.

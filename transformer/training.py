@@ -45,8 +45,9 @@ from transformer.model import Transformer
 Batch = dict[str, jax.Array]
 # Training batches are placed on the devices this many steps before the step that uses them.
 PREFETCH_BATCHES = 2
-# A log window whose time went more than this share to getting batches warns (input-bound).
-INPUT_BOUND_SHARE = 0.5
+# A log window whose time went more than this share to getting batches, and at least this many
+# milliseconds a step, warns (input-bound); a few milliseconds are the loop's own, not the data's.
+INPUT_BOUND_SHARE, INPUT_BOUND_MS = 0.5, 10.0
 
 # Config keys that may change when a run is resumed: they alter neither the model
 # nor the optimizer state.
@@ -433,18 +434,19 @@ class _InputWait:
 
   def per_step_ms(self, steps: int, steps_per_sec: float) -> float:
     waited, self.last = self.iterator.wait_seconds - self.last, self.iterator.wait_seconds
-    share = waited * steps_per_sec / max(steps, 1)
-    if share > INPUT_BOUND_SHARE and not self.warned:
+    ms = waited / max(steps, 1) * 1e3
+    share = ms / 1e3 * steps_per_sec
+    if share > INPUT_BOUND_SHARE and ms >= INPUT_BOUND_MS and not self.warned:
       self.warned = True
       logging.warning(
         'Input-bound: the training loop spent %.0f%% of its time getting batches '
         '(%.0f ms per step), so the steps wait for data. Raise config.data.num_workers '
         '(now %s) to pack batches in more processes.',
         100 * share,
-        waited / max(steps, 1) * 1e3,
+        ms,
         self.num_workers,
       )
-    return waited / max(steps, 1) * 1e3
+    return ms
 
 
 def _prepare_data(config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:

@@ -59,6 +59,8 @@ _PROFILE_STEPS = flags.DEFINE_integer(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if _DRY_RUN_DEVICES.value and not _DRY_RUN.value:
+    raise app.UsageError('--dry_run_devices sizes the memory report of --dry_run; add --dry_run.')
   if _DRY_RUN.value:
     dry_run.run(_CONFIG.value, _DRY_RUN_DEVICES.value or None)
     return

@@ -2,6 +2,10 @@
 
 import functools
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +14,8 @@ import pytest
 from configs import tiny, wmt14_ende_base, wmt14_ende_big
 from transformer import dry_run, memory, optim, sharding, tasks, training
 from transformer.config import ModelConfig
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _compiled_bytes(config, num_devices: int) -> int:
@@ -93,3 +99,24 @@ def test_dry_run_says_which_accelerators_the_big_model_fits(capsys):
     assert (' fits ' in line) == fits and ('does not fit' in line) != fits, line
   assert 'does not fit' in out and ' fits ' in out  # 100 rows of 256 tokens: A100 40 GB no.
   assert report[-1].startswith('params: 214.2M')
+
+
+def test_dry_run_devices_lays_the_mesh_over_them_and_needs_dry_run(tmp_path):
+  def train_py(*args):
+    return subprocess.run(
+      [sys.executable, 'train.py', '--config=configs/tiny.py', *args],
+      cwd=REPO,
+      env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+
+  result = train_py('--dry_run', '--dry_run_devices=4')
+  assert result.returncode == 0, result.stderr[-2000:]
+  # configs/tiny.py: 512 tokens / 32 = 16 rows, 4 on each of the 4 data-parallel devices.
+  assert 'mesh data 4 x fsdp 1 x tensor 1; 4 rows of 32 tokens per device' in result.stdout
+  result = train_py('--dry_run_devices=4', f'--workdir={tmp_path / "run"}')
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-1].endswith('add --dry_run.')
+  assert not (tmp_path / 'run').exists()

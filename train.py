@@ -29,8 +29,15 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and m
 _DRY_RUN = flags.DEFINE_bool(
   'dry_run',
   False,
-  'Validate the config, print the parameter table, FLOPs per token and '
-  '`params: N`, then exit without data, training or compiles.',
+  "Validate the config, print the parameter table, FLOPs per token, the train step's "
+  'memory per device and `params: N`, then exit without data, training or compiles.',
+)
+_DRY_RUN_DEVICES = flags.DEFINE_integer(
+  'dry_run_devices',
+  0,
+  "With --dry_run: lay the config's mesh over this many devices for the memory report "
+  "(e.g. a GPU node's 8 from a laptop). 0: this host's devices.",
+  lower_bound=0,
 )
 _RESTORE_FALLBACK = flags.DEFINE_bool(
   'restore_fallback',
@@ -52,8 +59,10 @@ _PROFILE_STEPS = flags.DEFINE_integer(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if _DRY_RUN_DEVICES.value and not _DRY_RUN.value:
+    raise app.UsageError('--dry_run_devices sizes the memory report of --dry_run; add --dry_run.')
   if _DRY_RUN.value:
-    dry_run.run(_CONFIG.value)
+    dry_run.run(_CONFIG.value, _DRY_RUN_DEVICES.value or None)
     return
   if _WORKDIR.value is None:
     raise app.UsageError('--workdir is required (except with --dry_run).')

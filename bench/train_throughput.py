@@ -18,7 +18,7 @@ Reports, from one run on one machine (figures are only comparable side by side):
   * the share of real (non-padding) tokens in the batches the input pipeline produces;
   * model FLOPs per second (matmul FLOPs of `transformer.summary.flops_per_token`)
     as a fraction of the matmul peak: on GPUs and TPUs the device's published dense
-    bfloat16 peak (`PEAK_BF16_FLOPS`, by device kind) and the measured one; on CPUs
+    bfloat16 peak (`summary.PEAK_BF16_FLOPS`, by device kind) and the measured one; on CPUs
     the measured matmul peak of the same devices in the config's dtype.
 Compile time is measured separately and excluded from the rates. `--profile_dir`
 writes a profiler trace of the timed steps (`tensorboard --logdir DIR`, Profile tab).
@@ -73,32 +73,6 @@ _PROFILE_DIR = flags.DEFINE_string('profile_dir', None, 'Write a trace of the ti
 _BREAKDOWN = flags.DEFINE_bool(
   'breakdown', False, "Trace the timed steps and print their ops' time by category."
 )
-
-# Published dense bfloat16 matmul peaks, FLOP/s per device, by `device_kind` prefix.
-PEAK_BF16_FLOPS = {
-  'NVIDIA H200': 989e12,
-  'NVIDIA H100': 989e12,  # SXM; the PCIe card: 756e12.
-  'NVIDIA A100': 312e12,
-  'NVIDIA L4': 121e12,
-  'NVIDIA A10G': 70e12,
-  'TPU v6': 918e12,
-  'TPU v5p': 459e12,
-  'TPU v5 lite': 197e12,
-  'TPU v5e': 197e12,
-  'TPU v4': 275e12,
-  'TPU v3': 123e12,
-}
-
-
-def published_peak_flops(device) -> float | None:
-  """The device's published bfloat16 peak from PEAK_BF16_FLOPS; None on CPUs and unknowns."""
-  if device.platform == 'cpu':
-    return None
-  for kind, peak in PEAK_BF16_FLOPS.items():
-    if device.device_kind.startswith(kind):
-      return peak
-  return None
-
 
 # What a non-matmul op computes, from its HLO op_name (first match wins).
 _CATEGORIES = (
@@ -266,7 +240,7 @@ def main(argv):
   device = jax.devices()[0]
   dtype = ModelConfig.from_config(config).dtype
   measured_peak = matmul_peak_flops(dtype=dtype) * jax.device_count()
-  published = published_peak_flops(device)
+  published = summary.published_peak_flops(device)
   length = _BATCH_LEN.value if fixed else config.data.max_len
   flops = summary.flops_per_token(ModelConfig.from_config(config), length)['train']
   tokens_per_sec = tokens / elapsed

@@ -86,6 +86,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.use_bias = True  # Biases in attention/FFN Dense layers and LayerNorm (paper: yes).
   config.model.share_embeddings = True  # One matrix for source, target and softmax (3.4).
   config.model.max_len = 512  # Longest position the model supports.
+  config.model.attention_impl = 'auto'  # 'auto' (fused cuDNN where it applies), 'xla', 'cudnn'.
+  config.model.remat = 'none'  # 'layer': recompute each layer's activations for gradients.
 
   # Data.
   config.data = ml_collections.ConfigDict()

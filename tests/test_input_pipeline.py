@@ -134,6 +134,33 @@ def test_state_restore_reproduces_next_batches(small, num_workers):
     getattr(iterator, 'close', lambda: None)()
 
 
+def test_device_prefetch_places_ahead_and_resumes_at_the_first_unused_batch(small):
+  config, tok = small
+  reference = translation.train_iterator(config, tok)
+  expected = [next(reference) for _ in range(5)]
+  placed = []
+
+  def place(batch):  # Stands for sharding.global_batch: records what was placed, and when.
+    placed.append(batch)
+    return {k: v.copy() for k, v in batch.items()}
+
+  it = input_pipeline.DevicePrefetch(translation.train_iterator(config, tok), place, ahead=2)
+  got = [next(it) for _ in range(2)]
+  assert len(placed) == 4  # Batches 3 and 4 are placed before the step of batch 2 runs.
+  state = it.get_state()  # The position of batch 3, the first no step has used.
+  restored = input_pipeline.DevicePrefetch(
+    translation.train_iterator(config, tok), lambda b: b, ahead=2
+  )
+  restored.set_state(state)
+  got.append(next(restored))
+  it.set_state(state)  # Drops the placed batches 3 and 4, then places them again.
+  got += [next(it), next(it)]
+  for want, batch in zip([*expected[:3], *expected[2:4]], got, strict=True):
+    for key in translation.BATCH_KEYS:
+      np.testing.assert_array_equal(batch[key], want[key])
+  assert it.wait_seconds > 0
+
+
 def test_workers_read_each_pair_once_an_epoch(small):
   config, tok = small
   config = config.copy_and_resolve_references()

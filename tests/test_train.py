@@ -47,7 +47,7 @@ def _final_params(workdir):
   return step, restored['params'], restored['opt_state']
 
 
-_TIMING = ('steps_per_sec', 'tokens_per_sec', 'eval_decode_sentences_per_sec')
+_TIMING = ('steps_per_sec', 'tokens_per_sec', 'input_wait_ms', 'eval_decode_sentences_per_sec')
 
 
 def test_tiny_trains_and_loss_falls(data_dirs, tmp_path):
@@ -287,3 +287,23 @@ def test_dry_run_needs_no_workdir_or_data():
   )
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip().splitlines()[-1] == 'params: 0.038M (37760)'
+
+
+def test_input_wait_is_reported_per_step_and_warns_once_when_input_bound(caplog):
+  class Prefetch:  # Stands for input_pipeline.DevicePrefetch: seconds spent in `next`.
+    wait_seconds = 0.0
+
+  prefetch = Prefetch()
+  wait = training._InputWait(prefetch, num_workers=0)
+  prefetch.wait_seconds = 0.016  # 8 steps at 300 steps/s: 60% of the time, but 2 ms a step.
+  assert wait.per_step_ms(8, 300.0) == pytest.approx(2.0)
+  prefetch.wait_seconds += 0.5  # 10 steps at 4 steps/s (2.5 s): 20% of the time on input.
+  assert wait.per_step_ms(10, 4.0) == pytest.approx(50.0)
+  assert 'Input-bound' not in caplog.text
+  prefetch.wait_seconds += 2.0  # Then 80%: the steps wait for data.
+  assert wait.per_step_ms(10, 4.0) == pytest.approx(200.0)
+  assert 'Input-bound: the training loop spent 80% of its time getting batches' in caplog.text
+  assert 'config.data.num_workers' in caplog.text
+  prefetch.wait_seconds += 2.0
+  wait.per_step_ms(10, 4.0)
+  assert caplog.text.count('Input-bound') == 1  # Once per run.

@@ -14,6 +14,30 @@ positions, so packed examples and cached steps see the distances they would see
 alone. Cross-attention gets neither: source and target positions index different
 sentences, so their difference is no distance (the paper's encoder-decoder
 attention likewise has no position information of its own).
+
+Two ways to compute eq. 1 (`config.model.attention_impl`, `implementation`):
+this module's einsum, which materialises the [B, H, L, S] weights (attention
+maps read them; attention dropout drops them; cached decoding steps read the
+[B, H, K, S] cache in place), and `jax.nn.dot_product_attention`, which takes
+the masks as they are (`mask`, `is_causal`) and on NVIDIA GPUs runs cuDNN's
+fused flash-attention kernel, never storing the weights. 'auto' picks the
+fused kernel where it applies:
+
+  call                                       auto on a GPU, bfloat16   elsewhere
+  training, validation, the decoder's        cuDNN                     einsum
+    encoder: padding, packed segments,
+    causal, cross-attention, RoPE
+  ALiBi (a dense [B, H, L, S] bias)          einsum                    einsum
+  attention maps, attention dropout,         einsum                    einsum
+    cached decoding steps
+
+cuDNN also needs a head dim that is a multiple of 8, at most 128, and even
+lengths (its backward pass with a mask). 'xla' sends the calls of the first
+two rows through `jax.nn.dot_product_attention`'s XLA implementation (the
+same function as cuDNN's but for the kernel; tests/test_attention.py checks
+it equals the einsum), 'cudnn' sends them to cuDNN: bfloat16 on GPUs only
+(train.py refuses it elsewhere; eval.py of such a run on other devices takes
+the XLA implementation).
 """
 
 from __future__ import annotations
@@ -79,6 +103,65 @@ def dot_product_attention(
     f'bhls,{value_spec}->blhk', weights_BHLS.astype(value_BSHK.dtype), value_BSHK
   )
   return out_BLHK, weights_BHLS
+
+
+def fused_attention(
+  query_BLHK: jax.Array,
+  key_BSHK: jax.Array,
+  value_BSHK: jax.Array,
+  mask_B1LS: jax.Array | None,
+  *,
+  causal: bool = False,
+  bias_BHLS: jax.Array | None = None,
+  implementation: str = 'xla',
+) -> jax.Array:
+  """Eq. 1 through `jax.nn.dot_product_attention`: the attended values [B, L, H, K].
+
+  `mask_B1LS` (padding, packed segments; `True` where allowed) must be [B, 1, L, S]
+  (cuDNN takes it whole); `causal` adds the causal mask, which cuDNN applies by
+  skipping the masked blocks. `implementation`: 'xla' or 'cudnn' (bfloat16, GPUs).
+  """
+  if bias_BHLS is not None and implementation == 'cudnn':
+    bias_BHLS = bias_BHLS.astype(query_BLHK.dtype)  # cuDNN's backward gives NaNs for float32.
+  return jax.nn.dot_product_attention(
+    query_BLHK,
+    key_BSHK,
+    value_BSHK,
+    bias=bias_BHLS,
+    mask=mask_B1LS,
+    is_causal=causal,
+    implementation=implementation,
+  )
+
+
+def cudnn_applies(config: ModelConfig, length: int, kv_length: int) -> bool:
+  """Whether cuDNN's fused kernel takes attention of `config` at these lengths on this host."""
+  head_dim = config.d_model // config.num_heads
+  return (
+    jax.default_backend() == 'gpu'
+    and config.dtype == jnp.bfloat16
+    and head_dim % 8 == 0
+    and head_dim <= 128
+    and length % 2 == 0
+    and kv_length % 2 == 0
+  )
+
+
+def implementation(
+  config: ModelConfig, length: int, kv_length: int, *, einsum_only: bool, bias: bool
+) -> str | None:
+  """'cudnn' or 'xla' (`fused_attention`), or None for the einsum (`dot_product_attention`).
+
+  `einsum_only`: the call needs the weights or reads a cache (see the module docstring);
+  `bias`: it adds a dense bias (ALiBi).
+  """
+  if einsum_only:
+    return None
+  if config.attention_impl == 'auto':
+    return 'cudnn' if not bias and cudnn_applies(config, length, kv_length) else None
+  if config.attention_impl == 'cudnn' and jax.default_backend() != 'gpu':
+    return 'xla'  # A run trained with cuDNN, evaluated elsewhere: the same function.
+  return config.attention_impl
 
 
 def _heads_first(x_BSHK: jax.Array) -> jax.Array:
@@ -149,6 +232,7 @@ class MultiHeadAttention(nn.Module):
   config: ModelConfig
   is_cross_attention: bool = False
   decode: bool = False  # Decoder attention under `config.decode` (the encoder never caches).
+  causal: bool = False  # The decoder's self-attention: position i attends to <= i (not cached).
 
   @nn.compact
   def __call__(
@@ -199,21 +283,43 @@ class MultiHeadAttention(nn.Module):
     if relative and cfg.position == 'alibi':
       bias_BHLS = layers.alibi_bias(positions_BL, kv_positions_BS, layers.alibi_slopes(heads))
 
-    dropout_rng = None
-    if not deterministic and cfg.attention_dropout_rate > 0.0:
-      dropout_rng = self.make_rng('dropout')
-    out_BLHK, weights_BHLS = dot_product_attention(
-      query_BLHK,
-      key_BSHK,
-      value_BSHK,
-      mask_B1LS,
-      bias_BHLS=bias_BHLS,
-      dropout_rng=dropout_rng,
-      dropout_rate=cfg.attention_dropout_rate,
-      kv_heads_first=self.decode,
+    causal = self.causal and not self.decode  # A cache applies causality itself.
+    dropout = not deterministic and cfg.attention_dropout_rate > 0.0
+    # eval.py's attention maps read the weights through `mutable=['intermediates']`.
+    maps = self.is_mutable_collection('intermediates')
+    kv_length = key_BSHK.shape[-1] if self.decode else key_BSHK.shape[1]  # A cache: [B, H, K, S].
+    impl = implementation(
+      cfg,
+      query_BLHK.shape[1],
+      kv_length,
+      einsum_only=maps or dropout or self.decode,
+      bias=bias_BHLS is not None,
     )
-    # Read by eval.py's attention maps through `mutable=['intermediates']`.
-    self.sow('intermediates', 'attention_weights', weights_BHLS)
+    if impl is not None:
+      out_BLHK = fused_attention(
+        query_BLHK,
+        key_BSHK,
+        value_BSHK,
+        mask_B1LS,
+        causal=causal,
+        bias_BHLS=bias_BHLS,
+        implementation=impl,
+      )
+    else:
+      if causal:
+        causal_11LL = causal_mask(query_BLHK.shape[1])
+        mask_B1LS = causal_11LL if mask_B1LS is None else mask_B1LS & causal_11LL
+      out_BLHK, weights_BHLS = dot_product_attention(
+        query_BLHK,
+        key_BSHK,
+        value_BSHK,
+        mask_B1LS,
+        bias_BHLS=bias_BHLS,
+        dropout_rng=self.make_rng('dropout') if dropout else None,
+        dropout_rate=cfg.attention_dropout_rate,
+        kv_heads_first=self.decode,
+      )
+      self.sow('intermediates', 'attention_weights', weights_BHLS)
     return _Projection(cfg, (cfg.d_model,), 2, ('heads', 'kv', 'embed'), name='out')(out_BLHK)
 
   def _update_cache(self, key_B1HK, value_B1HK, mask_B11S, positions_B1):

@@ -43,6 +43,9 @@ POSITIONS = ('sinusoidal', 'learned', 'rope', 'alibi')
 FFN_ACTIVATIONS = ('relu', 'gelu', 'swiglu')
 # Learning-rate decay after warmup (`optim.learning_rate_schedule`); the first is the paper's.
 SCHEDULES = ('inverse_sqrt', 'linear', 'cosine')
+# How attention runs (transformer/attention.py): the fused kernel where it applies, or XLA.
+ATTENTION_IMPLS = ('auto', 'xla', 'cudnn')
+REMATS = ('none', 'layer')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 # SentencePiece's algorithms (`config.data.spm_model_type`); the first is the default.
 SPM_MODEL_TYPES = ('unigram', 'bpe')
@@ -202,6 +205,8 @@ CONFIG_RULES: dict[str, Rule] = {
   'model.use_bias': BOOLEAN,
   'model.share_embeddings': BOOLEAN,
   'model.max_len': POSITIVE_INT,
+  'model.attention_impl': one_of(ATTENTION_IMPLS),
+  'model.remat': one_of(REMATS),
   'data.dataset': DATASET,
   'data.source_lang': LANGUAGE,
   'data.target_lang': NAME,
@@ -262,6 +267,26 @@ def _schedule_errors(c) -> list[str]:
       f'config.schedule={c.schedule!r} decays from the end of warmup to config.num_train_steps: '
       f'config.num_train_steps={c.num_train_steps} must exceed '
       f'config.warmup_steps={c.warmup_steps}.'
+    ]
+  return []
+
+
+def platform_errors(config: ml_collections.ConfigDict, platform: str) -> list[str]:
+  """What `config` cannot run on devices of `platform` ('cpu', 'gpu', 'tpu')."""
+  impl = config.model.attention_impl
+  if impl == 'cudnn' and platform != 'gpu':
+    return [
+      f"config.model.attention_impl='cudnn' needs NVIDIA GPUs (cuDNN), but the devices are "
+      f"{platform.upper()}s: use 'auto' (the fused kernel where it applies) or 'xla'."
+    ]
+  return []
+
+
+def _attention_errors(c) -> list[str]:
+  if c.model.attention_impl == 'cudnn' and c.dtype != 'bfloat16':
+    return [
+      f"config.model.attention_impl='cudnn' runs in bfloat16 only: set config.dtype='bfloat16' "
+      f"(it is {c.dtype!r}), or attention_impl='auto'."
     ]
   return []
 
@@ -332,6 +357,7 @@ def _mesh_rule_errors(c) -> list[str]:
 _CROSS_CHECKS: tuple[Callable[[ml_collections.ConfigDict], list[str]], ...] = (
   _model_errors,
   _schedule_errors,
+  _attention_errors,
   _length_errors,
   _task_errors,
   _mesh_rule_errors,
@@ -403,6 +429,8 @@ class ModelConfig:
   share_embeddings: bool = True
   max_len: int = 512
   dtype: Any = jnp.float32
+  attention_impl: str = 'auto'  # ATTENTION_IMPLS; see transformer/attention.py.
+  remat: str = 'none'  # REMATS; 'layer': each layer's activations are recomputed for gradients.
   # Variants: `replace(deterministic=True)` for evaluation, `replace(decode=True,
   # max_decode_len=N)` for cached one-token-per-step decoding.
   deterministic: bool = False
@@ -450,6 +478,8 @@ class ModelConfig:
       share_embeddings=m.share_embeddings,
       max_len=m.max_len,
       dtype=DTYPES[config.dtype],
+      attention_impl=m.attention_impl,
+      remat=m.remat,
     )
 
   def replace(self, **changes) -> ModelConfig:
@@ -478,6 +508,8 @@ ADDED_KEYS: dict[str, Any] = {
   'data.spm_model_type': 'unigram',
   'keep_best_checkpoints': 0,
   'early_stopping_patience': 0,
+  'model.attention_impl': 'auto',  # The einsum those runs computed, wherever cuDNN does not fuse.
+  'model.remat': 'none',
   'mesh.rules': (
     ('batch', ('data', 'fsdp')),
     ('embed', 'fsdp'),

@@ -4,13 +4,16 @@ import jax
 import ml_collections
 
 from transformer import config as config_lib
-from transformer import summary, training
+from transformer import memory, summary, training
 from transformer.config import ModelConfig
 
 
 def run(config: ml_collections.ConfigDict, num_devices: int | None = None) -> int:
-  """Prints the parameter table, FLOPs per token and a last line `params: N`; returns N."""
-  config_lib.validate(config, jax.device_count() if num_devices is None else num_devices)
+  """Prints the parameter table, FLOPs per token, the train step's memory per device (with
+  the mesh over `num_devices`, default this host's devices; `transformer/memory.py`) and a
+  last line `params: N`; returns N."""
+  num_devices = jax.device_count() if num_devices is None else num_devices
+  config_lib.validate(config, num_devices)
   model_config = ModelConfig.from_config(config)
   model, _ = training.create_models(model_config)
   params = summary.abstract_params(model)
@@ -21,6 +24,7 @@ def run(config: ml_collections.ConfigDict, num_devices: int | None = None) -> in
     f'model FLOPs per target token at length {config.data.max_len}: '
     f'forward {flops["forward"] / 1e6:,.1f}M, training step {flops["train"] / 1e6:,.1f}M'
   )
+  print(memory.format_memory(memory.step_memory(config, num_devices)))
   millions = f'{total / 1e6:.1f}M' if total >= 1e6 else f'{total / 1e6:.3f}M'
   print(f'params: {millions} ({total})')
   return total

@@ -10,10 +10,13 @@ Every batch is a dict of int32 arrays of shape [rows, length]; token 0 (PAD)
 and segment 0 mean padding.
 """
 
+import collections
 import dataclasses
 import math
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 import grain
 import ml_collections
@@ -79,6 +82,43 @@ def packed_batches(
   if num_workers:
     it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
   return it
+
+
+class DevicePrefetch(grain.DatasetIterator):
+  """The training iterator's batches, placed on the devices `ahead` steps early.
+
+  `next` returns a batch placed by `place` (e.g. `sharding.global_batch`) and leaves
+  the next `ahead` batches placed too, so that their host-to-device copies are under
+  way while the steps before them run. `get_state()` is the wrapped iterator's
+  position before the batch `next` returns next (a checkpoint resumes at the first
+  batch no step has used); `set_state()` drops the placed batches. `wait_seconds`
+  sums the time `next` took: fetching batches from the wrapped iterator (packing,
+  or waiting for its worker processes) and placing them.
+  """
+
+  def __init__(
+    self, iterator: grain.DatasetIterator, place: Callable[[Batch], Any], ahead: int = 2
+  ):
+    super().__init__(iterator)
+    self._place, self._ahead = place, ahead
+    self._placed: collections.deque[tuple[dict[str, Any], Any]] = collections.deque()
+    self.wait_seconds = 0.0
+
+  def __next__(self):
+    start = time.perf_counter()
+    while len(self._placed) <= self._ahead:
+      state = self._parent.get_state()
+      self._placed.append((state, self._place(next(self._parent))))
+    _, batch = self._placed.popleft()
+    self.wait_seconds += time.perf_counter() - start
+    return batch
+
+  def get_state(self) -> dict[str, Any]:
+    return self._placed[0][0] if self._placed else self._parent.get_state()
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._placed.clear()
+    self._parent.set_state(state)
 
 
 def train_rows(config: ml_collections.ConfigDict, shard_count: int = 1) -> int:

@@ -16,6 +16,8 @@ alibi), `ffn_activation` (relu / gelu / swiglu) and `use_bias`.
 
 from __future__ import annotations
 
+import inspect
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -44,7 +46,7 @@ class EncoderLayer(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BLD, self_attention_mask, positions_BL, *, deterministic: bool):
+  def __call__(self, x_BLD, self_attention_mask, positions_BL, deterministic: bool):
     cfg = self.config
     x_BLD = layers.residual(
       cfg,
@@ -81,16 +83,15 @@ class DecoderLayer(nn.Module):
     self_attention_mask,
     cross_attention_mask,
     positions_BL,
-    *,
     deterministic: bool,
   ):
     cfg = self.config
     y_BLD = layers.residual(
       cfg,
       y_BLD,
-      lambda h: attention.MultiHeadAttention(cfg, decode=cfg.decode, name='self_attention')(
-        h, h, self_attention_mask, positions_BL=positions_BL, deterministic=deterministic
-      ),
+      lambda h: attention.MultiHeadAttention(
+        cfg, decode=cfg.decode, causal=True, name='self_attention'
+      )(h, h, self_attention_mask, positions_BL=positions_BL, deterministic=deterministic),
       norm_name='self_attention_norm',
       deterministic=deterministic,
     )
@@ -112,6 +113,19 @@ class DecoderLayer(nn.Module):
       deterministic=deterministic,
     )
     return _constrain(y_BLD)
+
+
+def _layer(cls: type[nn.Module], cfg: ModelConfig) -> type[nn.Module]:
+  """`cls`, or under `remat='layer'` `cls` rematerialised: its activations are recomputed.
+
+  The backward pass then keeps each layer's inputs only and recomputes the rest, layer by
+  layer (same parameters, same dropout masks, same gradients). Cached decoding takes no
+  gradients and is never rematerialised. `deterministic`, the last argument, is static.
+  """
+  if cfg.remat == 'layer' and not cfg.decode:
+    last = len(inspect.signature(cls.__call__).parameters) - 1  # Counted with self at 0.
+    return nn.remat(cls, static_argnums=(last,))
+  return cls
 
 
 def _embed_with_positions(
@@ -145,8 +159,8 @@ class Encoder(nn.Module):
     )
     mask = attention.segment_mask(src_segments_BS, src_segments_BS)
     for i in range(cfg.num_layers):
-      x_BSD = EncoderLayer(cfg, name=f'layer_{i}')(
-        x_BSD, mask, src_positions_BS, deterministic=cfg.deterministic
+      x_BSD = _layer(EncoderLayer, cfg)(cfg, name=f'layer_{i}')(
+        x_BSD, mask, src_positions_BS, cfg.deterministic
       )
     if cfg.pre_norm:
       x_BSD = layers.norm(cfg, 'final_norm')(x_BSD).astype(cfg.dtype)
@@ -177,9 +191,8 @@ class Decoder(nn.Module):
       self_attention_mask = None  # The key/value cache applies causality itself.
       query_segments_BL = jnp.ones_like(tgt_input_tokens_BL)
     else:
-      self_attention_mask = attention.segment_mask(
-        tgt_segments_BL, tgt_segments_BL
-      ) & attention.causal_mask(tgt_input_tokens_BL.shape[1])
+      # Causality is the self-attention's own (`causal`): the fused kernel skips masked blocks.
+      self_attention_mask = attention.segment_mask(tgt_segments_BL, tgt_segments_BL)
       query_segments_BL = tgt_segments_BL
     cross_attention_mask = (
       attention.segment_mask(query_segments_BL, src_segments_BS) if cfg.has_encoder else None
@@ -189,13 +202,13 @@ class Decoder(nn.Module):
       cfg, self.embed, tgt_input_tokens_BL, tgt_positions_BL, cfg.deterministic
     )
     for i in range(cfg.num_layers):
-      y_BLD = DecoderLayer(cfg, name=f'layer_{i}')(
+      y_BLD = _layer(DecoderLayer, cfg)(cfg, name=f'layer_{i}')(
         y_BLD,
         encoded_BSD,
         self_attention_mask,
         cross_attention_mask,
         tgt_positions_BL,
-        deterministic=cfg.deterministic,
+        cfg.deterministic,
       )
     if cfg.pre_norm:
       y_BLD = layers.norm(cfg, 'final_norm')(y_BLD).astype(cfg.dtype)

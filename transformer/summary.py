@@ -1,4 +1,4 @@
-"""Model inspection for `train.py --dry_run`: parameter table and FLOPs per token."""
+"""Model inspection for `train.py --dry_run`: parameter table, FLOPs per token, device peaks."""
 
 from __future__ import annotations
 
@@ -53,6 +53,32 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
   softmax = 2 * d * cfg.vocab_size
   forward = encoder + decoder + softmax
   return {'forward': float(forward), 'train': 3.0 * forward}
+
+
+# Published dense bfloat16 matmul peaks, FLOP/s per device, by `device_kind` prefix.
+PEAK_BF16_FLOPS = {
+  'NVIDIA H200': 989e12,
+  'NVIDIA H100': 989e12,  # SXM; the PCIe card: 756e12.
+  'NVIDIA A100': 312e12,
+  'NVIDIA L4': 121e12,
+  'NVIDIA A10G': 70e12,
+  'TPU v6': 918e12,
+  'TPU v5p': 459e12,
+  'TPU v5 lite': 197e12,
+  'TPU v5e': 197e12,
+  'TPU v4': 275e12,
+  'TPU v3': 123e12,
+}
+
+
+def published_peak_flops(device) -> float | None:
+  """The device's published bfloat16 peak from PEAK_BF16_FLOPS; None on CPUs and unknowns."""
+  if device.platform == 'cpu':
+    return None
+  for kind, peak in PEAK_BF16_FLOPS.items():
+    if device.device_kind.startswith(kind):
+      return peak
+  return None
 
 
 def format_table(rows: list[tuple[str, str, int]], total: int) -> str:

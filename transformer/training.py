@@ -27,6 +27,7 @@ from transformer import (
   checkpoints,
   distributed,
   divergence,
+  input_pipeline,
   losses,
   metrics,
   optim,
@@ -42,6 +43,11 @@ from transformer.config import ModelConfig
 from transformer.model import Transformer
 
 Batch = dict[str, jax.Array]
+# Training batches are placed on the devices this many steps before the step that uses them.
+PREFETCH_BATCHES = 2
+# A log window whose time went more than this share to getting batches, and at least this many
+# milliseconds a step, warns (input-bound); a few milliseconds are the loop's own, not the data's.
+INPUT_BOUND_SHARE, INPUT_BOUND_MS = 0.5, 10.0
 
 # Config keys that may change when a run is resumed: they alter neither the model
 # nor the optimizer state.
@@ -61,6 +67,8 @@ RESUMABLE_KEYS = (
   'decode.beam_size',
   'decode.alpha',
   'decode.max_extra_len',
+  'model.attention_impl',  # How attention and gradients are computed, not what.
+  'model.remat',
 )
 # Model keys that change training but not what the saved weights mean: a change on resume warns.
 _REGULARIZATION_KEYS = (
@@ -82,7 +90,7 @@ _OPTIMIZER_SWITCH_KEYS = ('weight_decay',)
 def _changes_weight_meaning(key: str) -> bool:
   """Every model field (sizes, norm, position, activation, bias, ...) and the vocabulary."""
   return (
-    key.startswith('model.') and key not in _REGULARIZATION_KEYS
+    key.startswith('model.') and key not in _REGULARIZATION_KEYS + RESUMABLE_KEYS
   ) or key in _WEIGHT_MEANING_KEYS
 
 
@@ -417,6 +425,30 @@ class _Progress:
     return steps_per_sec, tokens / elapsed, eta
 
 
+class _InputWait:
+  """Milliseconds per step the loop spent getting batches, and a warning when that is most."""
+
+  def __init__(self, iterator: input_pipeline.DevicePrefetch, num_workers: int):
+    self.iterator, self.num_workers = iterator, num_workers
+    self.last, self.warned = iterator.wait_seconds, False
+
+  def per_step_ms(self, steps: int, steps_per_sec: float) -> float:
+    waited, self.last = self.iterator.wait_seconds - self.last, self.iterator.wait_seconds
+    ms = waited / max(steps, 1) * 1e3
+    share = ms / 1e3 * steps_per_sec
+    if share > INPUT_BOUND_SHARE and ms >= INPUT_BOUND_MS and not self.warned:
+      self.warned = True
+      logging.warning(
+        'Input-bound: the training loop spent %.0f%% of its time getting batches '
+        '(%.0f ms per step), so the steps wait for data. Raise config.data.num_workers '
+        '(now %s) to pack batches in more processes.',
+        100 * share,
+        ms,
+        self.num_workers,
+      )
+    return ms
+
+
 def _prepare_data(config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
   """Prepares the data and vocabulary once, then loads the vocabulary on every process.
 
@@ -463,6 +495,7 @@ def train_and_evaluate(
   devices = jax.devices() if devices is None else devices
   config_lib.validate(config, len(devices))
   config_lib.raise_if(config_lib.workdir_errors(config, workdir), 'paths')
+  config_lib.raise_if(config_lib.platform_errors(config, devices[0].platform))
   workdir = os.path.abspath(os.path.expanduser(workdir))
   with (
     _owned_workdir(workdir),
@@ -593,8 +626,12 @@ def _train_and_evaluate(
   vocab = _prepare_data(config)
   # A vocabulary trained just now (none existed at `check_resume`) must be the recorded one too.
   run_inputs = check_inputs(config, workdir, vocab.serialized_model())
-  train_iter = task.train_iterator(
-    config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count()
+  train_iter = input_pipeline.DevicePrefetch(
+    task.train_iterator(
+      config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count()
+    ),
+    lambda batch: sharding.global_batch(batch, mesh, rules),
+    PREFETCH_BATCHES,
   )
   # Every split is prepared and checked (e.g. that config.data.eval_split exists) before the
   # workdir changes.
@@ -693,12 +730,13 @@ def _train_and_evaluate(
   last_step = start_step if stopping.stop else config.num_train_steps
   logging.info('Training from step %d to %d on mesh %s.', start_step, last_step, dict(mesh.shape))
   progress = _Progress(start_step, config.num_train_steps)
+  input_wait = _InputWait(train_iter, config.data.num_workers)
   monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps)
   train_sums, summary = None, {}
   profiler = _StepProfiler(os.path.join(workdir, 'profile'), start_step + 2, profile_steps)
   watcher.arm()  # From here a signal stops the run after a step, with a checkpoint of it.
   for step in range(start_step + 1, last_step + 1):
-    batch = sharding.global_batch(next(train_iter), mesh, rules)
+    batch = next(train_iter)
     profiler.before(step)
     with sharding.activated(mesh, rules):
       state, sums = train_step_fn(state, batch)
@@ -732,6 +770,7 @@ def _train_and_evaluate(
         tokens_per_sec=tokens_per_sec,
         learning_rate=float(learning_rate(step - 1)),  # The rate update `step` used.
       )
+      summary['input_wait_ms'] = input_wait.per_step_ms(steps_logged, steps_per_sec)
       writer.write(step, summary)
       logging.info(
         'step %d/%d | loss %.4f | %.2f steps/s | %.0f tok/s | %s left',

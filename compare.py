@@ -17,7 +17,7 @@ import json
 
 from absl import app, flags
 
-from transformer import config as config_lib
+from transformer import path_checks
 from transformer.tools import significance
 
 _SPLIT = flags.DEFINE_string('split', None, 'Pick the result of this split in a workdir.')
@@ -48,9 +48,9 @@ def main(argv):
     raise app.UsageError(f'--n_samples={_N_SAMPLES.value} must be >= 0 (0: sacreBLEU defaults).')
   if _OUTPUT.value is not None:  # Never one of the results it reads, nor a file of a run.
     inputs = {f'argument {i}': path for i, path in enumerate(paths, start=1)}
-    errors = config_lib.protected_path_errors(
+    errors = path_checks.protected_path_errors(
       _OUTPUT.value, '--output', inputs
-    ) or config_lib.writable_file_errors(_OUTPUT.value, '--output')
+    ) or path_checks.writable_file_errors(_OUTPUT.value, '--output')
     if errors:
       raise app.UsageError('\n'.join(errors))
   systems = [significance.load_system(path, _SPLIT.value) for path in paths]

@@ -31,7 +31,7 @@ signal.signal(signal.SIGINT, signal.SIG_DFL)
 from absl import app, flags, logging  # noqa: E402
 
 from transformer import config as config_lib  # noqa: E402
-from transformer import evaluation, inference, scoring, tasks  # noqa: E402
+from transformer import evaluation, inference, path_checks, scoring, tasks  # noqa: E402
 from transformer.tools import attention_maps  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
@@ -180,7 +180,7 @@ def _check_flags(config) -> None:
   """Every flag in its domain and every output location writable, before anything is read.
 
   An output may not overwrite a file of a run, an input of this command (`--input_file`,
-  the run's data and vocabulary) or the code (`config_lib.protected_path_errors`).
+  the run's data and vocabulary) or the code (`path_checks.protected_path_errors`).
   """
   errors = config_lib.eval_flag_errors(
     {name: flags.FLAGS[name].value for name in config_lib.EVAL_FLAG_RULES}
@@ -198,15 +198,15 @@ def _check_flags(config) -> None:
     )
   if _INPUT_FILE.value is not None or _PROMPT.value:  # Outputs go to --output_file.
     if _OUTPUT_FILE.value != '-':
-      errors += config_lib.protected_path_errors(
+      errors += path_checks.protected_path_errors(
         _OUTPUT_FILE.value, '--output_file', inputs
-      ) or config_lib.writable_file_errors(_OUTPUT_FILE.value, '--output_file')
+      ) or path_checks.writable_file_errors(_OUTPUT_FILE.value, '--output_file')
   elif _ATTENTION_PLOT.value:
-    errors += config_lib.protected_path_errors(
+    errors += path_checks.protected_path_errors(
       _ATTENTION_PLOT.value, '--attention_plot', inputs
-    ) or config_lib.writable_dir_errors(_ATTENTION_PLOT.value, '--attention_plot')
+    ) or path_checks.writable_dir_errors(_ATTENTION_PLOT.value, '--attention_plot')
   else:  # Results go to WORKDIR/eval/.
-    errors += config_lib.writable_dir_errors(os.path.join(_WORKDIR.value, 'eval'), '--workdir')
+    errors += path_checks.writable_dir_errors(os.path.join(_WORKDIR.value, 'eval'), '--workdir')
   if errors:
     raise app.UsageError('Invalid flags:\n  ' + '\n  '.join(errors))
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from transformer import attention, training
+from transformer import attention, runs, training
 from transformer import config as config_lib
 from transformer.config import ModelConfig
 from transformer.model import Transformer
@@ -230,6 +230,6 @@ def test_cudnn_is_an_error_naming_the_key_without_bfloat16_or_a_gpu(tmp_path):
 def test_runs_saved_before_the_switches_load_with_the_einsum_on_cpus_and_no_remat():
   config = tiny.get_config()
   del config.model.attention_impl, config.model.remat  # A config.json written before them.
-  cfg = ModelConfig.from_config(config_lib.upgrade(config))
+  cfg = ModelConfig.from_config(runs.upgrade(config))
   assert (cfg.attention_impl, cfg.remat) == ('auto', 'none')
   assert attention.implementation(cfg, 8, 8, einsum_only=False, bias=False) is None  # On CPUs.

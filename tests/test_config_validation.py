@@ -1,5 +1,6 @@
 """The one validation table: every config field has a domain, and values outside it are named."""
 
+import dataclasses
 import importlib
 import math
 import pathlib
@@ -9,7 +10,7 @@ import pytest
 
 from configs import default, lm_default, tiny
 from transformer import config as config_lib
-from transformer import inference
+from transformer import inference, path_checks, runs
 from transformer.tools import sweeps
 
 CONFIGS = sorted(
@@ -143,12 +144,12 @@ def test_decode_options_are_checked_where_they_are_built():
 
 
 def test_output_file_is_checked_before_any_work(tmp_path):
-  assert config_lib.writable_file_errors(str(tmp_path / 'out.txt'), '--output_file') == []
-  assert config_lib.writable_file_errors('-', '--output_file') == []
+  assert path_checks.writable_file_errors(str(tmp_path / 'out.txt'), '--output_file') == []
+  assert path_checks.writable_file_errors('-', '--output_file') == []
   missing = str(tmp_path / 'no' / 'out.txt')
-  [error] = config_lib.writable_file_errors(missing, '--output_file')
+  [error] = path_checks.writable_file_errors(missing, '--output_file')
   assert f'the folder {tmp_path / "no"} does not exist' in error
-  [error] = config_lib.writable_file_errors(str(tmp_path), '--output_file')
+  [error] = path_checks.writable_file_errors(str(tmp_path), '--output_file')
   assert 'is a directory' in error
 
 
@@ -177,7 +178,7 @@ def test_runs_written_before_the_recipe_switches_load_with_their_behaviour():
       target = target[group]
     del target[leaf]
   del config['decode']  # Empty now: a config.json written before the group existed.
-  upgraded = config_lib.upgrade(ml_collections.ConfigDict(config))
+  upgraded = runs.upgrade(ml_collections.ConfigDict(config))
   # Today's defaults are what those runs did: the paper's schedule, Adam, no FFN dropout, the
   # unigram vocabulary, no best checkpoints or early stopping, and eval.py's decoding defaults
   # (beam 4, alpha 0.6, source length + 50).
@@ -188,3 +189,29 @@ def test_runs_written_before_the_recipe_switches_load_with_their_behaviour():
     50,
   )
   config_lib.validate(upgraded, num_devices=1)
+
+
+def test_model_config_reads_every_model_key_under_its_own_name():
+  config = default.get_config()
+  model_keys = {key.split('.', 1)[1] for key in config_lib.CONFIG_RULES if key.startswith('model.')}
+  assert set(config.model) == model_keys
+  fields = {field.name for field in dataclasses.fields(config_lib.ModelConfig)}
+  assert model_keys <= fields, f'keys without a ModelConfig field: {model_keys - fields}'
+  # Each value arrives, also where it differs from the dataclass's default.
+  config.model.update(
+    dropout_rate=0.2,
+    attention_dropout_rate=0.1,
+    ffn_dropout_rate=0.3,
+    norm='rmsnorm',
+    position='rope',
+    ffn_activation='swiglu',
+    use_bias=False,
+    share_embeddings=False,
+    max_len=96,
+    attention_impl='xla',
+    remat='layer',
+  )
+  config.dtype, config.vocab_size = 'bfloat16', 1000
+  model_config = config_lib.ModelConfig.from_config(config)
+  assert {key: getattr(model_config, key) for key in model_keys} == dict(config.model)
+  assert (model_config.vocab_size, model_config.dtype) == (1000, config_lib.DTYPES['bfloat16'])

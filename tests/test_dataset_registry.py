@@ -9,6 +9,9 @@ import hashlib
 import inspect
 import json
 import os
+import pathlib
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,6 +28,7 @@ from transformer import training
 from transformer.datasets import registry
 
 SPLITS = {'train': 1000, 'validation': 100}
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 class TsvPairs(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -111,3 +115,8 @@ def test_a_registered_dataset_trains(tsv_dir, tmp_path, monkeypatch):
   fingerprint = TsvPairs.source_fingerprint(str(tsv_dir), None)
   assert prepared == f'tsv_pairs-{fingerprint[:16]}'
   assert 'spm_de-en_512_20000.model' in os.listdir(tmp_path / 'tfds' / prepared)
+
+
+def test_the_model_imports_no_data_code():
+  script = "import sys, transformer.model; assert 'tensorflow_datasets' not in sys.modules"
+  subprocess.run([sys.executable, '-c', script], check=True, cwd=REPO, timeout=120)

@@ -7,7 +7,7 @@ import sys
 import jax
 
 from configs import tiny
-from transformer import provenance, training
+from transformer import provenance, runs
 
 
 def _warnings(caplog):
@@ -51,11 +51,11 @@ def test_same_commit_with_other_uncommitted_changes_is_a_difference():
 
 def test_resumed_config_changes_warn_unless_resumable(tmp_path, caplog):
   config = tiny.get_config()
-  training.write_config(config, str(tmp_path))
+  runs.write_config(config, str(tmp_path))
   config.lr_scale = 2.0  # Changes the optimisation: a warning.
   config.num_train_steps = 120  # Training longer is what resuming is for: info only.
   with caplog.at_level(logging.INFO):
-    training.write_config(config, str(tmp_path))
+    runs.write_config(config, str(tmp_path))
   [warning] = _warnings(caplog)
   assert 'Config key lr_scale changed since the last run: 1.0 -> 2.0' in warning
   assert any(

@@ -35,8 +35,10 @@ from transformer import (
   datasets,
   evaluation,
   inference,
+  path_checks,
   preemption,
   provenance,
+  runs,
   tasks,
   training,
   workdir_lock,
@@ -650,7 +652,7 @@ def test_resume_may_change_decoding_selection_schedule_and_regularisation(small_
     'peak_learning_rate': 0.002,
     'model.ffn_dropout_rate': 0.1,
   }
-  training.check_resume(_small_config(corpus, data_dir, num_train_steps=4, **changes), str(workdir))
+  runs.check_resume(_small_config(corpus, data_dir, num_train_steps=4, **changes), str(workdir))
   assert _snapshot(workdir) == before
 
 
@@ -888,14 +890,14 @@ def test_no_output_is_a_file_of_a_run_an_input_or_the_code(small_run, copied_run
   if (REPO / '.git').exists():  # The code is known by what git tracks.
     refused[REPO / 'eval.py'] = f'is a file of the code (eval.py in {REPO})'
   for path, expected in refused.items():
-    [error] = config_lib.protected_path_errors(str(path), '--output_file', inputs)
+    [error] = path_checks.protected_path_errors(str(path), '--output_file', inputs)
     assert error.startswith(f'--output_file={os.path.realpath(path)} ') and expected in error, error
   # New files of the user's own, beside a run or anywhere else, are fine.
   for path in (workdir / 'translations.txt', tmp_path / 'out.txt'):
-    assert config_lib.protected_path_errors(str(path), '--output_file', inputs) == []
+    assert path_checks.protected_path_errors(str(path), '--output_file', inputs) == []
   # compare.py's --output and the sweep root go through the same check.
   result = workdir / 'eval' / 'step_2-test-greedy.json'
-  [error] = config_lib.protected_path_errors(str(result), '--output', {'argument 1': str(result)})
+  [error] = path_checks.protected_path_errors(str(result), '--output', {'argument 1': str(result)})
   assert 'lies in eval of the training run' in error
   config = _small_config(corpus, data_dir)
   assert sweeps.root_errors(config, str(workdir)) == [
@@ -958,7 +960,7 @@ def test_resume_checks_the_content_of_the_vocabulary_and_data_not_their_paths(
   copy = tmp_path / 'copy.model'
   shutil.copy(vocab_path, copy)
   moved = _small_config(corpus, data_dir, num_train_steps=4, **{'data.vocab_path': str(copy)})
-  training.check_resume(moved, str(workdir))
+  runs.check_resume(moved, str(workdir))
   # Another model of the same size and special ids there: every id would mean another piece.
   other = tokenizer_lib.train_tokenizer([s for p in synthetic_pairs(400, seed=7) for s in p], 300)
   copy.write_bytes(other.serialized_model())

@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import tiny
-from transformer import optim, training
+from transformer import metrics, optim, training
 from transformer.config import ModelConfig
 from transformer.tools import sweeps
 
@@ -294,7 +294,7 @@ def test_input_wait_is_reported_per_step_and_warns_once_when_input_bound(caplog)
     wait_seconds = 0.0
 
   prefetch = Prefetch()
-  wait = training._InputWait(prefetch, num_workers=0)
+  wait = metrics.InputWait(prefetch, num_workers=0)
   prefetch.wait_seconds = 0.016  # 8 steps at 300 steps/s: 60% of the time, but 2 ms a step.
   assert wait.per_step_ms(8, 300.0) == pytest.approx(2.0)
   prefetch.wait_seconds += 0.5  # 10 steps at 4 steps/s (2.5 s): 20% of the time on input.

@@ -16,7 +16,7 @@ import optax
 import pytest
 
 from configs import default, tiny
-from transformer import attention, layers, summary
+from transformer import attention, layers, runs, summary
 from transformer import config as config_lib
 from transformer.config import ModelConfig
 from transformer.model import Transformer
@@ -243,7 +243,7 @@ def test_configs_saved_before_the_switches_load_as_the_paper_model():
   for key in ('architecture', 'position', 'ffn_activation', 'use_bias'):
     del config.model[key]  # As in a WORKDIR/config.json written before they existed.
   del config.grad_clip_norm, config.mesh.rules
-  upgraded = config_lib.upgrade(config)
+  upgraded = runs.upgrade(config)
   assert 'position' not in config.model  # A copy: the config read stays as it was.
   cfg = ModelConfig.from_config(upgraded)
   assert (cfg.architecture, cfg.position, cfg.ffn_activation, cfg.use_bias) == (

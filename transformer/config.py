@@ -1,31 +1,28 @@
-"""The config: the model's frozen dataclass, every value's domain, and old runs' upgrade.
+"""The config checked: every value's domain, the rules across keys, and the model's dataclass.
 
-- `ModelConfig`: the model's hyperparameters, built once from `config.model`
-  (`ModelConfig.from_config`) and read by every module of the model.
 - `validate(config)`: every value against its domain (one table,
   `CONFIG_RULES`), then the rules across keys. `train_and_evaluate`,
   `train.py --dry_run`, `sweep.py` (every trial's config, before any trial
   runs) and `eval.py` (the run's config and its decoding flags) call it before
   anything is read, written or compiled. Errors name the key, its value and
   what it may be, all at once.
-- `upgrade(config)`: a WORKDIR/config.json written before a key existed, with
-  that key's value as those runs had it.
+- `ModelConfig`: the model's hyperparameters, built once from `config.model`
+  (`ModelConfig.from_config`) and read by every module of the model.
+- eval.py's flags, checked the same way (`EVAL_FLAG_RULES`).
 
 A new config field is one line in `CONFIG_RULES` (a test asserts that every
-leaf key of every config in configs/ has a rule there); a rule that involves
-several keys is a function in `_CROSS_CHECKS`; a field that changes what an
-older run meant is one line in `ADDED_KEYS`.
+leaf key of every config in configs/ has a rule there; a `model.` field is
+also a `ModelConfig` field of the same name); a rule that involves several
+keys is a function in `_CROSS_CHECKS`; a field that changes what an older run
+meant is one line in `runs.ADDED_KEYS`. The domains themselves are built with
+`domains`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import numbers
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -35,6 +32,20 @@ import ml_collections
 from absl import app
 
 from transformer import sharding
+from transformer.domains import (
+  BOOLEAN,
+  NAME,
+  OPTIONAL_PATH,
+  OPTIONAL_POSITIVE_REAL,
+  POSITIVE_INT,
+  POSITIVE_REAL,
+  PROBABILITY,
+  Rule,
+  integer,
+  is_int,
+  one_of,
+  real,
+)
 
 # The choices of each model switch; the first is the paper's.
 ARCHITECTURES = ('encoder_decoder', 'decoder_only')
@@ -55,72 +66,6 @@ TARGET_METRICS = ('eval_bleu', 'eval_loss')
 EVAL_BLEU_DECODERS = ('greedy', 'beam')
 
 
-@dataclasses.dataclass(frozen=True)
-class Rule:
-  """A domain: `check(value)` is True inside it; `text` says what it is, for error messages.
-
-  `text` may be a function that returns it (a domain that grows while the program runs).
-  """
-
-  text: str | Callable[[], str]
-  check: Callable[[Any], bool]
-
-  def error(self, name: str, value: Any) -> str | None:
-    """None if `value` is in the domain, else '`name`=value must be <text>.'."""
-    try:
-      ok = self.check(value)
-    except TypeError:
-      ok = False
-    if ok:
-      return None
-    text = self.text if isinstance(self.text, str) else self.text()
-    verb = 'is not' if text.startswith('one of') else 'must be'
-    return f'{name}={value!r} {verb} {text}.'
-
-
-def _is_int(value: Any) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-  return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def integer(low: int | None = None, high: int | None = None) -> Rule:
-  """An int in [low, high] (either end may be open-ended)."""
-  if low is not None and high is not None:
-    text = f'an integer in [{low}, {high}]'
-  elif low == 1:
-    text = 'a positive integer'
-  elif low is not None:
-    text = f'an integer >= {low}'
-  else:
-    text = 'an integer'
-  return Rule(
-    text, lambda v: _is_int(v) and (low is None or v >= low) and (high is None or v <= high)
-  )
-
-
-def real(
-  low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False
-) -> Rule:
-  """A finite number in the interval, its ends open or closed as given."""
-  left, right = '(' if low_open else '[', ')' if high_open or high == math.inf else ']'
-  text = f'a finite number in {left}{low:g}, {high:g}{right}'
-  if low == 0 and low_open and high == math.inf:
-    text = 'a finite positive number'
-  return Rule(
-    text,
-    lambda v: (
-      _is_real(v) and (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
-    ),
-  )
-
-
-def one_of(choices: Sequence[Any]) -> Rule:
-  return Rule(f'one of {tuple(choices)}', lambda v: v in tuple(choices))
-
-
 def _datasets() -> dict[str, Any]:
   """The dataset registry (`datasets.registry.DATASETS`), by name.
 
@@ -135,22 +80,11 @@ def _datasets() -> dict[str, Any]:
 DATASET = Rule(lambda: f'one of {tuple(_datasets())}', lambda v: v in _datasets())
 
 
-BOOLEAN = Rule('True or False', lambda v: isinstance(v, bool))
-PROBABILITY = real(0.0, 1.0, high_open=True)  # Dropout, label smoothing, Adam betas.
-POSITIVE_INT = integer(1)
-POSITIVE_REAL = real(0.0, low_open=True)
-NAME = Rule('a non-empty string', lambda v: isinstance(v, str) and bool(v.strip()))
 LANGUAGE = Rule(
   'a string (a language code; empty only for a language model)', lambda v: isinstance(v, str)
 )
-OPTIONAL_POSITIVE_REAL = Rule(
-  'None or a finite positive number', lambda v: v is None or POSITIVE_REAL.check(v)
-)
-OPTIONAL_PATH = Rule(
-  'None or a non-empty path', lambda v: v is None or (isinstance(v, str) and bool(v.strip()))
-)
 MESH_SIZE = Rule(
-  'a positive integer or -1 (all remaining devices)', lambda v: _is_int(v) and (v >= 1 or v == -1)
+  'a positive integer or -1 (all remaining devices)', lambda v: is_int(v) and (v >= 1 or v == -1)
 )
 AXIS_RULES = Rule(
   'a sequence of (logical axis, mesh axes) pairs',
@@ -457,108 +391,23 @@ class ModelConfig:
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
-    """Builds the dataclass from `config.model`; invalid values are errors naming the key."""
-    m = config.model
+    """Builds the dataclass from `config.model`; invalid values are errors naming the key.
+
+    Every field with a `model.` rule in `CONFIG_RULES` is read from `config.model`
+    under its own name (a new model field is a field here and a rule there), the
+    vocabulary size and dtype from the top of the config.
+    """
     dtype_error = CONFIG_RULES['dtype'].error('config.dtype', config.dtype)
     raise_if([dtype_error] if dtype_error else [], 'model config')  # The rest: __post_init__.
+    model_keys = [f.name for f in dataclasses.fields(cls) if f'model.{f.name}' in CONFIG_RULES]
     return cls(
       vocab_size=config.vocab_size,
-      architecture=m.architecture,
-      num_layers=m.num_layers,
-      d_model=m.d_model,
-      num_heads=m.num_heads,
-      d_ff=m.d_ff,
-      dropout_rate=m.dropout_rate,
-      attention_dropout_rate=m.attention_dropout_rate,
-      ffn_dropout_rate=m.ffn_dropout_rate,
-      norm=m.norm,
-      position=m.position,
-      ffn_activation=m.ffn_activation,
-      use_bias=m.use_bias,
-      share_embeddings=m.share_embeddings,
-      max_len=m.max_len,
       dtype=DTYPES[config.dtype],
-      attention_impl=m.attention_impl,
-      remat=m.remat,
+      **{key: config.model[key] for key in model_keys},
     )
 
   def replace(self, **changes) -> ModelConfig:
     return dataclasses.replace(self, **changes)
-
-
-# --- Runs written before a key existed ------------------------------------------------------------
-
-# Keys added to the project after runs were written -> the value those runs had (the paper's
-# model and schedule, Adam without clipping, the sharding table of the time). `upgrade` fills
-# them in.
-ADDED_KEYS: dict[str, Any] = {
-  'model.architecture': 'encoder_decoder',
-  'model.position': 'sinusoidal',
-  'model.ffn_activation': 'relu',
-  'model.use_bias': True,
-  'model.ffn_dropout_rate': 0.0,
-  'grad_clip_norm': 0.0,
-  'schedule': 'inverse_sqrt',
-  'peak_learning_rate': None,
-  'final_lr_fraction': 0.0,
-  'weight_decay': 0.0,
-  'decode.beam_size': 4,
-  'decode.alpha': 0.6,
-  'decode.max_extra_len': 50,
-  'data.spm_model_type': 'unigram',
-  'keep_best_checkpoints': 0,
-  'early_stopping_patience': 0,
-  'model.attention_impl': 'auto',  # The einsum those runs computed, wherever cuDNN does not fuse.
-  'model.remat': 'none',
-  'mesh.rules': (
-    ('batch', ('data', 'fsdp')),
-    ('embed', 'fsdp'),
-    ('heads', 'tensor'),
-    ('mlp', 'tensor'),
-    ('vocab', 'tensor'),
-    ('kv', None),
-    ('length', None),
-  ),
-}
-
-
-def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of a run's `config` (its WORKDIR/config.json) with every `ADDED_KEYS` key it lacks."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  for key, value in ADDED_KEYS.items():
-    *groups, leaf = key.split('.')
-    target = config
-    for group in groups:
-      if group not in target:  # A group added since (e.g. decode).
-        target[group] = ml_collections.ConfigDict()
-      target = target[group]
-    if leaf not in target:
-      target[leaf] = value
-  return config
-
-
-def read_run_config(workdir: str) -> ml_collections.ConfigDict | None:
-  """WORKDIR/config.json as train.py wrote it, `upgrade`d; None if there is none.
-
-  A file that is not such a config (damaged, or overwritten by something else) is a
-  `ConfigError` naming it and saying how to recover.
-  """
-  path = os.path.join(os.path.expanduser(workdir), 'config.json')
-  if not os.path.exists(path):
-    return None
-  try:
-    with open(path, encoding='utf-8') as f:
-      loaded = json.load(f)
-    if not isinstance(loaded, dict) or not {'model', 'data'} <= set(loaded):
-      raise ValueError('not a JSON object with the groups model and data')
-    return upgrade(ml_collections.ConfigDict(loaded))
-  except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError and UnicodeError are too.
-    raise ConfigError(
-      f'{path} is not a config written by train.py ({type(e).__name__}: {e}): it was damaged '
-      'or overwritten. The checkpoints beside it are not affected. Restore it, or move it aside '
-      f'(mv {path} {path}.bad) and run the train.py command of this run again: it checks the '
-      "checkpoint's arrays against the model instead, and writes config.json anew."
-    ) from None
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
@@ -688,167 +537,3 @@ def eval_flag_errors(values: Mapping[str, Any]) -> list[str]:
     if k in values
     if (e := rule.error(f'--{k}', values[k]))
   ]
-
-
-# --- Paths a command writes ----------------------------------------------------------------------
-
-# What train.py, eval.py and sweep.py write at the top of a run's workdir: a path at or under one
-# of these entries is a file of the run, never an output of another command.
-RUN_ENTRIES = (
-  'config.json',
-  'provenance.jsonl',
-  'metrics.jsonl',
-  'train.lock',
-  'checkpoints',
-  'best_checkpoints',
-  'corrupt_checkpoints',
-  'tensorboard',
-  'eval',
-  'profile',
-  'trial.json',
-  'train.log',
-  'eval.log',
-)
-# The checkout that holds this package: the files git tracks there are the code.
-CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def absolute(path: str) -> str:
-  """`path` with `~` expanded, absolute and with symbolic links resolved."""
-  return os.path.realpath(os.path.expanduser(path))
-
-
-def is_run(directory: str) -> bool:
-  """Whether `directory` is the workdir of a training run (train.py wrote or is writing it)."""
-  has = lambda name: os.path.exists(os.path.join(directory, name))
-  written = has('checkpoints') or has('provenance.jsonl')
-  return has('train.lock') or (has('config.json') and written)
-
-
-def run_file(path: str) -> tuple[str, str] | None:
-  """(workdir, entry) when `path` is or lies under a `RUN_ENTRIES` entry of a run's workdir."""
-  path = absolute(path)
-  parent = os.path.dirname(path)
-  while True:
-    if is_run(parent):
-      entry = os.path.relpath(path, parent).split(os.sep)[0]
-      if entry in RUN_ENTRIES:
-        return parent, entry
-    if os.path.dirname(parent) == parent:
-      return None
-    parent = os.path.dirname(parent)
-
-
-def _code_files(path: str) -> list[str]:
-  """The files of the code (tracked by git in `CODE_DIR`) that are `path` or lie under it."""
-  if os.path.commonpath([path, CODE_DIR]) != CODE_DIR:
-    return []
-  try:
-    result = subprocess.run(
-      ['git', '-C', CODE_DIR, 'ls-files', '-z', '--', os.path.relpath(path, CODE_DIR)],
-      capture_output=True,
-      timeout=30,
-      check=True,
-    )
-  except (OSError, subprocess.SubprocessError):
-    return []  # Not a git checkout (an installed copy): no file is known as code.
-  return [name for name in result.stdout.decode(errors='replace').split('\0') if name]
-
-
-def _within(path: str, other: str) -> bool:
-  """Whether `path` is `other` (the same file, also through a hard link) or lies under it."""
-  if os.path.commonpath([path, other]) == other:
-    return True
-  try:
-    return os.path.samefile(path, other)
-  except OSError:
-    return False
-
-
-def protected_path_errors(
-  path: str, name: str, inputs: Mapping[str, str | None] | None = None
-) -> list[str]:
-  """Errors of a path that a command would write (`name`: its flag or config key).
-
-  It must not be a file of a run (`run_file`), be or lie in one of `inputs` ({what: path}, the
-  files and folders the command reads), nor be or hold files of the code. Checked before any
-  work, so that nothing a user or a run made is overwritten.
-  """
-  if not path or not path.strip():
-    return [f'{name} is empty: name a path.']
-  path = absolute(path)
-  if (found := run_file(path)) is not None:
-    workdir, entry = found
-    where = 'is' if os.path.relpath(path, workdir) == entry else 'lies in'
-    return [
-      f'{name}={path} {where} {entry} of the training run in {workdir}, which only that run '
-      'writes; write elsewhere.'
-    ]
-  for what, other in (inputs or {}).items():
-    if other and other != '-' and _within(path, absolute(other)):
-      other = absolute(other)
-      where = 'lies in' if path != other and os.path.commonpath([path, other]) == other else 'is'
-      return [f'{name}={path} {where} {what}, {other}, an input of this command; write elsewhere.']
-  code = _code_files(path)
-  if code:
-    what = 'a file of the code' if code == [os.path.relpath(path, CODE_DIR)] else 'the code'
-    shown = ', '.join(code[:3]) + (', ...' if len(code) > 3 else '')
-    return [f'{name}={path} is {what} ({shown} in {CODE_DIR}); write elsewhere.']
-  return []
-
-
-def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
-  """Errors of train.py's `--workdir` and the paths it writes data to, before anything runs.
-
-  The workdir must be a folder (new, or a run's to resume), not inside another run's files,
-  the raw data (`config.data.manual_dir`), the prepared data (`config.data.data_dir`) or the
-  code; the prepared data and a vocabulary to be trained must not land in a run's files or
-  the raw data. Existing prepared data and vocabularies are only read.
-  """
-  if not workdir or not workdir.strip():
-    return [
-      f"--workdir is empty: name the run's folder (e.g. --workdir=workdirs/m30k); an empty "
-      f'one would write the run into the current directory, {os.getcwd()}.'
-    ]
-  data = config.data
-  raw = {'the raw data (config.data.manual_dir)': data.manual_dir}
-  path = absolute(workdir)
-  if os.path.exists(path) and not os.path.isdir(path):
-    return [f'--workdir={path} is a file, not a folder: name a new folder, or a run to resume.']
-  errors = protected_path_errors(
-    path, '--workdir', {**raw, 'the prepared data (config.data.data_dir)': data.data_dir}
-  )
-  errors += protected_path_errors(data.data_dir, 'config.data.data_dir', raw)
-  if data.vocab_path and not os.path.exists(absolute(data.vocab_path)):  # Trained, then written.
-    errors += protected_path_errors(data.vocab_path, 'config.data.vocab_path', raw)
-  return errors or writable_dir_errors(path, '--workdir')
-
-
-def writable_file_errors(path: str, flag: str) -> list[str]:
-  """Whether `path` can be written (its folder exists and is writable), checked before any work."""
-  if path == '-':
-    return []
-  path = os.path.abspath(os.path.expanduser(path))
-  folder = os.path.dirname(path)
-  if os.path.isdir(path):
-    return [f'{flag}={path} is a directory, not a file.']
-  if not os.path.isdir(folder):
-    return [f'{flag}={path}: the folder {folder} does not exist.']
-  if os.path.exists(path) and not os.access(path, os.W_OK):
-    return [f'{flag}={path} is not writable.']
-  if not os.path.exists(path) and not os.access(folder, os.W_OK | os.X_OK):
-    return [f'{flag}={path}: the folder {folder} is not writable.']
-  return []
-
-
-def writable_dir_errors(path: str, flag: str) -> list[str]:
-  """Whether folder `path` is, or can be created, writable (its nearest existing ancestor)."""
-  path = os.path.abspath(os.path.expanduser(path))
-  existing = path
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
-    return [f'{flag}: {existing} is a file, so {path} cannot be a folder.']
-  if not os.access(existing, os.W_OK | os.X_OK):
-    return [f'{flag}: {existing} is not writable, so nothing can be written to {path}.']
-  return []

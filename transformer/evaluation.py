@@ -29,6 +29,7 @@ from transformer import (
   metrics,
   optim,
   provenance,
+  runs,
   sharding,
   tasks,
   training,
@@ -42,12 +43,12 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   """The resolved config that train.py wrote to WORKDIR/config.json, fitted to this machine.
 
   Keys added to the project after the run was written get the values that run
-  had (`config.upgrade`); then every value is checked (`config.validate`). A
+  had (`runs.upgrade`); then every value is checked (`config.validate`). A
   mesh that needs other devices than this machine has (say, a run trained on 8
   GPUs, evaluated on 1) becomes data-parallel over the devices here: restore
   reshards the checkpoint onto it.
   """
-  config = config_lib.read_run_config(workdir)
+  config = runs.read_run_config(workdir)
   if config is None:
     path = os.path.join(os.path.expanduser(workdir), 'config.json')
     raise FileNotFoundError(

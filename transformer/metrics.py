@@ -1,9 +1,17 @@
-"""Metrics to WORKDIR/metrics.jsonl (one JSON object per row) and TensorBoard event files."""
+"""What a run measures and where it goes: metrics.jsonl and TensorBoard, throughput, profiles.
+
+`MetricsWriter` writes WORKDIR/metrics.jsonl (one JSON object per row) and
+TensorBoard event files; the training loop measures its throughput
+(`Progress`), the time it waits for batches (`InputWait`) and traces chosen
+steps (`StepProfiler`).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from typing import Any
 
 import jax
 from absl import logging
@@ -56,3 +64,80 @@ class MetricsWriter:
   def close(self) -> None:
     if self._tensorboard is not None:
       self._tensorboard.close()
+
+
+# A log window whose time went more than this share to getting batches warns (input-bound).
+# A log window whose time went more than this share to getting batches, and at least this many
+# milliseconds a step, warns (input-bound); a few milliseconds are the loop's own, not the data's.
+INPUT_BOUND_SHARE, INPUT_BOUND_MS = 0.5, 10.0
+
+
+class Progress:
+  """Steps/s, tokens/s and the time left, since the last call (the console line and the log)."""
+
+  def __init__(self, start_step: int, total_steps: int):
+    self.total_steps = total_steps
+    self.last_step, self.last_time = start_step, time.perf_counter()
+
+  def rates(self, step: int, tokens: float) -> tuple[float, float, float]:
+    now = time.perf_counter()
+    elapsed = max(now - self.last_time, 1e-9)
+    steps_per_sec = (step - self.last_step) / elapsed
+    self.last_step, self.last_time = step, now
+    eta = (self.total_steps - step) / max(steps_per_sec, 1e-9)
+    return steps_per_sec, tokens / elapsed, eta
+
+
+class InputWait:
+  """Milliseconds per step the loop spent getting batches, and a warning when that is most."""
+
+  def __init__(self, iterator: Any, num_workers: int):
+    """`iterator`: the loop's batches (`input_pipeline.DevicePrefetch`, its `wait_seconds`)."""
+    self.iterator, self.num_workers = iterator, num_workers
+    self.last, self.warned = iterator.wait_seconds, False
+
+  def per_step_ms(self, steps: int, steps_per_sec: float) -> float:
+    waited, self.last = self.iterator.wait_seconds - self.last, self.iterator.wait_seconds
+    ms = waited / max(steps, 1) * 1e3
+    share = ms / 1e3 * steps_per_sec
+    if share > INPUT_BOUND_SHARE and ms >= INPUT_BOUND_MS and not self.warned:
+      self.warned = True
+      logging.warning(
+        'Input-bound: the training loop spent %.0f%% of its time getting batches '
+        '(%.0f ms per step), so the steps wait for data. Raise config.data.num_workers '
+        '(now %s) to pack batches in more processes.',
+        100 * share,
+        ms,
+        self.num_workers,
+      )
+    return ms
+
+
+class StepProfiler:
+  """Traces train steps [first, first + count) with jax.profiler into `directory`."""
+
+  def __init__(self, directory: str, first: int, count: int):
+    self.directory, self.first, self.last = directory, first, first + count - 1
+    self.active = False
+
+  def before(self, step: int) -> None:
+    if step == self.first and self.last >= self.first:
+      jax.profiler.start_trace(self.directory)
+      self.active = True
+
+  def after(self, step: int, outputs) -> None:
+    if self.active and step >= self.last:
+      jax.block_until_ready(outputs)
+      self.stop()
+      logging.info(
+        'Wrote a profile of steps %d-%d to %s (tensorboard --logdir %s).',
+        self.first,
+        step,
+        self.directory,
+        self.directory,
+      )
+
+  def stop(self) -> None:
+    if self.active:
+      jax.profiler.stop_trace()
+      self.active = False

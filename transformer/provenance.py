@@ -6,7 +6,7 @@ under other code (a different git commit or different uncommitted changes) or
 other package versions than the previous one is logged as a warning, since the
 checkpoints then continue a run that the current code did not begin.
 (WORKDIR/config.json, written beside it, holds the resolved config; its changes
-on resume are reported by `training.write_config`.)
+on resume are reported by `runs.write_config`.)
 
 Each entry also records, by content, the files the run depends on (`inputs`): the
 vocabulary (sha256 of the SentencePiece model) and the training data (the

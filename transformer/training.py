@@ -1,4 +1,4 @@
-"""The training loop: sharded state set-up, jitted train/eval steps, evaluation, resume."""
+"""Training: sharded state set-up, jitted train and eval steps, and the loop that runs them."""
 
 from __future__ import annotations
 
@@ -31,12 +31,13 @@ from transformer import (
   losses,
   metrics,
   optim,
+  path_checks,
   preemption,
   provenance,
+  runs,
   sharding,
   tasks,
   tokenizer,
-  workdir_lock,
 )
 from transformer import config as config_lib
 from transformer.config import ModelConfig
@@ -45,53 +46,6 @@ from transformer.model import Transformer
 Batch = dict[str, jax.Array]
 # Training batches are placed on the devices this many steps before the step that uses them.
 PREFETCH_BATCHES = 2
-# A log window whose time went more than this share to getting batches, and at least this many
-# milliseconds a step, warns (input-bound); a few milliseconds are the loop's own, not the data's.
-INPUT_BOUND_SHARE, INPUT_BOUND_MS = 0.5, 10.0
-
-# Config keys that may change when a run is resumed: they alter neither the model
-# nor the optimizer state.
-RESUMABLE_KEYS = (
-  'num_train_steps',
-  'log_every_steps',
-  'eval_every_steps',
-  'checkpoint_every_steps',
-  'keep_checkpoints',
-  'data.manual_dir',
-  'data.data_dir',
-  'data.vocab_path',
-  'skip_nonfinite_steps',
-  'target_metric',
-  'keep_best_checkpoints',
-  'early_stopping_patience',
-  'decode.beam_size',
-  'decode.alpha',
-  'decode.max_extra_len',
-  'model.attention_impl',  # How attention and gradients are computed, not what.
-  'model.remat',
-)
-# Model keys that change training but not what the saved weights mean: a change on resume warns.
-_REGULARIZATION_KEYS = (
-  'model.dropout_rate',
-  'model.attention_dropout_rate',
-  'model.ffn_dropout_rate',
-)
-# Other keys whose change on resume would read the saved weights as another model's: refused.
-_WEIGHT_MEANING_KEYS = (
-  'vocab_size',
-  'data.source_lang',
-  'data.target_lang',
-  'data.spm_model_type',
-)
-# Keys that add an entry to the optimizer state when > 0: turning one on or off is refused.
-_OPTIMIZER_SWITCH_KEYS = ('weight_decay',)
-
-
-def _changes_weight_meaning(key: str) -> bool:
-  """Every model field (sizes, norm, position, activation, bias, ...) and the vocabulary."""
-  return (
-    key.startswith('model.') and key not in _REGULARIZATION_KEYS + RESUMABLE_KEYS
-  ) or key in _WEIGHT_MEANING_KEYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,120 +202,6 @@ def evaluate(eval_fn, params, batches: Iterable[dict[str, np.ndarray]], mesh: Me
   return jax.device_get(total)
 
 
-def _flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """{'model.d_model': 256, ...} with values as JSON holds them (tuples become lists)."""
-  as_json = json.loads(config.to_json_best_effort())
-  return {'.'.join(k): v for k, v in flax.traverse_util.flatten_dict(as_json).items()}
-
-
-def _saved_config(workdir: str) -> dict[str, Any] | None:
-  """WORKDIR/config.json flattened, with the keys older runs lack as they had them (`upgrade`)."""
-  saved = config_lib.read_run_config(workdir)
-  return None if saved is None else _flatten(saved)
-
-
-def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Refuses a resume that would read the workdir's checkpoints as something else.
-
-  Once the workdir holds a checkpoint: every model field and the vocabulary size
-  (`_changes_weight_meaning`) must equal WORKDIR/config.json's (other keys may change;
-  `write_config` reports them), `config.num_train_steps` must not lie below the latest
-  checkpoint, and the data and an existing vocabulary must have the content the run
-  recorded (`check_inputs`). Runs before anything is written.
-  """
-  steps = checkpoints.committed_steps(os.path.join(workdir, 'checkpoints'))
-  if not steps:
-    return
-  checkpoint_dir = os.path.join(workdir, 'checkpoints')
-  saved = _saved_config(workdir)
-  current = _flatten(config)
-  changed = [
-    f'config.{key}: {saved.get(key)!r} -> {current.get(key)!r}'
-    for key in sorted(set(saved or {}) | set(current))
-    if saved is not None and _changes_weight_meaning(key) and saved.get(key) != current.get(key)
-  ]
-  if changed:
-    raise ValueError(
-      f'The checkpoints in {checkpoint_dir} belong to another model: resuming would read their '
-      f'weights with a changed meaning. Changed since {workdir}/config.json (saved -> now):\n  '
-      + '\n  '.join(changed)
-      + '\nNothing was changed. Train this model in a new --workdir, '
-      'or resume with the saved values (drop these overrides).'
-    )
-  switched = [
-    f'config.{key}: {saved[key]!r} -> {current[key]!r}'
-    for key in _OPTIMIZER_SWITCH_KEYS
-    if saved is not None
-    and key in saved
-    and key in current
-    and (saved[key] > 0) != (current[key] > 0)
-  ]
-  if switched:
-    raise ValueError(
-      f'The checkpoints in {checkpoint_dir} hold the optimizer state of another optimizer: '
-      f"{', '.join(switched)} turns AdamW's weight decay on or off (0: Adam). Nothing was "
-      'changed. Resume with the saved value (any value > 0 if it was on), or train in a new '
-      '--workdir.'
-    )
-  if config.num_train_steps < steps[-1]:
-    raise ValueError(
-      f'config.num_train_steps={config.num_train_steps} lies below the latest checkpoint, step '
-      f'{steps[-1]} of {checkpoint_dir}: this run is past it, and training cannot go back. '
-      f'Nothing was changed. To evaluate an earlier checkpoint, run eval.py --workdir={workdir} '
-      f'--checkpoint=STEP (steps {steps}); to train on, set config.num_train_steps above '
-      f'{steps[-1]}; to train {config.num_train_steps} steps from scratch, use a new --workdir.'
-    )
-  check_inputs(config, workdir)
-
-
-def check_inputs(
-  config: ml_collections.ConfigDict, workdir: str, vocabulary: bytes | None = None
-) -> dict[str, Any]:
-  """Refuses inputs whose content differs from what the run recorded; returns the current ones.
-
-  `provenance.inputs`: the training data (by the fingerprint of its source files) and the
-  vocabulary (by sha256: of `vocabulary`, the model's bytes, or of its file if it exists),
-  compared with the last start's record in WORKDIR/provenance.jsonl while the workdir holds
-  a checkpoint. The same content at another path is accepted.
-  """
-  current = provenance.inputs(config, vocabulary)
-  if not checkpoints.committed_steps(os.path.join(workdir, 'checkpoints')):
-    return current
-  changes = provenance.input_changes(provenance.recorded_inputs(workdir), current)
-  if changes:
-    raise ValueError(
-      f'The checkpoints in {workdir}/checkpoints were trained on other files: resuming would '
-      f'read them with a changed meaning. Changed in content since the run recorded them in '
-      f'{workdir}/{provenance.FILENAME} (recorded -> now):\n  '
-      + '\n  '.join(changes)
-      + '\nNothing was changed. Resume with the files the run started with (at any path: '
-      'only their content counts), or train in a new --workdir.'
-    )
-  return current
-
-
-def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes the resolved config to WORKDIR/config.json, warning about changes on resume."""
-  path = os.path.join(workdir, 'config.json')
-  previous = _saved_config(workdir)
-  if previous is not None:
-    current = _flatten(config)
-    for key in sorted(set(previous) | set(current)):
-      if previous.get(key) != current.get(key):
-        level = logging.INFO if key in RESUMABLE_KEYS else logging.WARNING
-        logging.log(
-          level,
-          'Config key %s changed since the last run: %r -> %r (the command line wins).',
-          key,
-          previous.get(key),
-          current.get(key),
-        )
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-  os.replace(tmp, path)
-
-
 @dataclasses.dataclass
 class EarlyStopping:
   """Evaluations since the validation BLEU last improved; `stop` after `patience` of them."""
@@ -409,46 +249,6 @@ def _last_good_checkpoint(checkpointer: checkpoints.Checkpointer) -> str | None:
   return None if step is None else f'step {step} ({checkpointer.directory}/{step})'
 
 
-class _Progress:
-  """Console line: step, loss, steps/s, tokens/s, time left."""
-
-  def __init__(self, start_step: int, total_steps: int):
-    self.total_steps = total_steps
-    self.last_step, self.last_time = start_step, time.perf_counter()
-
-  def rates(self, step: int, tokens: float) -> tuple[float, float, float]:
-    now = time.perf_counter()
-    elapsed = max(now - self.last_time, 1e-9)
-    steps_per_sec = (step - self.last_step) / elapsed
-    self.last_step, self.last_time = step, now
-    eta = (self.total_steps - step) / max(steps_per_sec, 1e-9)
-    return steps_per_sec, tokens / elapsed, eta
-
-
-class _InputWait:
-  """Milliseconds per step the loop spent getting batches, and a warning when that is most."""
-
-  def __init__(self, iterator: input_pipeline.DevicePrefetch, num_workers: int):
-    self.iterator, self.num_workers = iterator, num_workers
-    self.last, self.warned = iterator.wait_seconds, False
-
-  def per_step_ms(self, steps: int, steps_per_sec: float) -> float:
-    waited, self.last = self.iterator.wait_seconds - self.last, self.iterator.wait_seconds
-    ms = waited / max(steps, 1) * 1e3
-    share = ms / 1e3 * steps_per_sec
-    if share > INPUT_BOUND_SHARE and ms >= INPUT_BOUND_MS and not self.warned:
-      self.warned = True
-      logging.warning(
-        'Input-bound: the training loop spent %.0f%% of its time getting batches '
-        '(%.0f ms per step), so the steps wait for data. Raise config.data.num_workers '
-        '(now %s) to pack batches in more processes.',
-        100 * share,
-        ms,
-        self.num_workers,
-      )
-    return ms
-
-
 def _prepare_data(config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
   """Prepares the data and vocabulary once, then loads the vocabulary on every process.
 
@@ -474,128 +274,47 @@ def train_and_evaluate(
 ) -> dict[str, float]:
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns final metrics.
 
-  `devices` (default: every device of every process) are laid out as `config.mesh`.
-  Every config value and the paths the run writes (`config.workdir_errors`) are
-  checked first, then the workdir is locked for this run (`workdir_lock`; another
-  run holding it is an error naming its host and pid). A resume that would read
-  the checkpoints as something else (another model, fewer steps, other input
-  files) is an error (`check_resume`). A latest checkpoint that fails to restore is
-  an error that changes nothing, unless `restore_fallback` (then the newest one
-  that restores is used). Any error before training starts leaves the workdir as
-  it was. On SIGTERM/SIGINT before the first step, `preemption.Interrupted` is
-  raised at once (nothing to save); afterwards the current step is finished,
-  checkpointed and committed, and this returns normally. A run already at
-  `config.num_train_steps` changes nothing and returns the final metrics of its
-  metrics.jsonl. `profile_steps` > 0 traces that many train steps, from the second one
-  this process runs, into WORKDIR/profile/ (TensorBoard's Profile tab).
-  `hooks` are called at their points of the run (`Hooks`).
+  Every config value and the paths the run writes (`path_checks.workdir_errors`) are
+  checked first, then the workdir is locked for this run (`runs.owned_workdir`;
+  another run holding it is an error naming its host and pid). A resume that
+  would read the checkpoints as something else (another model, fewer steps,
+  other input files) is an error (`runs.check_resume`). Any error before training
+  starts leaves the workdir as it was. On SIGTERM/SIGINT before the first step,
+  `preemption.Interrupted` is raised at once (nothing to save); afterwards the
+  current step is finished, checkpointed and committed, and this returns
+  normally. A run already at `config.num_train_steps` changes nothing and returns
+  the final metrics of its metrics.jsonl.
+
+  Args:
+    config: The training config (validated here).
+    workdir: The run's folder: new, or a run to resume.
+    devices: The devices laid out as `config.mesh` (default: every device of
+      every process).
+    restore_fallback: If the latest checkpoint fails to restore, use the newest
+      one that does (it is moved aside); without it that is an error that
+      changes nothing.
+    profile_steps: > 0 traces that many train steps, from the second one this
+      process runs, into WORKDIR/profile/ (TensorBoard's Profile tab).
+    hooks: Called at their points of the run (`Hooks`; tests install them).
+
+  Returns:
+    The metrics of the last evaluation (loss, perplexity, accuracy, BLEU, ...).
   """
   if profile_steps < 0:
     raise ValueError(f'profile_steps={profile_steps} must be >= 0.')
   devices = jax.devices() if devices is None else devices
   config_lib.validate(config, len(devices))
-  config_lib.raise_if(config_lib.workdir_errors(config, workdir), 'paths')
+  config_lib.raise_if(path_checks.workdir_errors(config, workdir), 'paths')
   config_lib.raise_if(config_lib.platform_errors(config, devices[0].platform))
   workdir = os.path.abspath(os.path.expanduser(workdir))
   with (
-    _owned_workdir(workdir),
+    runs.owned_workdir(workdir),
     preemption.PreemptionWatcher() as watcher,
     contextlib.ExitStack() as cleanup,
   ):
     return _train_and_evaluate(
       config, workdir, devices, watcher, cleanup, restore_fallback, profile_steps, hooks
     )
-
-
-class _StepProfiler:
-  """Traces train steps [first, first + count) with jax.profiler into `directory`."""
-
-  def __init__(self, directory: str, first: int, count: int):
-    self.directory, self.first, self.last = directory, first, first + count - 1
-    self.active = False
-
-  def before(self, step: int) -> None:
-    if step == self.first and self.last >= self.first:
-      jax.profiler.start_trace(self.directory)
-      self.active = True
-
-  def after(self, step: int, outputs) -> None:
-    if self.active and step >= self.last:
-      jax.block_until_ready(outputs)
-      self.stop()
-      logging.info(
-        'Wrote a profile of steps %d-%d to %s (tensorboard --logdir %s).',
-        self.first,
-        step,
-        self.directory,
-        self.directory,
-      )
-
-  def stop(self) -> None:
-    if self.active:
-      jax.profiler.stop_trace()
-      self.active = False
-
-
-@contextlib.contextmanager
-def _owned_workdir(workdir: str):
-  """Holds WORKDIR/train.lock (process 0, for the whole run).
-
-  On an error, removes the empty folders that this run created (the workdir
-  itself included), so a failed start leaves no trace.
-  """
-  existed = set(os.listdir(workdir)) if os.path.isdir(workdir) else None
-  lock = workdir_lock.WorkdirLock(workdir)
-  error = None
-  if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    try:
-      lock.acquire()
-    except workdir_lock.WorkdirLockedError as e:
-      error = e
-  if jax.process_count() > 1:  # Every process stops if process 0 could not take the lock.
-    locked = multihost_utils.broadcast_one_to_all(np.int32(error is None))
-    if not locked and error is None:
-      error = workdir_lock.WorkdirLockedError(
-        f'Process 0 could not take {lock.path} (another run holds the workdir; see its log).'
-      )
-  try:
-    if error is not None:
-      raise error
-    yield
-  except BaseException:
-    if jax.process_index() == 0:
-      lock.release()
-      _remove_new_empty_folders(workdir, existed)
-    raise
-  finally:
-    lock.release()
-
-
-def _remove_new_empty_folders(workdir: str, existed: set[str] | None) -> None:
-  """Removes the empty folders under `workdir` that were not there before (then it, if new)."""
-  if not os.path.isdir(workdir):
-    return
-  for name in sorted(set(os.listdir(workdir)) - (existed or set())):
-    path = os.path.join(workdir, name)
-    if os.path.isdir(path) and not os.listdir(path):
-      os.rmdir(path)
-  if existed is None and not os.listdir(workdir):
-    os.rmdir(workdir)
-
-
-def _final_metrics(workdir: str, step: int) -> dict[str, float] | None:
-  """The rows of metrics.jsonl at `step` merged, if they hold its evaluation; else None."""
-  path = os.path.join(workdir, metrics.FILENAME)
-  if not os.path.exists(path):
-    return None
-  merged = {}
-  with open(path) as f:
-    for line in f:
-      row = json.loads(line) if line.strip() else {}
-      if row.get('step') == step:
-        merged.update({k: v for k, v in row.items() if k != 'step'})
-  return merged if 'eval_loss' in merged else None
 
 
 def _train_and_evaluate(
@@ -608,7 +327,7 @@ def _train_and_evaluate(
   profile_steps: int,
   hooks: Hooks,
 ) -> dict[str, float]:
-  check_resume(config, workdir)  # Before anything else: a changed model is refused.
+  runs.check_resume(config, workdir)  # Before anything else: a changed model is refused.
   # The config becomes the model config, mesh, rules and task once; they are passed down.
   model_config = ModelConfig.from_config(config)
   mesh = sharding.create_mesh(config.mesh, devices)
@@ -625,7 +344,7 @@ def _train_and_evaluate(
 
   vocab = _prepare_data(config)
   # A vocabulary trained just now (none existed at `check_resume`) must be the recorded one too.
-  run_inputs = check_inputs(config, workdir, vocab.serialized_model())
+  run_inputs = runs.check_inputs(config, workdir, vocab.serialized_model())
   train_iter = input_pipeline.DevicePrefetch(
     task.train_iterator(
       config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count()
@@ -663,7 +382,7 @@ def _train_and_evaluate(
     os.path.join(workdir, metrics.FILENAME), start_step
   )
   finished = start_step >= config.num_train_steps or stopping.stop
-  final = _final_metrics(workdir, start_step) if finished else None
+  final = runs.final_metrics(workdir, start_step) if finished else None
   if final is not None:
     logging.info(
       'Nothing to train: the checkpoint is at step %d, %s; nothing was changed. Its final '
@@ -672,12 +391,12 @@ def _train_and_evaluate(
       'where the run stopped early' if stopping.stop else 'config.num_train_steps',
       workdir,
     )
-    if jax.process_index() == 0 and _saved_config(workdir) is None:
-      write_config(config, workdir)  # One that was moved aside (`config.read_run_config`).
+    if jax.process_index() == 0 and runs.saved_config(workdir) is None:
+      runs.write_config(config, workdir)  # One that was moved aside (`runs.read_run_config`).
     return final
   # Only once the checkpoint restored: an unreadable one leaves the workdir as it was.
   if jax.process_index() == 0:
-    write_config(config, workdir)
+    runs.write_config(config, workdir)
     # Command line, git commit, package versions (warns on changes), the inputs' content.
     provenance.record(workdir, run_inputs)
 
@@ -729,11 +448,11 @@ def _train_and_evaluate(
 
   last_step = start_step if stopping.stop else config.num_train_steps
   logging.info('Training from step %d to %d on mesh %s.', start_step, last_step, dict(mesh.shape))
-  progress = _Progress(start_step, config.num_train_steps)
-  input_wait = _InputWait(train_iter, config.data.num_workers)
+  progress = metrics.Progress(start_step, config.num_train_steps)
+  input_wait = metrics.InputWait(train_iter, config.data.num_workers)
   monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps)
   train_sums, summary = None, {}
-  profiler = _StepProfiler(os.path.join(workdir, 'profile'), start_step + 2, profile_steps)
+  profiler = metrics.StepProfiler(os.path.join(workdir, 'profile'), start_step + 2, profile_steps)
   watcher.arm()  # From here a signal stops the run after a step, with a checkpoint of it.
   for step in range(start_step + 1, last_step + 1):
     batch = next(train_iter)

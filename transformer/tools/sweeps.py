@@ -33,6 +33,7 @@ import ml_collections
 import numpy as np
 
 from transformer import config as config_lib
+from transformer import path_checks
 
 Overrides = dict[str, Any]
 # The repository root, where train.py and eval.py live.
@@ -499,7 +500,7 @@ def create(
 
 def root_errors(config: ml_collections.ConfigDict, root: str) -> list[str]:
   """Errors of the sweep root `root`: a folder of its own, not a run, its files or its inputs."""
-  if root and os.path.isdir(root) and config_lib.is_run(root):
+  if root and os.path.isdir(root) and path_checks.is_run(root):
     return [f'--workdir={root} is the workdir of a training run; give the sweep its own folder.']
   if root and os.path.exists(root) and not os.path.isdir(root):
     return [f'--workdir={root} is a file, not a folder.']
@@ -507,7 +508,7 @@ def root_errors(config: ml_collections.ConfigDict, root: str) -> list[str]:
     'the raw data (config.data.manual_dir)': config.data.manual_dir,
     'the prepared data (config.data.data_dir)': config.data.data_dir,
   }
-  return config_lib.protected_path_errors(root, '--workdir', inputs)
+  return path_checks.protected_path_errors(root, '--workdir', inputs)
 
 
 # eval.py's flags that the sweep sets itself, or that would not score the trial's split into

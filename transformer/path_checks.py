@@ -1,0 +1,177 @@
+"""Where a command may write: never a run's files (what a workdir holds), its inputs or the code.
+
+Every output path of train.py, eval.py and sweep.py is checked here before any
+work (`protected_path_errors`, `workdir_errors`, `writable_file_errors`,
+`writable_dir_errors`), so that nothing a user or a run made is overwritten.
+`RUN_ENTRIES` lists what a training run writes at the top of its workdir;
+`is_run` and `run_file` recognise a workdir and a path inside one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+
+import ml_collections
+
+# What train.py, eval.py and sweep.py write at the top of a run's workdir: a path at or under one
+# of these entries is a file of the run, never an output of another command.
+RUN_ENTRIES = (
+  'config.json',
+  'provenance.jsonl',
+  'metrics.jsonl',
+  'train.lock',
+  'checkpoints',
+  'best_checkpoints',
+  'corrupt_checkpoints',
+  'tensorboard',
+  'eval',
+  'profile',
+  'trial.json',
+  'train.log',
+  'eval.log',
+)
+# The checkout that holds this package: the files git tracks there are the code.
+CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def absolute(path: str) -> str:
+  """`path` with `~` expanded, absolute and with symbolic links resolved."""
+  return os.path.realpath(os.path.expanduser(path))
+
+
+def is_run(directory: str) -> bool:
+  """Whether `directory` is the workdir of a training run (train.py wrote or is writing it)."""
+  has = lambda name: os.path.exists(os.path.join(directory, name))
+  written = has('checkpoints') or has('provenance.jsonl')
+  return has('train.lock') or (has('config.json') and written)
+
+
+def run_file(path: str) -> tuple[str, str] | None:
+  """(workdir, entry) when `path` is or lies under a `RUN_ENTRIES` entry of a run's workdir."""
+  path = absolute(path)
+  parent = os.path.dirname(path)
+  while True:
+    if is_run(parent):
+      entry = os.path.relpath(path, parent).split(os.sep)[0]
+      if entry in RUN_ENTRIES:
+        return parent, entry
+    if os.path.dirname(parent) == parent:
+      return None
+    parent = os.path.dirname(parent)
+
+
+def _code_files(path: str) -> list[str]:
+  """The files of the code (tracked by git in `CODE_DIR`) that are `path` or lie under it."""
+  if os.path.commonpath([path, CODE_DIR]) != CODE_DIR:
+    return []
+  try:
+    result = subprocess.run(
+      ['git', '-C', CODE_DIR, 'ls-files', '-z', '--', os.path.relpath(path, CODE_DIR)],
+      capture_output=True,
+      timeout=30,
+      check=True,
+    )
+  except (OSError, subprocess.SubprocessError):
+    return []  # Not a git checkout (an installed copy): no file is known as code.
+  return [name for name in result.stdout.decode(errors='replace').split('\0') if name]
+
+
+def _within(path: str, other: str) -> bool:
+  """Whether `path` is `other` (the same file, also through a hard link) or lies under it."""
+  if os.path.commonpath([path, other]) == other:
+    return True
+  try:
+    return os.path.samefile(path, other)
+  except OSError:
+    return False
+
+
+def protected_path_errors(
+  path: str, name: str, inputs: Mapping[str, str | None] | None = None
+) -> list[str]:
+  """Errors of a path that a command would write (`name`: its flag or config key).
+
+  It must not be a file of a run (`run_file`), be or lie in one of `inputs` ({what: path}, the
+  files and folders the command reads), nor be or hold files of the code. Checked before any
+  work, so that nothing a user or a run made is overwritten.
+  """
+  if not path or not path.strip():
+    return [f'{name} is empty: name a path.']
+  path = absolute(path)
+  if (found := run_file(path)) is not None:
+    workdir, entry = found
+    where = 'is' if os.path.relpath(path, workdir) == entry else 'lies in'
+    return [
+      f'{name}={path} {where} {entry} of the training run in {workdir}, which only that run '
+      'writes; write elsewhere.'
+    ]
+  for what, other in (inputs or {}).items():
+    if other and other != '-' and _within(path, absolute(other)):
+      other = absolute(other)
+      where = 'lies in' if path != other and os.path.commonpath([path, other]) == other else 'is'
+      return [f'{name}={path} {where} {what}, {other}, an input of this command; write elsewhere.']
+  code = _code_files(path)
+  if code:
+    what = 'a file of the code' if code == [os.path.relpath(path, CODE_DIR)] else 'the code'
+    shown = ', '.join(code[:3]) + (', ...' if len(code) > 3 else '')
+    return [f'{name}={path} is {what} ({shown} in {CODE_DIR}); write elsewhere.']
+  return []
+
+
+def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+  """Errors of train.py's `--workdir` and the paths it writes data to, before anything runs.
+
+  The workdir must be a folder (new, or a run's to resume), not inside another run's files,
+  the raw data (`config.data.manual_dir`), the prepared data (`config.data.data_dir`) or the
+  code; the prepared data and a vocabulary to be trained must not land in a run's files or
+  the raw data. Existing prepared data and vocabularies are only read.
+  """
+  if not workdir or not workdir.strip():
+    return [
+      f"--workdir is empty: name the run's folder (e.g. --workdir=workdirs/m30k); an empty "
+      f'one would write the run into the current directory, {os.getcwd()}.'
+    ]
+  data = config.data
+  raw = {'the raw data (config.data.manual_dir)': data.manual_dir}
+  path = absolute(workdir)
+  if os.path.exists(path) and not os.path.isdir(path):
+    return [f'--workdir={path} is a file, not a folder: name a new folder, or a run to resume.']
+  errors = protected_path_errors(
+    path, '--workdir', {**raw, 'the prepared data (config.data.data_dir)': data.data_dir}
+  )
+  errors += protected_path_errors(data.data_dir, 'config.data.data_dir', raw)
+  if data.vocab_path and not os.path.exists(absolute(data.vocab_path)):  # Trained, then written.
+    errors += protected_path_errors(data.vocab_path, 'config.data.vocab_path', raw)
+  return errors or writable_dir_errors(path, '--workdir')
+
+
+def writable_file_errors(path: str, flag: str) -> list[str]:
+  """Whether `path` can be written (its folder exists and is writable), checked before any work."""
+  if path == '-':
+    return []
+  path = os.path.abspath(os.path.expanduser(path))
+  folder = os.path.dirname(path)
+  if os.path.isdir(path):
+    return [f'{flag}={path} is a directory, not a file.']
+  if not os.path.isdir(folder):
+    return [f'{flag}={path}: the folder {folder} does not exist.']
+  if os.path.exists(path) and not os.access(path, os.W_OK):
+    return [f'{flag}={path} is not writable.']
+  if not os.path.exists(path) and not os.access(folder, os.W_OK | os.X_OK):
+    return [f'{flag}={path}: the folder {folder} is not writable.']
+  return []
+
+
+def writable_dir_errors(path: str, flag: str) -> list[str]:
+  """Whether folder `path` is, or can be created, writable (its nearest existing ancestor)."""
+  path = os.path.abspath(os.path.expanduser(path))
+  existing = path
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    return [f'{flag}: {existing} is a file, so {path} cannot be a folder.']
+  if not os.access(existing, os.W_OK | os.X_OK):
+    return [f'{flag}: {existing} is not writable, so nothing can be written to {path}.']
+  return []

@@ -1,0 +1,321 @@
+"""A training run's workdir through its life: resume checks, its config read and written, clean-up.
+
+- `check_resume` and `check_inputs`: a resume that would read the checkpoints
+  as something else (another model, fewer steps, other input files) is refused
+  before anything is written; `RESUMABLE_KEYS` may change on resume.
+- `write_config` writes WORKDIR/config.json (reporting what changed since the
+  last start); `read_run_config` reads it back, `upgrade`d: a key added to the
+  project after the run was written gets the value that run had (`ADDED_KEYS`).
+- `owned_workdir` holds the workdir's lock (`workdir_lock`) for the run and,
+  after a failed start, removes the empty folders the run created.
+- `final_metrics`: what a finished run's metrics.jsonl says at its last step.
+
+What a workdir holds and which paths may be written are `path_checks.RUN_ENTRIES`
+and `path_checks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
+
+from transformer import atomic, checkpoints, metrics, provenance, workdir_lock
+from transformer import config as config_lib
+
+# Config keys that may change when a run is resumed: they alter neither the model
+# nor the optimizer state.
+RESUMABLE_KEYS = (
+  'num_train_steps',
+  'log_every_steps',
+  'eval_every_steps',
+  'checkpoint_every_steps',
+  'keep_checkpoints',
+  'data.manual_dir',
+  'data.data_dir',
+  'data.vocab_path',
+  'skip_nonfinite_steps',
+  'target_metric',
+  'keep_best_checkpoints',
+  'early_stopping_patience',
+  'decode.beam_size',
+  'decode.alpha',
+  'decode.max_extra_len',
+  'model.attention_impl',  # How attention and gradients are computed, not what.
+  'model.remat',
+)
+# Model keys that change training but not what the saved weights mean: a change on resume warns.
+_REGULARIZATION_KEYS = (
+  'model.dropout_rate',
+  'model.attention_dropout_rate',
+  'model.ffn_dropout_rate',
+)
+# Other keys whose change on resume would read the saved weights as another model's: refused.
+_WEIGHT_MEANING_KEYS = (
+  'vocab_size',
+  'data.source_lang',
+  'data.target_lang',
+  'data.spm_model_type',
+)
+# Keys that add an entry to the optimizer state when > 0: turning one on or off is refused.
+_OPTIMIZER_SWITCH_KEYS = ('weight_decay',)
+
+
+def _changes_weight_meaning(key: str) -> bool:
+  """Every model field (sizes, norm, position, activation, bias, ...) and the vocabulary."""
+  return (
+    key.startswith('model.') and key not in _REGULARIZATION_KEYS + RESUMABLE_KEYS
+  ) or key in _WEIGHT_MEANING_KEYS
+
+
+def _flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """{'model.d_model': 256, ...} with values as JSON holds them (tuples become lists)."""
+  return config_lib.flatten(json.loads(config.to_json_best_effort()))
+
+
+def saved_config(workdir: str) -> dict[str, Any] | None:
+  """WORKDIR/config.json flattened, with the keys older runs lack as they had them (`upgrade`)."""
+  saved = read_run_config(workdir)
+  return None if saved is None else _flatten(saved)
+
+
+def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Refuses a resume that would read the workdir's checkpoints as something else.
+
+  Once the workdir holds a checkpoint: every model field and the vocabulary size
+  (`_changes_weight_meaning`) must equal WORKDIR/config.json's (other keys may change;
+  `write_config` reports them), `config.num_train_steps` must not lie below the latest
+  checkpoint, and the data and an existing vocabulary must have the content the run
+  recorded (`check_inputs`). Runs before anything is written.
+  """
+  steps = checkpoints.committed_steps(os.path.join(workdir, 'checkpoints'))
+  if not steps:
+    return
+  checkpoint_dir = os.path.join(workdir, 'checkpoints')
+  saved = saved_config(workdir)
+  current = _flatten(config)
+  changed = [
+    f'config.{key}: {saved.get(key)!r} -> {current.get(key)!r}'
+    for key in sorted(set(saved or {}) | set(current))
+    if saved is not None and _changes_weight_meaning(key) and saved.get(key) != current.get(key)
+  ]
+  if changed:
+    raise ValueError(
+      f'The checkpoints in {checkpoint_dir} belong to another model: resuming would read their '
+      f'weights with a changed meaning. Changed since {workdir}/config.json (saved -> now):\n  '
+      + '\n  '.join(changed)
+      + '\nNothing was changed. Train this model in a new --workdir, '
+      'or resume with the saved values (drop these overrides).'
+    )
+  switched = [
+    f'config.{key}: {saved[key]!r} -> {current[key]!r}'
+    for key in _OPTIMIZER_SWITCH_KEYS
+    if saved is not None
+    and key in saved
+    and key in current
+    and (saved[key] > 0) != (current[key] > 0)
+  ]
+  if switched:
+    raise ValueError(
+      f'The checkpoints in {checkpoint_dir} hold the optimizer state of another optimizer: '
+      f"{', '.join(switched)} turns AdamW's weight decay on or off (0: Adam). Nothing was "
+      'changed. Resume with the saved value (any value > 0 if it was on), or train in a new '
+      '--workdir.'
+    )
+  if config.num_train_steps < steps[-1]:
+    raise ValueError(
+      f'config.num_train_steps={config.num_train_steps} lies below the latest checkpoint, step '
+      f'{steps[-1]} of {checkpoint_dir}: this run is past it, and training cannot go back. '
+      f'Nothing was changed. To evaluate an earlier checkpoint, run eval.py --workdir={workdir} '
+      f'--checkpoint=STEP (steps {steps}); to train on, set config.num_train_steps above '
+      f'{steps[-1]}; to train {config.num_train_steps} steps from scratch, use a new --workdir.'
+    )
+  check_inputs(config, workdir)
+
+
+def check_inputs(
+  config: ml_collections.ConfigDict, workdir: str, vocabulary: bytes | None = None
+) -> dict[str, Any]:
+  """Refuses inputs whose content differs from what the run recorded; returns the current ones.
+
+  `provenance.inputs`: the training data (by the fingerprint of its source files) and the
+  vocabulary (by sha256: of `vocabulary`, the model's bytes, or of its file if it exists),
+  compared with the last start's record in WORKDIR/provenance.jsonl while the workdir holds
+  a checkpoint. The same content at another path is accepted.
+  """
+  current = provenance.inputs(config, vocabulary)
+  if not checkpoints.committed_steps(os.path.join(workdir, 'checkpoints')):
+    return current
+  changes = provenance.input_changes(provenance.recorded_inputs(workdir), current)
+  if changes:
+    raise ValueError(
+      f'The checkpoints in {workdir}/checkpoints were trained on other files: resuming would '
+      f'read them with a changed meaning. Changed in content since the run recorded them in '
+      f'{workdir}/{provenance.FILENAME} (recorded -> now):\n  '
+      + '\n  '.join(changes)
+      + '\nNothing was changed. Resume with the files the run started with (at any path: '
+      'only their content counts), or train in a new --workdir.'
+    )
+  return current
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Writes the resolved config to WORKDIR/config.json, warning about changes on resume."""
+  path = os.path.join(workdir, 'config.json')
+  previous = saved_config(workdir)
+  if previous is not None:
+    current = _flatten(config)
+    for key in sorted(set(previous) | set(current)):
+      if previous.get(key) != current.get(key):
+        level = logging.INFO if key in RESUMABLE_KEYS else logging.WARNING
+        logging.log(
+          level,
+          'Config key %s changed since the last run: %r -> %r (the command line wins).',
+          key,
+          previous.get(key),
+          current.get(key),
+        )
+  atomic.write_text(path, config.to_json_best_effort(indent=2, sort_keys=True))
+
+
+@contextlib.contextmanager
+def owned_workdir(workdir: str):
+  """Holds WORKDIR/train.lock (process 0, for the whole run).
+
+  On an error, removes the empty folders that this run created (the workdir
+  itself included), so a failed start leaves no trace.
+  """
+  existed = set(os.listdir(workdir)) if os.path.isdir(workdir) else None
+  lock = workdir_lock.WorkdirLock(workdir)
+  error = None
+  if jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    try:
+      lock.acquire()
+    except workdir_lock.WorkdirLockedError as e:
+      error = e
+  if jax.process_count() > 1:  # Every process stops if process 0 could not take the lock.
+    locked = multihost_utils.broadcast_one_to_all(np.int32(error is None))
+    if not locked and error is None:
+      error = workdir_lock.WorkdirLockedError(
+        f'Process 0 could not take {lock.path} (another run holds the workdir; see its log).'
+      )
+  try:
+    if error is not None:
+      raise error
+    yield
+  except BaseException:
+    if jax.process_index() == 0:
+      lock.release()
+      _remove_new_empty_folders(workdir, existed)
+    raise
+  finally:
+    lock.release()
+
+
+def _remove_new_empty_folders(workdir: str, existed: set[str] | None) -> None:
+  """Removes the empty folders under `workdir` that were not there before (then it, if new)."""
+  if not os.path.isdir(workdir):
+    return
+  for name in sorted(set(os.listdir(workdir)) - (existed or set())):
+    path = os.path.join(workdir, name)
+    if os.path.isdir(path) and not os.listdir(path):
+      os.rmdir(path)
+  if existed is None and not os.listdir(workdir):
+    os.rmdir(workdir)
+
+
+def final_metrics(workdir: str, step: int) -> dict[str, float] | None:
+  """The rows of metrics.jsonl at `step` merged, if they hold its evaluation; else None."""
+  path = os.path.join(workdir, metrics.FILENAME)
+  if not os.path.exists(path):
+    return None
+  merged = {}
+  with open(path) as f:
+    for line in f:
+      row = json.loads(line) if line.strip() else {}
+      if row.get('step') == step:
+        merged.update({k: v for k, v in row.items() if k != 'step'})
+  return merged if 'eval_loss' in merged else None
+
+
+# --- WORKDIR/config.json of runs written before a key existed ------------------------------------
+
+# Keys added to the project after runs were written -> the value those runs had (the paper's
+# model and schedule, Adam without clipping, the sharding table of the time). `upgrade` fills
+# them in.
+ADDED_KEYS: dict[str, Any] = {
+  'model.architecture': 'encoder_decoder',
+  'model.position': 'sinusoidal',
+  'model.ffn_activation': 'relu',
+  'model.use_bias': True,
+  'model.ffn_dropout_rate': 0.0,
+  'grad_clip_norm': 0.0,
+  'schedule': 'inverse_sqrt',
+  'peak_learning_rate': None,
+  'final_lr_fraction': 0.0,
+  'weight_decay': 0.0,
+  'decode.beam_size': 4,
+  'decode.alpha': 0.6,
+  'decode.max_extra_len': 50,
+  'data.spm_model_type': 'unigram',
+  'keep_best_checkpoints': 0,
+  'early_stopping_patience': 0,
+  'model.attention_impl': 'auto',  # The einsum those runs computed, wherever cuDNN does not fuse.
+  'model.remat': 'none',
+  'mesh.rules': (
+    ('batch', ('data', 'fsdp')),
+    ('embed', 'fsdp'),
+    ('heads', 'tensor'),
+    ('mlp', 'tensor'),
+    ('vocab', 'tensor'),
+    ('kv', None),
+    ('length', None),
+  ),
+}
+
+
+def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of a run's `config` (its WORKDIR/config.json) with every `ADDED_KEYS` key it lacks."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  for key, value in ADDED_KEYS.items():
+    *groups, leaf = key.split('.')
+    target = config
+    for group in groups:
+      if group not in target:  # A group added since (e.g. decode).
+        target[group] = ml_collections.ConfigDict()
+      target = target[group]
+    if leaf not in target:
+      target[leaf] = value
+  return config
+
+
+def read_run_config(workdir: str) -> ml_collections.ConfigDict | None:
+  """WORKDIR/config.json as train.py wrote it, `upgrade`d; None if there is none.
+
+  A file that is not such a config (damaged, or overwritten by something else) is a
+  `config.ConfigError` naming it and saying how to recover.
+  """
+  path = os.path.join(os.path.expanduser(workdir), 'config.json')
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding='utf-8') as f:
+      loaded = json.load(f)
+    if not isinstance(loaded, dict) or not {'model', 'data'} <= set(loaded):
+      raise ValueError('not a JSON object with the groups model and data')
+    return upgrade(ml_collections.ConfigDict(loaded))
+  except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError and UnicodeError are too.
+    raise config_lib.ConfigError(
+      f'{path} is not a config written by train.py ({type(e).__name__}: {e}): it was damaged '
+      'or overwritten. The checkpoints beside it are not affected. Restore it, or move it aside '
+      f'(mv {path} {path}.bad) and run the train.py command of this run again: it checks the '
+      "checkpoint's arrays against the model instead, and writes config.json anew."
+    ) from None

@@ -206,10 +206,10 @@ def run_one(name: str, root: Path, smoke: bool) -> dict:
   run = evaluation.setup(evaluation.load_run_config(str(workdir)))
   params, _ = evaluation.restore_params(run, str(workdir), 'latest')
   vocab = tokenizer.get_tokenizer(config)
-  translate_fn = translation.make_translate_fn(run.model_config, BEAM, run.mesh, run.rules)
+  translate_fn = translation.decode.make_translate_fn(run.model_config, BEAM, run.mesh, run.rules)
   decode = {}
   for label in ('with_compiles', 'compiled'):
-    _, results = translation.evaluate_split(
+    _, results, _ = translation.evaluate.evaluate_split(
       config, params, translate_fn, split='test', batch_size=128, tokenizer=vocab, n_bootstrap=1
     )
     decode[label] = results['sentences_per_sec']
@@ -219,7 +219,7 @@ def run_one(name: str, root: Path, smoke: bool) -> dict:
   if _CHECK_ATTENTION.value:
     one_process = config.copy_and_resolve_references()
     one_process.data.num_workers = 0
-    batch = next(translation.train_iterator(one_process, vocab))
+    batch = next(translation.data.train_iterator(one_process, vocab))
     batch = {k: jnp.asarray(v[:16]) for k, v in batch.items()}
     fused = fused_attention_check(config, jax.device_put(params, device), batch)
 
@@ -292,7 +292,7 @@ def main(argv):
     write_corpus(root / 'corpus', smoke)
   config = check_config(_CONFIGS.value[0], root, smoke)
   datasets.prepare(config.data)
-  translation.prepare_ids(config, tokenizer.get_tokenizer(config))  # Shared by every config.
+  translation.data.prepare_ids(config, tokenizer.get_tokenizer(config))  # Shared by every config.
   prepare_seconds = time.perf_counter() - start
   if _PREPARE_ONLY.value:
     print(f'Prepared {root} in {prepare_seconds:.0f} s; now pass --root={root}.')

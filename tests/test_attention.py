@@ -173,8 +173,8 @@ def test_cached_decoding_equals_with_either_path():
 
     @jax.jit
     def steps(params, src_BS, tgt_BL, cfg=cfg):
-      model, state = translation._init_state(params, src_BS, cfg, max_decode_len=4)
-      step = translation._logits_fn(model, params)
+      model, state = translation.decode._init_state(params, src_BS, cfg, max_decode_len=4)
+      step = translation.decode._logits_fn(model, params)
       _, logits_LBV = jax.lax.scan(lambda s, t_B: step(t_B[:, None], s)[::-1], state, tgt_BL.T)
       return logits_LBV
 

@@ -136,7 +136,7 @@ def test_state_restore_reproduces_next_batches(small, num_workers):
 
 def test_device_prefetch_places_ahead_and_resumes_at_the_first_unused_batch(small):
   config, tok = small
-  reference = translation.train_iterator(config, tok)
+  reference = translation.data.train_iterator(config, tok)
   expected = [next(reference) for _ in range(5)]
   placed = []
 
@@ -144,19 +144,19 @@ def test_device_prefetch_places_ahead_and_resumes_at_the_first_unused_batch(smal
     placed.append(batch)
     return {k: v.copy() for k, v in batch.items()}
 
-  it = input_pipeline.DevicePrefetch(translation.train_iterator(config, tok), place, ahead=2)
+  it = input_pipeline.DevicePrefetch(translation.data.train_iterator(config, tok), place, ahead=2)
   got = [next(it) for _ in range(2)]
   assert len(placed) == 4  # Batches 3 and 4 are placed before the step of batch 2 runs.
   state = it.get_state()  # The position of batch 3, the first no step has used.
   restored = input_pipeline.DevicePrefetch(
-    translation.train_iterator(config, tok), lambda b: b, ahead=2
+    translation.data.train_iterator(config, tok), lambda b: b, ahead=2
   )
   restored.set_state(state)
   got.append(next(restored))
   it.set_state(state)  # Drops the placed batches 3 and 4, then places them again.
   got += [next(it), next(it)]
   for want, batch in zip([*expected[:3], *expected[2:4]], got, strict=True):
-    for key in translation.BATCH_KEYS:
+    for key in translation.data.BATCH_KEYS:
       np.testing.assert_array_equal(batch[key], want[key])
   assert it.wait_seconds > 0
 

@@ -118,7 +118,7 @@ def test_decoding_lowers(run, decoder):
   options = inference.DecodeOptions(decoder=decoder, max_extra_len=4)
   rows = sharding.rows_sharding(run['mesh'], run['rules'])
   decode = jax.jit(
-    lambda params, src_BS, key_data: translation.translate(
+    lambda params, src_BS, key_data: translation.decode.translate(
       params,
       src_BS,
       jax.random.wrap_key_data(key_data),

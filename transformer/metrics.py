@@ -66,7 +66,6 @@ class MetricsWriter:
       self._tensorboard.close()
 
 
-# A log window whose time went more than this share to getting batches warns (input-bound).
 # A log window whose time went more than this share to getting batches, and at least this many
 # milliseconds a step, warns (input-bound); a few milliseconds are the loop's own, not the data's.
 INPUT_BOUND_SHARE, INPUT_BOUND_MS = 0.5, 10.0

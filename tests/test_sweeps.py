@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -221,6 +222,55 @@ def test_a_stopped_trial_is_interrupted_although_train_py_exits_0(tmp_path):
   assert state['stages']['train']['returncode'] == 0
   assert state['stages']['train']['status'] == 'interrupted'  # Runs again next time.
   assert sweep_runner.trial_status(str(tmp_path / 'base')) == 'interrupted'
+
+
+class _CheckpointingStandIn(sweeps.Sweep):
+  """A stand-in for train.py that commits a checkpoint at `config.seed` (the step it reaches),
+  then exits 0 on SIGTERM as train.py does, or at once when that step ends the run."""
+
+  def commands(self, trial):
+    step = trial.config.seed
+    script = (
+      'import os, signal, sys, time\n'
+      f'os.makedirs(os.path.join(sys.argv[1], "checkpoints", "{step}"))\n'
+      'signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n'
+      'print("up", flush=True)\n'
+      f'time.sleep(0 if {step} >= {trial.config.num_train_steps} else 60)\n'
+    )
+    return [('train', [sys.executable, '-c', script, self.workdir(trial)])]
+
+
+@pytest.mark.parametrize('step, expected', [(40, 'interrupted'), (60, 'finished')])
+def test_train_py_stopped_from_outside_the_sweep_is_interrupted_not_finished(
+  tmp_path, step, expected
+):
+  """train.py exits 0 after its checkpoint on any SIGTERM (a preemption, a kill by hand): the
+  trial is finished only where its newest checkpoint is at config.num_train_steps (60)."""
+  config = tiny.get_config()
+  config.seed = step
+  trial = sweeps.Trial(name='base', overrides={}, config=config)
+  sweep = _CheckpointingStandIn(
+    config_file='tiny.py',
+    config=config,
+    shared_overrides={},
+    sweep_file='sweep.py',
+    root=str(tmp_path),
+    trials=(trial,),
+  )
+  runner = sweep_runner._Runner(sweep)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    outcome = pool.submit(runner.run_trial, trial)
+    log = tmp_path / 'base' / 'train.log'
+    while '\nup\n' not in (log.read_text() if log.exists() else ''):
+      assert not outcome.done(), outcome.result()
+      time.sleep(0.05)
+    if expected == 'interrupted':  # Sent by someone else: the runner is not stopping.
+      os.kill(sweep_runner.read_state(str(tmp_path / 'base'))['pid'], signal.SIGTERM)
+    assert outcome.result(timeout=30) == expected
+  state = sweep_runner.read_state(str(tmp_path / 'base'))
+  assert state['stages']['train']['returncode'] == 0
+  assert state['stages']['train']['status'] == expected
+  assert sweep_runner.trial_status(str(tmp_path / 'base')) == expected
 
 
 def _write_sweep(path: Path, body: str) -> Path:

@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import tiny
-from transformer import metrics, optim, training
+from transformer import metrics, optim, runs, training
 from transformer.config import ModelConfig
 from transformer.tools import sweeps
 
@@ -203,14 +203,14 @@ def test_early_stopping_counts_evaluations_since_the_best_bleu(tmp_path):
     {'step': 25, 'eval_loss': 3.6, 'eval_bleu': 9.0},  # After the checkpoint: not counted.
   ]
   path.write_text(''.join(json.dumps(r) + '\n' for r in rows) + '{"step": 30, "eval_b')
-  stopping = training.EarlyStopping(patience=2).replay(str(path), last_step=20)
+  stopping = runs.EarlyStopping(patience=2).replay(str(path), last_step=20)
   assert (stopping.best, stopping.best_step, stopping.since_best) == (2.0, 10, 2)
   assert stopping.stop
-  assert not training.EarlyStopping(patience=3).replay(str(path), last_step=20).stop
-  assert not training.EarlyStopping(patience=0).replay(str(path), last_step=20).stop  # Off.
+  assert not runs.EarlyStopping(patience=3).replay(str(path), last_step=20).stop
+  assert not runs.EarlyStopping(patience=0).replay(str(path), last_step=20).stop  # Off.
   stopping.record(30, 2.5)
   assert (stopping.best_step, stopping.since_best, stopping.stop) == (30, 0, False)
-  fresh = training.EarlyStopping(patience=1).replay(str(tmp_path / 'none.jsonl'), last_step=0)
+  fresh = runs.EarlyStopping(patience=1).replay(str(tmp_path / 'none.jsonl'), last_step=0)
   assert fresh.best_step is None and not fresh.stop
 
 

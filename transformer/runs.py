@@ -8,7 +8,8 @@
   project after the run was written gets the value that run had (`ADDED_KEYS`).
 - `owned_workdir` holds the workdir's lock (`workdir_lock`) for the run and,
   after a failed start, removes the empty folders the run created.
-- `final_metrics`: what a finished run's metrics.jsonl says at its last step.
+- `EarlyStopping` and `is_finished`: whether a run has anything left to train;
+  `final_metrics`: what a finished run's metrics.jsonl says at its last step.
 
 What a workdir holds and which paths may be written are `path_checks.RUN_ENTRIES`
 and `path_checks`.
@@ -17,7 +18,9 @@ and `path_checks`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import math
 import os
 from typing import Any
 
@@ -230,6 +233,61 @@ def _remove_new_empty_folders(workdir: str, existed: set[str] | None) -> None:
       os.rmdir(path)
   if existed is None and not os.listdir(workdir):
     os.rmdir(workdir)
+
+
+@dataclasses.dataclass
+class EarlyStopping:
+  """Evaluations since the validation BLEU last improved; `stop` after `patience` of them."""
+
+  patience: int  # config.early_stopping_patience; 0: never stops.
+  best: float = -math.inf  # The highest validation BLEU so far ...
+  best_step: int | None = None  # ... and the step that scored it.
+  since_best: int = 0  # Evaluations since then (a tie does not improve).
+
+  def record(self, step: int, bleu: float) -> None:
+    if bleu > self.best:
+      self.best, self.best_step, self.since_best = bleu, step, 0
+    else:
+      self.since_best += 1
+
+  @property
+  def stop(self) -> bool:
+    return self.patience > 0 and self.since_best >= self.patience
+
+  def replay(self, metrics_path: str, last_step: int) -> EarlyStopping:
+    """Records the validation BLEU of the run's evaluations up to `last_step` (metrics.jsonl).
+
+    A resumed run so continues counting where it stopped, and a run that stopped
+    early stays stopped.
+    """
+    bleus = {}  # Step -> BLEU; a step evaluated twice (a run resumed at its end) counts once.
+    if os.path.exists(metrics_path):
+      with open(metrics_path) as f:
+        for line in f:
+          try:
+            row = json.loads(line)
+          except json.JSONDecodeError:
+            break  # A line cut short by a crash: nothing after it was committed.
+          if 'eval_bleu' in row and row['step'] <= last_step:
+            bleus[row['step']] = row['eval_bleu']
+    for step in sorted(bleus):
+      self.record(step, bleus[step])
+    return self
+
+
+def is_finished(workdir: str, config: ml_collections.ConfigDict) -> bool:
+  """Whether the run in `workdir` has nothing left to train under `config`.
+
+  Its newest committed checkpoint is at `config.num_train_steps` (or later), or its
+  validation BLEU stopped improving for `config.early_stopping_patience`
+  evaluations. train.py exits 0 after checkpointing on SIGTERM or SIGINT too, so a
+  caller that sees it exit 0 asks this (the sweep runner) before calling a run done.
+  """
+  steps = checkpoints.committed_steps(os.path.join(workdir, 'checkpoints'))
+  last = steps[-1] if steps else 0
+  metrics_path = os.path.join(workdir, metrics.FILENAME)
+  stopping = EarlyStopping(config.early_stopping_patience).replay(metrics_path, last)
+  return last >= config.num_train_steps or stopping.stop
 
 
 def final_metrics(workdir: str, step: int) -> dict[str, float] | None:

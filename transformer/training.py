@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
-import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -202,46 +200,6 @@ def evaluate(eval_fn, params, batches: Iterable[dict[str, np.ndarray]], mesh: Me
   return jax.device_get(total)
 
 
-@dataclasses.dataclass
-class EarlyStopping:
-  """Evaluations since the validation BLEU last improved; `stop` after `patience` of them."""
-
-  patience: int  # config.early_stopping_patience; 0: never stops.
-  best: float = -math.inf  # The highest validation BLEU so far ...
-  best_step: int | None = None  # ... and the step that scored it.
-  since_best: int = 0  # Evaluations since then (a tie does not improve).
-
-  def record(self, step: int, bleu: float) -> None:
-    if bleu > self.best:
-      self.best, self.best_step, self.since_best = bleu, step, 0
-    else:
-      self.since_best += 1
-
-  @property
-  def stop(self) -> bool:
-    return self.patience > 0 and self.since_best >= self.patience
-
-  def replay(self, metrics_path: str, last_step: int) -> EarlyStopping:
-    """Records the validation BLEU of the run's evaluations up to `last_step` (metrics.jsonl).
-
-    A resumed run so continues counting where it stopped, and a run that stopped
-    early stays stopped.
-    """
-    bleus = {}  # Step -> BLEU; a step evaluated twice (a run resumed at its end) counts once.
-    if os.path.exists(metrics_path):
-      with open(metrics_path) as f:
-        for line in f:
-          try:
-            row = json.loads(line)
-          except json.JSONDecodeError:
-            break  # A line cut short by a crash: nothing after it was committed.
-          if 'eval_bleu' in row and row['step'] <= last_step:
-            bleus[row['step']] = row['eval_bleu']
-    for step in sorted(bleus):
-      self.record(step, bleus[step])
-    return self
-
-
 def _last_good_checkpoint(checkpointer: checkpoints.Checkpointer) -> str | None:
   """Describes the newest committed checkpoint, after letting a save in flight commit."""
   checkpointer.wait_until_finished()
@@ -378,7 +336,7 @@ def _train_and_evaluate(
   start_step = int(state.step)
   # A run that stopped early (its validation BLEU had not improved for `patience` evaluations)
   # stays stopped; a larger config.early_stopping_patience lets it go on.
-  stopping = EarlyStopping(config.early_stopping_patience).replay(
+  stopping = runs.EarlyStopping(config.early_stopping_patience).replay(
     os.path.join(workdir, metrics.FILENAME), start_step
   )
   finished = start_step >= config.num_train_steps or stopping.stop

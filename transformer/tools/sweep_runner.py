@@ -27,7 +27,7 @@ from typing import Any
 
 from absl import logging
 
-from transformer import atomic, workdir_lock
+from transformer import atomic, runs, workdir_lock
 from transformer.tools.sweeps import REPO_DIR, Sweep, Trial, flag_value
 
 STATE_FILE = 'trial.json'
@@ -253,8 +253,19 @@ class _Runner:
     if self.stopping.is_set():
       # train.py exits 0 after checkpointing on SIGTERM: stopped, not finished.
       status = 'interrupted'
+    elif returncode != 0:
+      status = 'failed'
+    elif stage == 'train' and not runs.is_finished(workdir, trial.config):
+      # The same exit after a signal from elsewhere (a preemption, a kill by hand).
+      logging.warning(
+        '%s: train.py exited before config.num_train_steps=%d (a signal from outside the '
+        'sweep?); the trial is interrupted and resumes when the sweep runs again.',
+        trial.name,
+        trial.config.num_train_steps,
+      )
+      status = 'interrupted'
     else:
-      status = 'finished' if returncode == 0 else 'failed'
+      status = 'finished'
     record.update(status=status, returncode=returncode, seconds=round(time.time() - started, 1))
     if status == 'failed':
       record['error'] = _error_line(log_path, offset)

@@ -184,49 +184,9 @@ def test_trial_status_tells_a_running_trial_from_an_interrupted_one(tmp_path):
 
 
 class _StandInSweep(sweeps.Sweep):
-  """A sweep whose train stage is a stand-in for train.py: it exits 0 on SIGTERM, as train.py
-  does once it has checkpointed the current step."""
-
-  def commands(self, trial):
-    script = (
-      'import signal, sys, time\n'
-      'signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n'
-      'print("up", flush=True)\n'
-      'time.sleep(60)\n'
-    )
-    return [('train', [sys.executable, '-c', script, f'--workdir={self.workdir(trial)}'])]
-
-
-def test_a_stopped_trial_is_interrupted_although_train_py_exits_0(tmp_path):
-  config = tiny.get_config()
-  trial = sweeps.Trial(name='base', overrides={}, config=config)
-  sweep = _StandInSweep(
-    config_file='tiny.py',
-    config=config,
-    shared_overrides={},
-    sweep_file='sweep.py',
-    root=str(tmp_path),
-    trials=(trial,),
-  )
-  runner = sweep_runner._Runner(sweep)
-  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-    outcome = pool.submit(runner.run_trial, trial)
-    log = tmp_path / 'base' / 'train.log'
-    # The log's first line is the command, which contains the script: wait for its output line.
-    while '\nup\n' not in (log.read_text() if log.exists() else ''):
-      assert not outcome.done(), outcome.result()
-      time.sleep(0.05)
-    runner.stop()
-    assert outcome.result(timeout=30) == 'interrupted'
-  state = sweep_runner.read_state(str(tmp_path / 'base'))
-  assert state['stages']['train']['returncode'] == 0
-  assert state['stages']['train']['status'] == 'interrupted'  # Runs again next time.
-  assert sweep_runner.trial_status(str(tmp_path / 'base')) == 'interrupted'
-
-
-class _CheckpointingStandIn(sweeps.Sweep):
-  """A stand-in for train.py that commits a checkpoint at `config.seed` (the step it reaches),
-  then exits 0 on SIGTERM as train.py does, or at once when that step ends the run."""
+  """A sweep whose train stage is a stand-in for train.py: it commits a checkpoint at step
+  `config.seed`, then exits 0 on SIGTERM as train.py does once it has checkpointed, or at once
+  where that step ends the run."""
 
   def commands(self, trial):
     step = trial.config.seed
@@ -240,37 +200,54 @@ class _CheckpointingStandIn(sweeps.Sweep):
     return [('train', [sys.executable, '-c', script, self.workdir(trial)])]
 
 
-@pytest.mark.parametrize('step, expected', [(40, 'interrupted'), (60, 'finished')])
-def test_train_py_stopped_from_outside_the_sweep_is_interrupted_not_finished(
-  tmp_path, step, expected
-):
-  """train.py exits 0 after its checkpoint on any SIGTERM (a preemption, a kill by hand): the
-  trial is finished only where its newest checkpoint is at config.num_train_steps (60)."""
+def _run_stand_in(root: Path, step: int, stop) -> tuple[str, dict]:
+  """Runs the stand-in trial to `step` of configs/tiny.py's 60, calling `stop(runner)` once it
+  is up; returns the trial's outcome and its recorded state."""
   config = tiny.get_config()
   config.seed = step
   trial = sweeps.Trial(name='base', overrides={}, config=config)
-  sweep = _CheckpointingStandIn(
+  sweep = _StandInSweep(
     config_file='tiny.py',
     config=config,
     shared_overrides={},
     sweep_file='sweep.py',
-    root=str(tmp_path),
+    root=str(root),
     trials=(trial,),
   )
   runner = sweep_runner._Runner(sweep)
   with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
     outcome = pool.submit(runner.run_trial, trial)
-    log = tmp_path / 'base' / 'train.log'
+    log = root / 'base' / 'train.log'
+    # The log's first line is the command, which contains the script: wait for its output line.
     while '\nup\n' not in (log.read_text() if log.exists() else ''):
       assert not outcome.done(), outcome.result()
       time.sleep(0.05)
-    if expected == 'interrupted':  # Sent by someone else: the runner is not stopping.
-      os.kill(sweep_runner.read_state(str(tmp_path / 'base'))['pid'], signal.SIGTERM)
-    assert outcome.result(timeout=30) == expected
-  state = sweep_runner.read_state(str(tmp_path / 'base'))
-  assert state['stages']['train']['returncode'] == 0
-  assert state['stages']['train']['status'] == expected
-  assert sweep_runner.trial_status(str(tmp_path / 'base')) == expected
+    stop(runner)
+    result = outcome.result(timeout=30)
+  state = sweep_runner.read_state(str(root / 'base'))
+  assert state['stages']['train']['returncode'] == 0  # train.py's exit after a SIGTERM.
+  assert state['stages']['train']['status'] == result
+  assert sweep_runner.trial_status(str(root / 'base')) == result
+  return result, state
+
+
+def test_a_stopped_trial_is_interrupted_although_train_py_exits_0(tmp_path):
+  result, _ = _run_stand_in(tmp_path, 40, lambda runner: runner.stop())
+  assert result == 'interrupted'  # Runs again next time.
+
+
+def _kill_from_outside(runner):
+  """SIGTERM from someone else (a preemption, a kill by hand): the runner is not stopping."""
+  for process in list(runner._processes.values()):
+    process.send_signal(signal.SIGTERM)
+
+
+def test_train_py_stopped_from_outside_the_sweep_is_interrupted_not_finished(tmp_path):
+  """The trial is finished only where its newest checkpoint is at config.num_train_steps."""
+  result, _ = _run_stand_in(tmp_path / 'killed', 40, _kill_from_outside)
+  assert result == 'interrupted'
+  result, _ = _run_stand_in(tmp_path / 'ended', 60, lambda runner: None)  # Exits 0 at step 60.
+  assert result == 'finished'
 
 
 def _write_sweep(path: Path, body: str) -> Path:

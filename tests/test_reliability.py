@@ -61,7 +61,7 @@ OVERRIDES = {
   'log_every_steps': 1,
   'eval_bleu_sentences': 0,
 }
-_TIMING = ('steps_per_sec', 'tokens_per_sec', 'input_wait_ms')
+_TIMING = ('steps_per_sec', 'tokens_per_sec', 'input_wait_ms', 'wall_seconds')
 
 # A failed TensorStore read of a damaged checkpoint can finish after Orbax closed its event loop;
 # Python reports that from a finalizer (an unraisable exception), harmlessly.

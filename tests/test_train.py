@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -47,7 +48,13 @@ def _final_params(workdir):
   return step, restored['params'], restored['opt_state']
 
 
-_TIMING = ('steps_per_sec', 'tokens_per_sec', 'input_wait_ms', 'eval_decode_sentences_per_sec')
+_TIMING = (
+  'steps_per_sec',
+  'tokens_per_sec',
+  'input_wait_ms',
+  'eval_decode_sentences_per_sec',
+  'wall_seconds',
+)
 
 
 def test_tiny_trains_and_loss_falls(data_dirs, tmp_path):
@@ -131,6 +138,36 @@ def test_stopped_and_resumed_run_equals_uninterrupted(data_dirs, tmp_path):
   rows_a = {(r['step'], tuple(sorted(r))): r for r in strip(_metrics(straight))}
   rows_b = {(r['step'], tuple(sorted(r))): r for r in strip(_metrics(resumed))}
   assert rows_a == rows_b
+  # The resumed run's clock goes on from the rows it kept: never backwards.
+  clock = [r['wall_seconds'] for r in _metrics(resumed)]
+  assert len(clock) == len(_metrics(resumed)) and clock == sorted(clock) and clock[0] > 0
+
+
+def test_wall_seconds_go_on_from_the_kept_rows_and_stay_out_of_older_runs(tmp_path):
+  """A resume adds its own time to the last kept row's; a run without the key gets none."""
+  run = tmp_path / 'run'
+  run.mkdir()
+  first = metrics.MetricsWriter(str(run), started=time.time() - 100.0)
+  first.write(10, {'train_loss': 2.0})
+  first.write(20, {'train_loss': 1.5})  # After the checkpoint at 10: dropped on resume.
+  first.close()
+  resumed = metrics.MetricsWriter(str(run), started=time.time() - 5.0)
+  resumed.truncate_after(10)
+  resumed.write(20, {'train_loss': 1.4})
+  resumed.close()
+  rows = _metrics(run)
+  assert [r['step'] for r in rows] == [10, 20]
+  assert 100.0 <= rows[0]['wall_seconds'] < 160.0
+  assert 5.0 <= rows[1]['wall_seconds'] - rows[0]['wall_seconds'] < 65.0
+
+  older = tmp_path / 'older'
+  older.mkdir()
+  (older / metrics.FILENAME).write_text(json.dumps({'step': 10, 'train_loss': 2.0}) + '\n')
+  resumed = metrics.MetricsWriter(str(older), started=time.time())
+  resumed.truncate_after(10)
+  resumed.write(20, {'train_loss': 1.4})
+  resumed.close()
+  assert [sorted(r) for r in _metrics(older)] == [['step', 'train_loss']] * 2
 
 
 def _best_params(workdir):

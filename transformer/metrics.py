@@ -19,14 +19,25 @@ from absl import logging
 from transformer import atomic
 
 FILENAME = 'metrics.jsonl'  # In the workdir: one JSON object per line, each with its step.
+WALL_SECONDS = 'wall_seconds'  # Key of a row's time since the run began (`MetricsWriter`).
 
 
 class MetricsWriter:
-  """Writes scalar rows from process 0 only; other processes write nothing."""
+  """Writes scalar rows from process 0 only; other processes write nothing.
 
-  def __init__(self, workdir: str):
+  With `started` (the `time.time()` at which the run began), every row also
+  carries `wall_seconds`: the wall-clock seconds of the run up to that row,
+  compile, evaluations and checkpoints included. A resumed run goes on from the
+  `wall_seconds` of the last row it keeps (`truncate_after`), so the time between
+  a stop and the resume is not counted and the steps trained again after it are;
+  a run whose earlier rows lack it (written before this key existed) omits it.
+  """
+
+  def __init__(self, workdir: str, started: float | None = None):
     self.path = os.path.join(workdir, FILENAME)
     self._enabled = jax.process_index() == 0
+    self._started = started
+    self._offset = 0.0  # Seconds the kept rows of earlier processes had reached.
     self._tensorboard = None
     if self._enabled:
       from tensorboardX import SummaryWriter  # TF-free TensorBoard writer.
@@ -47,11 +58,19 @@ class MetricsWriter:
     if len(kept) != len(rows):
       logging.info('metrics.jsonl: dropping %d rows after step %d.', len(rows) - len(kept), step)
       atomic.write_text(self.path, ''.join(kept))
+    if kept:
+      earlier = json.loads(kept[-1]).get(WALL_SECONDS)
+      if earlier is None:
+        self._started = None  # The run's time so far is unknown: no row claims one.
+      else:
+        self._offset = earlier
 
   def write(self, step: int, metrics: dict[str, float]) -> None:
     if not self._enabled:
       return
     row = {'step': int(step), **{k: float(v) for k, v in metrics.items()}}
+    if self._started is not None:
+      row[WALL_SECONDS] = round(self._offset + time.time() - self._started, 3)
     with open(self.path, 'a') as f:
       f.write(json.dumps(row) + '\n')
     for name, value in metrics.items():

@@ -258,6 +258,7 @@ def train_and_evaluate(
   Returns:
     The metrics of the last evaluation (loss, perplexity, accuracy, BLEU, ...).
   """
+  started = time.time()  # The run's clock (metrics.jsonl's wall_seconds).
   if profile_steps < 0:
     raise ValueError(f'profile_steps={profile_steps} must be >= 0.')
   devices = jax.devices() if devices is None else devices
@@ -271,7 +272,7 @@ def train_and_evaluate(
     contextlib.ExitStack() as cleanup,
   ):
     return _train_and_evaluate(
-      config, workdir, devices, watcher, cleanup, restore_fallback, profile_steps, hooks
+      config, workdir, devices, watcher, cleanup, restore_fallback, profile_steps, hooks, started
     )
 
 
@@ -284,6 +285,7 @@ def _train_and_evaluate(
   restore_fallback: bool,
   profile_steps: int,
   hooks: Hooks,
+  started: float,
 ) -> dict[str, float]:
   runs.check_resume(config, workdir)  # Before anything else: a changed model is refused.
   # The config becomes the model config, mesh, rules and task once; they are passed down.
@@ -358,7 +360,7 @@ def _train_and_evaluate(
     # Command line, git commit, package versions (warns on changes), the inputs' content.
     provenance.record(workdir, run_inputs)
 
-  writer = metrics.MetricsWriter(workdir)
+  writer = metrics.MetricsWriter(workdir, started=started)
   writer.truncate_after(start_step)
   best = None  # The parameters of the evaluations with the best validation BLEU.
   if config.keep_best_checkpoints:

@@ -2,8 +2,8 @@
 
 Reads the run's resolved config from WORKDIR/config.json, decodes a split (beam
 search by default, with the run's config.decode settings, by default the paper's:
-beam 4, alpha 0.6, max length = source + 50; --beam_size, --alpha and
---max_extra_len override them)
+beam 4, alpha 0.6, max length = source + 50, on the latest checkpoint; --beam_size,
+--alpha, --max_extra_len and --checkpoint override them)
 and writes WORKDIR/eval/<checkpoint>-<split>.txt and .json (with a suffix such as
 `-greedy` for other decoding settings) (sacreBLEU cased and lowercased, chrF, each with
 its bootstrap 95% confidence interval (--n_bootstrap), length ratio, decode speed), and the
@@ -39,7 +39,8 @@ _CHECKPOINT = flags.DEFINE_string(
   'checkpoint',
   'latest',
   "'latest', a step number, 'avg:N' (average the last N), 'best' (the best validation BLEU "
-  "kept by config.keep_best_checkpoints) or 'avg_best:N' (average the N best).",
+  "kept by config.keep_best_checkpoints) or 'avg_best:N' (average the N best) (default: "
+  'config.decode.checkpoint).',
 )
 _SPLIT = flags.DEFINE_string('split', None, "Split to evaluate (default: config's test_split).")
 _DECODER = flags.DEFINE_enum(
@@ -157,7 +158,8 @@ def main(argv):
     lines = evaluation.read_input_lines(_INPUT_FILE.value)  # Fails before any restore.
   if _PROMPT.value:
     lines = (lines or []) + list(_PROMPT.value)
-  params, label = evaluation.restore_params(run, _WORKDIR.value, _CHECKPOINT.value)
+  checkpoint = _CHECKPOINT.value if flags.FLAGS['checkpoint'].present else config.decode.checkpoint
+  params, label = evaluation.restore_params(run, _WORKDIR.value, checkpoint)
 
   if _ATTENTION_PLOT.value:
     paths = attention_maps.translate_and_plot(

@@ -69,6 +69,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.decode.beam_size = 4  # Beam width (paper: 4).
   config.decode.alpha = 0.6  # GNMT length penalty exponent (paper: 0.6; 0: none).
   config.decode.max_extra_len = 50  # Output limit: source length + this (paper: 50).
+  config.decode.checkpoint = 'latest'  # Scored: 'latest', a step, 'avg:N', 'best', 'avg_best:N'.
 
   # Model (section 3); read through transformer.model.ModelConfig.
   config.model = ml_collections.ConfigDict()

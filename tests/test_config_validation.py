@@ -58,6 +58,8 @@ def test_every_field_of_every_config_has_a_rule_and_is_valid(name):
     ('weight_decay', -0.01, 'config.weight_decay=-0.01 must be a finite number in [0, inf)'),
     ('decode.beam_size', 0, 'config.decode.beam_size=0 must be a positive integer'),
     ('decode.alpha', -0.5, 'config.decode.alpha=-0.5 must be a finite number in [0, inf)'),
+    ('decode.checkpoint', 'avg:0', "config.decode.checkpoint='avg:0' must be 'latest', a step"),
+    ('decode.checkpoint', 'last', "config.decode.checkpoint='last' must be 'latest', a step"),
     ('data.spm_model_type', 'char', "config.data.spm_model_type='char' is not one of ('unigram',"),
     ('keep_best_checkpoints', -1, 'config.keep_best_checkpoints=-1 must be an integer >= 0'),
     ('early_stopping_patience', -2, 'config.early_stopping_patience=-2 must be an integer >= 0'),
@@ -100,6 +102,20 @@ def test_every_error_is_listed_at_once():
       {'keep_best_checkpoints': 3, 'early_stopping_patience': 5, 'eval_bleu_sentences': 0},
       'config.keep_best_checkpoints=3 and config.early_stopping_patience=5: selecting by '
       'validation BLEU needs config.eval_bleu_sentences > 0',
+    ),
+    (
+      {'decode.checkpoint': 'avg:10', 'keep_checkpoints': 5},
+      "config.decode.checkpoint='avg:10' averages the last 10 checkpoints, but "
+      'config.keep_checkpoints=5 keeps 5.',
+    ),
+    (
+      {'decode.checkpoint': 'best'},
+      "config.decode.checkpoint='best' reads the best checkpoint by validation BLEU, but "
+      'config.keep_best_checkpoints=0 keeps none.',
+    ),
+    (
+      {'decode.checkpoint': 'avg_best:3', 'keep_best_checkpoints': 2},
+      'config.keep_best_checkpoints=2 keeps 2.',
     ),
   ],
 )
@@ -163,6 +179,7 @@ RECIPE_KEYS = (
   'decode.beam_size',
   'decode.alpha',
   'decode.max_extra_len',
+  'decode.checkpoint',
   'data.spm_model_type',
   'keep_best_checkpoints',
   'early_stopping_patience',
@@ -183,11 +200,12 @@ def test_runs_written_before_the_recipe_switches_load_with_their_behaviour():
   # unigram vocabulary, no best checkpoints or early stopping, and eval.py's decoding defaults
   # (beam 4, alpha 0.6, source length + 50).
   assert config_lib.flatten(upgraded) == config_lib.flatten(default.get_config())
-  assert (upgraded.decode.beam_size, upgraded.decode.alpha, upgraded.decode.max_extra_len) == (
-    4,
-    0.6,
-    50,
-  )
+  assert (
+    upgraded.decode.beam_size,
+    upgraded.decode.alpha,
+    upgraded.decode.max_extra_len,
+    upgraded.decode.checkpoint,
+  ) == (4, 0.6, 50, 'latest')
   config_lib.validate(upgraded, num_devices=1)
 
 

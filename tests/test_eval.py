@@ -97,13 +97,13 @@ def test_decoding_settings_default_to_the_runs_config_and_flags_override_them(ru
   copy = tmp_path / 'run'
   shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('eval'))
   saved = json.loads((copy / 'config.json').read_text())
-  saved['decode'] = {'beam_size': 2, 'alpha': 1.0, 'max_extra_len': 20}
+  saved['decode'] = {'beam_size': 2, 'alpha': 1.0, 'max_extra_len': 20, 'checkpoint': 'avg:2'}
   (copy / 'config.json').write_text(json.dumps(saved))
   result = _eval_py(f'--workdir={copy}', '--split=validation', '--alpha=0.6', '--n_bootstrap=1')
   assert result.returncode == 0, result.stderr[-3000:]
-  # Beam width and length limit from the run's config, alpha from the flag.
-  [path] = (copy / 'eval').glob('step_60-validation*.json')
-  assert path.name == 'step_60-validation-beam2_alpha0.6_extra20.json'
+  # Checkpoints, beam width and length limit from the run's config, alpha from the flag.
+  [path] = (copy / 'eval').glob('*-validation*.json')
+  assert path.name == 'avg2_30-60-validation-beam2_alpha0.6_extra20.json'
   scores = json.loads(path.read_text())
   assert (scores['decoder'], scores['beam_size'], scores['alpha']) == ('beam', 2, 0.6)
 

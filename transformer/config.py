@@ -31,9 +31,10 @@ import jax.numpy as jnp
 import ml_collections
 from absl import app
 
-from transformer import sharding
+from transformer import domains, sharding
 from transformer.domains import (
   BOOLEAN,
+  CHECKPOINT_SPEC,
   NAME,
   OPTIONAL_PATH,
   OPTIONAL_POSITIVE_REAL,
@@ -125,6 +126,7 @@ CONFIG_RULES: dict[str, Rule] = {
   'decode.beam_size': POSITIVE_INT,
   'decode.alpha': real(0.0),  # GNMT length penalty exponent; 0: none.
   'decode.max_extra_len': POSITIVE_INT,
+  'decode.checkpoint': CHECKPOINT_SPEC,  # eval.py's --checkpoint unless given.
   'model.architecture': one_of(ARCHITECTURES),
   'model.num_layers': POSITIVE_INT,
   'model.d_model': POSITIVE_INT,
@@ -201,6 +203,25 @@ def _schedule_errors(c) -> list[str]:
       f'config.schedule={c.schedule!r} decays from the end of warmup to config.num_train_steps: '
       f'config.num_train_steps={c.num_train_steps} must exceed '
       f'config.warmup_steps={c.warmup_steps}.'
+    ]
+  return []
+
+
+def _decode_checkpoint_errors(c) -> list[str]:
+  """eval.py's default checkpoint must be one the run keeps."""
+  spec = c.decode.checkpoint
+  count = domains.averaged_count(spec)
+  if spec.startswith('avg:') and count > c.keep_checkpoints:
+    return [
+      f'config.decode.checkpoint={spec!r} averages the last {count} checkpoints, but '
+      f'config.keep_checkpoints={c.keep_checkpoints} keeps {c.keep_checkpoints}.'
+    ]
+  if (spec == 'best' or spec.startswith('avg_best:')) and count > c.keep_best_checkpoints:
+    best = 'the best checkpoint' if count == 1 else f'the {count} best checkpoints'
+    return [
+      f'config.decode.checkpoint={spec!r} reads {best} by validation '
+      f'BLEU, but config.keep_best_checkpoints={c.keep_best_checkpoints} keeps '
+      f'{c.keep_best_checkpoints or "none"}.'
     ]
   return []
 
@@ -291,6 +312,7 @@ def _mesh_rule_errors(c) -> list[str]:
 _CROSS_CHECKS: tuple[Callable[[ml_collections.ConfigDict], list[str]], ...] = (
   _model_errors,
   _schedule_errors,
+  _decode_checkpoint_errors,
   _attention_errors,
   _length_errors,
   _task_errors,

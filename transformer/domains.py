@@ -89,6 +89,38 @@ NAME = Rule('a non-empty string', lambda v: isinstance(v, str) and bool(v.strip(
 OPTIONAL_POSITIVE_REAL = Rule(
   'None or a finite positive number', lambda v: v is None or POSITIVE_REAL.check(v)
 )
+
+
+def checkpoint_spec_error(checkpoint: Any) -> str | None:
+  """Why `checkpoint` names no checkpoint in any run, or None.
+
+  Valid: 'latest', a step, 'avg:N' (the last N averaged), 'best' (the best validation
+  BLEU kept) or 'avg_best:N' (the N best averaged), N a positive integer.
+  """
+  if not isinstance(checkpoint, str):
+    return f"checkpoint={checkpoint!r} must be a string such as 'latest' or 'avg:5'."
+  if checkpoint in ('latest', 'best') or checkpoint.isdigit():
+    return None
+  for prefix in ('avg:', 'avg_best:'):
+    if checkpoint.startswith(prefix):
+      count = checkpoint[len(prefix) :]
+      if count.isdigit() and int(count) >= 1:
+        return None
+      return f'checkpoint={checkpoint!r}: expected {prefix}N with N a positive integer.'
+  return (
+    f"checkpoint={checkpoint!r}: expected 'latest', a step number, 'avg:N', 'best' or 'avg_best:N'."
+  )
+
+
+def averaged_count(checkpoint: str) -> int:
+  """How many checkpoints a valid spec reads: N of 'avg:N' and 'avg_best:N', else 1."""
+  return int(checkpoint.rpartition(':')[2]) if ':' in checkpoint else 1
+
+
+CHECKPOINT_SPEC = Rule(
+  "'latest', a step number, 'avg:N', 'best' or 'avg_best:N' (N a positive integer)",
+  lambda v: checkpoint_spec_error(v) is None,
+)
 OPTIONAL_PATH = Rule(
   'None or a non-empty path', lambda v: v is None or (isinstance(v, str) and bool(v.strip()))
 )

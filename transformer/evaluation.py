@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 from transformer import (
   atomic,
   checkpoints,
+  domains,
   metrics,
   optim,
   provenance,
@@ -134,22 +135,7 @@ def select_best_steps(scores: dict[int, float], checkpoint: str) -> list[int]:
   return sorted(list(scores)[: int(count)])
 
 
-def checkpoint_error(checkpoint: str) -> str | None:
-  """Why `checkpoint` names no checkpoint in any run, or None.
-
-  Valid: 'latest', a step, 'avg:N', 'best' or 'avg_best:N' (N a positive integer).
-  """
-  if checkpoint in ('latest', 'best') or checkpoint.isdigit():
-    return None
-  for prefix in ('avg:', 'avg_best:'):
-    if checkpoint.startswith(prefix):
-      count = checkpoint[len(prefix) :]
-      if count.isdigit() and int(count) >= 1:
-        return None
-      return f'checkpoint={checkpoint!r}: expected {prefix}N with N a positive integer.'
-  return (
-    f"checkpoint={checkpoint!r}: expected 'latest', a step number, 'avg:N', 'best' or 'avg_best:N'."
-  )
+checkpoint_error = domains.checkpoint_spec_error  # eval.py's --checkpoint and the config's.
 
 
 def select_steps(available: list[int], checkpoint: str) -> list[int]:

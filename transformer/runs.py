@@ -51,6 +51,7 @@ RESUMABLE_KEYS = (
   'decode.beam_size',
   'decode.alpha',
   'decode.max_extra_len',
+  'decode.checkpoint',
   'model.attention_impl',  # How attention and gradients are computed, not what.
   'model.remat',
 )
@@ -323,6 +324,7 @@ ADDED_KEYS: dict[str, Any] = {
   'decode.beam_size': 4,
   'decode.alpha': 0.6,
   'decode.max_extra_len': 50,
+  'decode.checkpoint': 'latest',
   'data.spm_model_type': 'unigram',
   'keep_best_checkpoints': 0,
   'early_stopping_patience': 0,

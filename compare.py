@@ -4,7 +4,15 @@
       workdirs/rope/eval/step_300-validation.json [--test=ar] [--n_samples=N]
 
 Each argument is an eval.py translation result (.json) or a workdir holding exactly
-one (of --split). Prints every system's BLEU and chrF (--metrics; also bleu_lc, BLEU
+one (of --split), or the results of several seeds of one system, comma-separated:
+
+  python compare.py A0.json,A1.json,A2.json B0.json,B1.json,B2.json
+
+Then seed k of each system is paired with seed k of the baseline and one paired test
+resamples the sentences of all of them (pooled), and Welch's t-test compares the
+per-seed scores: how much more the systems differ than training runs do.
+
+Prints every system's BLEU and chrF (--metrics; also bleu_lc, BLEU
 on lowercased text) with its bootstrap 95% confidence interval, the p-value of
 sacreBLEU's paired test against the first system (the baseline) and, in words,
 which differences are significant at 0.05.
@@ -46,16 +54,34 @@ def main(argv):
     )
   if _N_SAMPLES.value < 0:
     raise app.UsageError(f'--n_samples={_N_SAMPLES.value} must be >= 0 (0: sacreBLEU defaults).')
+  groups = [arg.split(',') for arg in paths]
+  if any(len(group) > 1 for group in groups) and len({len(g) for g in groups}) > 1:
+    counts = ', '.join(f'{len(g)} in {arg!r}' for g, arg in zip(groups, paths, strict=True))
+    raise app.UsageError(
+      f'Every system needs as many seeds as the others ({counts}): seed k of each is paired '
+      'with seed k of the baseline.'
+    )
   if _OUTPUT.value is not None:  # Never one of the results it reads, nor a file of a run.
-    inputs = {f'argument {i}': path for i, path in enumerate(paths, start=1)}
+    results = [path for group in groups for path in group]
+    inputs = {f'result {i}': path for i, path in enumerate(results, start=1)}
     errors = path_checks.protected_path_errors(
       _OUTPUT.value, '--output', inputs
     ) or path_checks.writable_file_errors(_OUTPUT.value, '--output')
     if errors:
       raise app.UsageError('\n'.join(errors))
-  systems = [significance.load_system(path, _SPLIT.value) for path in paths]
+  seeds = [[significance.load_system(path, _SPLIT.value) for path in g] for g in groups]
+  systems = [
+    significance.pool(arg, results) if len(results) > 1 else results[0]
+    for arg, results in zip(paths, seeds, strict=True)
+  ]
   comparison = significance.compare(systems, _METRICS.value, _TEST.value, _N_SAMPLES.value)
-  print(significance.to_text(comparison), end='')
+  text = significance.to_text(comparison)
+  if len(seeds[0]) > 1:
+    comparison['across_seeds'] = significance.compare_seeds(
+      list(zip(paths, seeds, strict=True)), _METRICS.value
+    )
+    text += '\n' + significance.seeds_to_text(comparison['across_seeds'])
+  print(text, end='')
   if _OUTPUT.value:
     with open(_OUTPUT.value, 'w') as f:
       json.dump(comparison, f, indent=2)

@@ -6,6 +6,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -279,3 +280,64 @@ def test_seed_test_is_welchs_t_test():
   assert significance.seed_test([1.0], [2.0, 3.0])['p_value'] is None
   assert significance.seed_test([1.0, 1.0], [2.0, 2.0])['p_value'] is None
   assert not significance.seed_test([1.0, 1.0], [2.0, 2.0])['significant']
+
+
+def test_compare_py_with_seeds_pools_the_pairs_and_tests_across_seeds(tmp_path):
+  """Comma-separated results are one system's seeds: pooled paired test, then Welch's test."""
+  references = [de for _, de in synthetic_pairs(120, seed=7)]
+  rates = {'base': (0.30, 0.32, 0.31), 'better': (0.10, 0.12, 0.11)}
+  results = {
+    name: [
+      _write_result(tmp_path / f'{name}{seed}', references, _hypotheses(references, rate, seed))
+      for seed, rate in enumerate(seed_rates)
+    ]
+    for name, seed_rates in rates.items()
+  }
+  args = [','.join(map(str, results[name])) for name in rates]
+  out = tmp_path / 'comparison.json'
+  command = [sys.executable, 'compare.py', *args, '--metrics=bleu,bleu_lc', f'--output={out}']
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  written = json.loads(out.read_text())
+  # The paired test saw the three seeds' sentences one after another.
+  assert written['num_sentences'] == 3 * 120
+  pooled = significance.compare(
+    [
+      significance.pool(args[0], [significance.load_system(str(p)) for p in results['base']]),
+      significance.pool(args[1], [significance.load_system(str(p)) for p in results['better']]),
+    ],
+    ['bleu', 'bleu_lc'],
+  )
+  assert written['systems'] == pooled['systems']
+  # Across seeds: each seed's own .json score, and Welch's test of them.
+  per_seed = {
+    name: [json.loads(p.read_text())['bleu'] for p in paths] for name, paths in results.items()
+  }
+  across = written['across_seeds']['systems']
+  assert [row['seeds'] for row in across] == [3, 3]
+  assert across[0]['scores']['BLEU']['scores'] == per_seed['base']
+  better = across[1]['scores']['BLEU']
+  assert better['scores'] == per_seed['better']
+  assert better['std'] == pytest.approx(statistics.stdev(per_seed['better']))
+  expected = significance.seed_test(per_seed['base'], per_seed['better'])
+  assert (better['difference'], better['p_value']) == (expected['difference'], expected['p_value'])
+  assert better['significant'] and better['p_value'] < 0.05
+  assert 'BLEU-lc' in across[1]['scores']
+  lines = result.stdout.splitlines()
+  assert "Across seeds, Welch's t-test (two-sided, unequal variances)" in result.stdout
+  assert re.search(
+    r'BLEU \+\d+\.\d\d against the baseline across 3 seeds, p = 0\.\d{4}: '
+    r'significant at 0\.05\.$',
+    lines[-2] if 'BLEU-lc' in lines[-1] else lines[-1],
+  )
+
+  # Unequal seed counts cannot be paired: the error names both, last, before any work.
+  bad = subprocess.run(
+    [sys.executable, 'compare.py', args[0], ','.join(map(str, results['better'][:2]))],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert bad.returncode != 0
+  assert 'needs as many seeds as the others (3 in' in bad.stderr.strip().splitlines()[-1]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -330,6 +331,90 @@ def seed_test(
     'significant': p_value is not None and p_value < alpha,
     'alpha': alpha,
   }
+
+
+# eval.py's key of each metric's corpus score in its result .json, and the name `compare` gives it.
+_RESULT_KEYS = {'bleu': 'bleu', 'chrf': 'chrf', 'bleu_lc': 'bleu_lc'}
+_NAMES = {'bleu': 'BLEU', 'chrf': 'chrF2', 'bleu_lc': _RENAMED['bleu_lc']}
+
+
+def compare_seeds(
+  groups: Sequence[tuple[str, Sequence[System]]], metrics: Sequence[str] = DEFAULT_METRICS
+) -> dict[str, Any]:
+  """Across seeds: each (name, its seeds' results) group's scores; `seed_test` against the first.
+
+  The per-seed scores are the ones eval.py wrote into each result's .json.
+  Returns a JSON-able dict: per group {metric: {scores, mean, std, difference,
+  p_value, significant}} (no test for the baseline, the first group).
+  """
+  _sacrebleu_metrics(metrics)  # Checks the names.
+  rows = []
+  for name, systems in groups:
+    scores = {}
+    for metric in metrics:
+      key = _RESULT_KEYS[metric]
+      values = []
+      for system in systems:
+        if key not in system.results:
+          raise ValueError(
+            f'{system.result_path} has no {key!r} score (written by an eval.py from before it '
+            'was reported?): evaluate that checkpoint again.'
+          )
+        values.append(float(system.results[key]))
+      mean = sum(values) / len(values)
+      std = (
+        math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        if len(values) > 1
+        else None
+      )
+      scores[_NAMES[metric]] = {'scores': values, 'mean': mean, 'std': std}
+    rows.append({'name': name, 'seeds': len(systems), 'scores': scores})
+  baseline = rows[0]
+  for row in rows[1:]:
+    for metric, values in row['scores'].items():
+      values.update(seed_test(baseline['scores'][metric]['scores'], values['scores'], ALPHA))
+      del values['alpha']
+  return {'test': "Welch's t-test (two-sided, unequal variances)", 'alpha': ALPHA, 'systems': rows}
+
+
+def seeds_to_text(across: dict[str, Any]) -> str:
+  """The across-seeds table (mean ± std, p-value per metric) and its verdicts in words."""
+  metrics = list(across['systems'][0]['scores'])
+  header = ['system', 'seeds'] + [f'{m} (mean ± std)' for m in metrics]
+  header += [f'p ({m})' for m in metrics]
+  rows, sentences = [], []
+  for index, row in enumerate(across['systems']):
+    cells = [row['name'] + (' (baseline)' if index == 0 else ''), str(row['seeds'])]
+    for m in metrics:
+      values = row['scores'][m]
+      std = f' ± {values["std"]:.2f}' if values['std'] is not None else ''
+      cells.append(f'{values["mean"]:.2f}{std}')
+    for m in metrics:
+      values = row['scores'][m]
+      if index == 0:
+        cells.append('-')
+      elif values['p_value'] is None:
+        cells.append('n/a')
+      else:
+        cells.append(f'{values["p_value"]:.4f}' + ('*' if values['significant'] else ''))
+      if index > 0:
+        if values['p_value'] is None:
+          verdict = 'no test (fewer than 2 seeds a side, or no spread)'
+        else:
+          word = 'significant' if values['significant'] else 'not significant'
+          verdict = f'p = {values["p_value"]:.4f}: {word} at {across["alpha"]}'
+        sentences.append(
+          f'{row["name"]}: {m} {values["difference"]:+.2f} against the baseline across '
+          f'{row["seeds"]} seeds, {verdict}.'
+        )
+    rows.append(cells)
+  widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+  table = [
+    '  '.join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()
+    for r in [header, *rows]
+  ]
+  title = f'Across seeds, {across["test"]}; * significant at {across["alpha"]}:'
+  return '\n'.join([title, *table, '', *sentences]) + '\n'
 
 
 def verdicts(comparison: dict[str, Any]) -> list[str]:

@@ -301,7 +301,7 @@ def final_metrics(workdir: str, step: int) -> dict[str, float] | None:
     for line in f:
       row = json.loads(line) if line.strip() else {}
       if row.get('step') == step:
-        merged.update({k: v for k, v in row.items() if k != 'step'})
+        merged.update({k: v for k, v in row.items() if k not in ('step', metrics.WALL_SECONDS)})
   return merged if 'eval_loss' in merged else None
 
 

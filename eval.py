@@ -31,7 +31,7 @@ signal.signal(signal.SIGINT, signal.SIG_DFL)
 from absl import app, flags, logging  # noqa: E402
 
 from transformer import config as config_lib  # noqa: E402
-from transformer import evaluation, inference, path_checks, scoring, tasks  # noqa: E402
+from transformer import domains, evaluation, inference, path_checks, scoring, tasks  # noqa: E402
 from transformer.tools import attention_maps  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
@@ -187,7 +187,7 @@ def _check_flags(config) -> None:
   errors = config_lib.eval_flag_errors(
     {name: flags.FLAGS[name].value for name in config_lib.EVAL_FLAG_RULES}
   )
-  if error := evaluation.checkpoint_error(_CHECKPOINT.value):
+  if error := domains.checkpoint_spec_error(_CHECKPOINT.value):
     errors.append(f'--{error}')
   inputs = {'--input_file': _INPUT_FILE.value}
   if config is not None:

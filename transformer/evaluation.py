@@ -135,9 +135,6 @@ def select_best_steps(scores: dict[int, float], checkpoint: str) -> list[int]:
   return sorted(list(scores)[: int(count)])
 
 
-checkpoint_error = domains.checkpoint_spec_error  # eval.py's --checkpoint and the config's.
-
-
 def select_steps(available: list[int], checkpoint: str) -> list[int]:
   """Steps named by `checkpoint`: 'latest', a step number, or 'avg:N' (the last N).
 
@@ -150,7 +147,7 @@ def select_steps(available: list[int], checkpoint: str) -> list[int]:
     return available[-1:]
   if checkpoint.startswith('avg:'):
     count = checkpoint[len('avg:') :]
-    if error := checkpoint_error(checkpoint):
+    if error := domains.checkpoint_spec_error(checkpoint):
       raise ValueError(error)
     if int(count) > len(available):
       raise ValueError(

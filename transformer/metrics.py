@@ -28,9 +28,9 @@ class MetricsWriter:
   With `started` (the `time.time()` at which the run began), every row also
   carries `wall_seconds`: the wall-clock seconds of the run up to that row,
   compile, evaluations and checkpoints included. A resumed run goes on from the
-  `wall_seconds` of the last row it keeps (`truncate_after`), so the time between
-  a stop and the resume is not counted and the steps trained again after it are;
-  a run whose earlier rows lack it (written before this key existed) omits it.
+  `wall_seconds` of the last row it keeps (`truncate_after`): the time between a
+  stop and the resume is not counted, the steps trained again from the checkpoint
+  are. A run whose earlier rows lack it (written before this key existed) omits it.
   """
 
   def __init__(self, workdir: str, started: float | None = None):

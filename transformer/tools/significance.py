@@ -377,6 +377,15 @@ def compare_seeds(
   return {'test': "Welch's t-test (two-sided, unequal variances)", 'alpha': ALPHA, 'systems': rows}
 
 
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+  """Lines of left-aligned columns, as wide as their widest cell."""
+  widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+  return [
+    '  '.join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()
+    for r in [header, *rows]
+  ]
+
+
 def seeds_to_text(across: dict[str, Any]) -> str:
   """The across-seeds table (mean ± std, p-value per metric) and its verdicts in words."""
   metrics = list(across['systems'][0]['scores'])
@@ -408,11 +417,7 @@ def seeds_to_text(across: dict[str, Any]) -> str:
           f'{row["seeds"]} seeds, {verdict}.'
         )
     rows.append(cells)
-  widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-  table = [
-    '  '.join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()
-    for r in [header, *rows]
-  ]
+  table = _table(header, rows)
   title = f'Across seeds, {across["test"]}; * significant at {across["alpha"]}:'
   return '\n'.join([title, *table, '', *sentences]) + '\n'
 
@@ -451,11 +456,7 @@ def to_text(comparison: dict[str, Any]) -> str:
       for m in metrics
     ]
     rows.append([name] + [_with_ci(row['scores'][m]) for m in metrics] + p_values)
-  widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-  table = [
-    '  '.join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()
-    for r in [header, *rows]
-  ]
+  table = _table(header, rows)
   title = (
     f'{TESTS[comparison["test"]].capitalize()} ({comparison["n_samples"]} samples, '
     f'seed {comparison["seed"]}) on {comparison["split"]} '

@@ -1,10 +1,10 @@
 """Multi30k En->De: the base of the recipe study (docs/recipe.md), Transformer-Tiny sized.
 
 The screening runs of the study override this config one setting at a time
-(`configs/sweeps/recipe_screen.py`); the recipes it chose are `configs/multi30k_best.py`
-and `configs/multi30k_paper.py`. The size is the text-only "Transformer-Tiny" of Wu et al.
-(ACL 2021): d_model=128, 4+4 layers, 4 heads, d_ff=256, shared embeddings, dropout 0.3,
-peak learning rate 0.005.
+(`configs/sweeps/recipe_screen.py`); its two candidate recipes are
+`configs/multi30k_paper.py` and `configs/multi30k_best.py`. The size is the text-only
+"Transformer-Tiny" of Wu et al. (ACL 2021): d_model=128, 4+4 layers, 4 heads, d_ff=256,
+shared embeddings, dropout 0.3, peak learning rate 0.005.
 
   python sweep.py --config=configs/recipe_study.py \
       --sweep=configs/sweeps/recipe_screen.py --workdir=workdirs/recipe_screen \

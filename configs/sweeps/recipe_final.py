@@ -8,8 +8,8 @@
       --config.decode.alpha=1.0 --config.decode.checkpoint=avg:10 \
       --config.data.manual_dir=../shared/data/multi30k
 
-Stage 3 (configs/sweeps/recipe_full.py) found the linear decay of the rate to 0 the best
-schedule; it depends on num_train_steps, so each model trains as many steps as fit 60
+Stage 3's best trial (configs/sweeps/recipe_full.py) decayed the rate linearly to 0. That
+schedule depends on num_train_steps, so each model trains as many steps as fit 60
 minutes alone on 2 CPU cores (docs/recipe.md, stage 2: ~0.98 steps/s pre-LN, ~1.07 post-LN),
 less a margin of ~3 minutes for compile, evaluations and noise. Each is scored the way a
 recipe is: the last 10 checkpoints averaged, beam 5, length penalty 1.0 (stage 3's decoding

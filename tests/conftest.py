@@ -7,14 +7,30 @@ need the real Multi30k (beside the repository, at ../shared/data/multi30k) are m
 that skipped any test, except a full_data test where ../shared/data does not exist.
 """
 
+import atexit
 import gzip
 import io
+import os
 import pathlib
 import random
+import shutil
 import tarfile
+import tempfile
 from collections.abc import Callable, Sequence
 
-import jax
+# One persistent compilation cache for the whole run: the pytest process, its xdist workers
+# and the train.py / sweep.py processes the tests start (they inherit the environment), so a
+# tiny function compiled by one of them is read from disk by the others. It starts empty, as
+# in CI, and the process that made it removes it at exit; a cache the user set is left alone.
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  _COMPILATION_CACHE_DIR = tempfile.mkdtemp(prefix='transformer_tests_jax_cache_')
+  atexit.register(shutil.rmtree, _COMPILATION_CACHE_DIR, ignore_errors=True)
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = _COMPILATION_CACHE_DIR
+  # Every compile is cached, however fast (the tests' functions compile in well under 1 s).
+  os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+  os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
+
+import jax  # noqa: E402  (after the cache's environment, which jax reads when imported)
 import ml_collections
 import pytest
 from absl import flags

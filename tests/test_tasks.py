@@ -63,7 +63,9 @@ def test_the_protocol_names_the_members_training_and_eval_call():
   assert _ATTRIBUTES == ['batch_keys', 'default_decoder', 'name', 'unsupported_eval_flags']
 
 
-@pytest.mark.parametrize('task', [tasks.Translation(), tasks.LanguageModel()], ids=repr)
+@pytest.mark.parametrize(
+  'task', [tasks.Translation(), tasks.LanguageModel()], ids=lambda task: type(task).__name__
+)
 def test_each_task_implements_the_protocol(task):
   errors = []
   for name in _METHODS:

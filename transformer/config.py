@@ -527,12 +527,22 @@ DECODE_RULES: dict[str, Rule] = {
   'top_k': integer(0),  # 0: every token.
   'top_p': real(0.0, 1.0, low_open=True),  # 1: every token.
 }
+# Upper ends of eval.py's batch flags. Beam search caches the encoder output and every
+# decoder layer's keys and values for each of the beam's copies of a batch: at 2**20 source
+# tokens a Transformer-big's cache alone (6 layers x 2 x 4 beams x 2**20 x 1,024 floats) is
+# 190 GB, more than any accelerator holds. The defaults are inference.MAX_DECODE_*.
+MAX_EVAL_BATCH_TOKENS = 2**20
+MAX_EVAL_BATCH_ROWS = 2**16
+# sacreBLEU's bootstrap gathers [resamples, sentences, statistics] float32 at once: 10,000
+# resamples of WMT14's 3,003 test sentences are 1.2 GB for each score (10x its default).
+MAX_BOOTSTRAP = 10_000
+
 EVAL_FLAG_RULES: dict[str, Rule] = {
   **DECODE_RULES,
   'seed': integer(0),
-  'batch_size': POSITIVE_INT,
-  'max_tokens': POSITIVE_INT,  # Source token slots per decoding batch.
-  'n_bootstrap': POSITIVE_INT,  # 1: no confidence interval.
+  'batch_size': integer(1, MAX_EVAL_BATCH_ROWS),
+  'max_tokens': integer(1, MAX_EVAL_BATCH_TOKENS),  # Source token slots per decoding batch.
+  'n_bootstrap': integer(1, MAX_BOOTSTRAP),  # 1: no confidence interval.
   'poll_seconds': POSITIVE_REAL,
   'lengths': Rule(
     'None or positive integers',

@@ -204,12 +204,14 @@ def main(argv):
   state = training.create_train_state(
     model, optimizer, task, state_shardings, mesh, jax.random.key(0)
   )
-  step_fn = jax.jit(
-    lambda s, b: training.train_step(
-      s, b, model=model, optimizer=optimizer, task=task, config=config
-    ),
-    in_shardings=(state_shardings, sharding.batch_sharding(mesh, rules)),
-    donate_argnums=(0,),
+  step_fn = training.jit_train_step(
+    config,
+    model=model,
+    optimizer=optimizer,
+    task=task,
+    state_shardings=state_shardings,
+    mesh=mesh,
+    rules=rules,
   )
 
   with sharding.activated(mesh, rules):

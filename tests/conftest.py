@@ -16,6 +16,7 @@ import random
 import shutil
 import tarfile
 import tempfile
+import types
 from collections.abc import Callable, Sequence
 
 # One persistent compilation cache for the whole run: the pytest process, its xdist workers
@@ -231,6 +232,49 @@ def make_config(
 def config_for() -> Callable[..., ml_collections.ConfigDict]:
   """Returns `make_config(data_dir, manual_dir, dataset='parallel_text', **data)`."""
   return make_config
+
+
+def abstract_run(
+  config: ml_collections.ConfigDict, devices: Sequence[jax.Device], rows: int, length: int
+) -> types.SimpleNamespace:
+  """A run of `config` on `devices` as shapes: nothing allocated, nothing compiled.
+
+  Its mesh, rules, task, models and optimizer; the train state's shapes and shardings; a
+  batch of [rows, length] for each of the task's batch keys, split over the batch axes; and
+  the train and eval steps jitted as train.py jits them (`jit_train_step`, `jit_eval_step`).
+  """
+  from transformer import optim, sharding, tasks, training  # pylint: disable=g-import-not-at-top
+  from transformer.config import ModelConfig  # pylint: disable=g-import-not-at-top
+
+  mesh = sharding.create_mesh(config.mesh, devices)
+  rules = sharding.axis_rules(config.mesh)
+  task = tasks.get_task(config)
+  model, eval_model = training.create_models(ModelConfig.from_config(config))
+  optimizer = optim.create_optimizer(config)
+  state, state_shardings = training.abstract_state_and_shardings(
+    model, optimizer, task, mesh, rules
+  )
+  batch_sharding = sharding.batch_sharding(mesh, rules)
+  shardings = dict(state_shardings=state_shardings, mesh=mesh, rules=rules)
+  return types.SimpleNamespace(
+    config=config,
+    mesh=mesh,
+    rules=rules,
+    task=task,
+    model=model,
+    eval_model=eval_model,
+    optimizer=optimizer,
+    state=state,
+    state_shardings=state_shardings,
+    batch={
+      k: jax.ShapeDtypeStruct((rows, length), jax.numpy.int32, sharding=batch_sharding)
+      for k in task.batch_keys
+    },
+    train_step=training.jit_train_step(
+      config, model=model, optimizer=optimizer, task=task, **shardings
+    ),
+    eval_step=training.jit_eval_step(config, eval_model=eval_model, task=task, **shardings),
+  )
 
 
 # --- The full_data tier and --fail-on-skip -----------------------------------------------------

@@ -8,18 +8,17 @@ from shapes alone: nothing is allocated, nothing is compiled, and no GPU or TPU 
 cannot export it; bench/accelerator_check.py runs it on a GPU.
 """
 
-import functools
 import math
 import re
 
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import abstract_run
 from jax import export
 
 from configs import wmt14_ende_base, wmt14_ende_big
-from transformer import inference, optim, sharding, tasks, training
-from transformer.config import ModelConfig
+from transformer import inference, sharding
 from transformer.tasks import translation
 
 PLATFORMS = ('cuda', 'tpu')
@@ -39,40 +38,14 @@ def run(request):
   devices = jax.devices()[: math.prod(MESHES[mesh_name])]
   if len(devices) < math.prod(MESHES[mesh_name]):
     pytest.fail(f'{mesh_name} needs 8 devices; tests/conftest.py asks JAX for them.')
-  mesh = sharding.create_mesh(config.mesh, devices)
-  rules = sharding.axis_rules(config.mesh)
-  task = tasks.get_task(config)
-  model, eval_model = training.create_models(ModelConfig.from_config(config))
-  optimizer = optim.create_optimizer(config)
-  state, state_shardings = training.abstract_state_and_shardings(
-    model, optimizer, task, mesh, rules
-  )
-  batch_sharding = sharding.batch_sharding(mesh, rules)
-  batch_shardings = {k: batch_sharding for k in task.batch_keys}
-  batch = {
-    k: jax.ShapeDtypeStruct((ROWS, LENGTH), jnp.int32, sharding=batch_sharding)
-    for k in task.batch_keys
-  }
-  return dict(
-    config=config,
-    mesh=mesh,
-    rules=rules,
-    task=task,
-    model=model,
-    eval_model=eval_model,
-    optimizer=optimizer,
-    state=state,
-    state_shardings=state_shardings,
-    batch=batch,
-    batch_shardings=batch_shardings,
-  )
+  return abstract_run(config, devices, ROWS, LENGTH)
 
 
 def _export(run, jitted, *args) -> export.Exported:
-  with sharding.activated(run['mesh'], run['rules']):
+  with sharding.activated(run.mesh, run.rules):
     exported = export.export(jitted, platforms=PLATFORMS)(*args)
   assert exported.platforms == PLATFORMS
-  assert exported.nr_devices == run['mesh'].size
+  assert exported.nr_devices == run.mesh.size
   module = exported.mlir_module()
   # No kernel of one platform (cuDNN, a CPU library) in the module: plain StableHLO.
   custom_calls = set(re.findall(r'stablehlo\.custom_call @(\w+)', module))
@@ -82,52 +55,33 @@ def _export(run, jitted, *args) -> export.Exported:
 
 
 def test_train_step_lowers(run):
-  step = jax.jit(
-    functools.partial(
-      training.train_step,
-      model=run['model'],
-      optimizer=run['optimizer'],
-      task=run['task'],
-      config=run['config'],
-    ),
-    in_shardings=(run['state_shardings'], run['batch_shardings']),
-    out_shardings=(run['state_shardings'], sharding.replicated(run['mesh'])),
-    donate_argnums=(0,),
-  )
-  exported = _export(run, step, run['state'], run['batch'])
-  if run['mesh'].size > 1:  # Parameters and batches are split over the mesh, as in a real run.
-    specs = [s.spec for s in exported.in_shardings_jax(run['mesh'])]
+  exported = _export(run, run.train_step, run.state, run.batch)
+  if run.mesh.size > 1:  # Parameters and batches are split over the mesh, as in a real run.
+    specs = [s.spec for s in exported.in_shardings_jax(run.mesh)]
     split_over = {axis for spec in specs for axes in spec if axes for axis in jax.tree.leaves(axes)}
     assert split_over == set(sharding.MESH_AXES), specs
 
 
 def test_eval_step_lowers(run):
-  step = jax.jit(
-    functools.partial(
-      training.eval_step, model=run['eval_model'], task=run['task'], config=run['config']
-    ),
-    in_shardings=(run['state_shardings'].params, run['batch_shardings']),
-    out_shardings=sharding.replicated(run['mesh']),
-  )
-  _export(run, step, run['state'].params, run['batch'])
+  _export(run, run.eval_step, run.state.params, run.batch)
 
 
 @pytest.mark.parametrize('decoder', ['beam', 'greedy'])
 def test_decoding_lowers(run, decoder):
   """Beam search (beam 4, the paper's) and greedy decoding: their loop body is one step."""
   options = inference.DecodeOptions(decoder=decoder, max_extra_len=4)
-  rows = sharding.rows_sharding(run['mesh'], run['rules'])
+  rows = sharding.rows_sharding(run.mesh, run.rules)
   decode = jax.jit(
     lambda params, src_BS, key_data: translation.decode.translate(
       params,
       src_BS,
       jax.random.wrap_key_data(key_data),
-      model_config=run['eval_model'].config,
+      model_config=run.eval_model.config,
       options=options,
     ),
     out_shardings=rows,
   )
   src = jax.ShapeDtypeStruct((ROWS, SOURCE_LENGTH), jnp.int32, sharding=rows)
-  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(run['mesh']))
-  exported = _export(run, decode, run['state'].params, src, key)
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(run.mesh))
+  exported = _export(run, decode, run.state.params, src, key)
   assert exported.out_avals[0].shape == (ROWS, SOURCE_LENGTH + options.max_extra_len)

@@ -1,6 +1,5 @@
 """`train.py --dry_run`'s memory report: counted from shapes, checked against the compiled step."""
 
-import functools
 import math
 import os
 import subprocess
@@ -8,41 +7,21 @@ import sys
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import pytest
+from conftest import abstract_run
 
 from configs import tiny, wmt14_ende_base, wmt14_ende_big
-from transformer import dry_run, memory, optim, sharding, tasks, training
-from transformer.config import ModelConfig
+from transformer import dry_run, memory, sharding
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _compiled_bytes(config, num_devices: int) -> int:
   """Per-device bytes of the train step compiled for the CPU (as train_and_evaluate jits it)."""
-  mesh = sharding.create_mesh(config.mesh, jax.devices()[:num_devices])
-  rules = sharding.axis_rules(config.mesh)
-  task = tasks.get_task(config)
-  model, _ = training.create_models(ModelConfig.from_config(config))
-  optimizer = optim.create_optimizer(config)
-  state, state_shardings = training.abstract_state_and_shardings(
-    model, optimizer, task, mesh, rules
-  )
-  batch_sharding = sharding.batch_sharding(mesh, rules)
-  shape = (config.data.tokens_per_batch // config.data.max_len, config.data.max_len)
-  batch = {
-    k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sharding) for k in task.batch_keys
-  }
-  step = jax.jit(
-    functools.partial(
-      training.train_step, model=model, optimizer=optimizer, task=task, config=config
-    ),
-    in_shardings=(state_shardings, {k: batch_sharding for k in task.batch_keys}),
-    out_shardings=(state_shardings, sharding.replicated(mesh)),
-    donate_argnums=(0,),
-  )
-  with sharding.activated(mesh, rules):
-    stats = step.lower(state, batch).compile().memory_analysis()
+  rows = config.data.tokens_per_batch // config.data.max_len
+  run = abstract_run(config, jax.devices()[:num_devices], rows, config.data.max_len)
+  with sharding.activated(run.mesh, run.rules):
+    stats = run.train_step.lower(run.state, run.batch).compile().memory_analysis()
   # Inputs, plus outputs that are not donated inputs' buffers, plus temporaries.
   return (
     stats.argument_size_in_bytes

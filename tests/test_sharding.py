@@ -92,14 +92,14 @@ def _train_two_steps(config):
   state = training.create_train_state(
     model, optimizer, task, state_shardings, mesh, jax.random.key(0)
   )
-  batch_shardings = {k: sharding.batch_sharding(mesh, rules) for k in task.batch_keys}
-  step = jax.jit(
-    functools.partial(
-      training.train_step, model=model, optimizer=optimizer, task=task, config=config
-    ),
-    in_shardings=(state_shardings, batch_shardings),
-    out_shardings=(state_shardings, sharding.replicated(mesh)),
-    donate_argnums=(0,),
+  step = training.jit_train_step(
+    config,
+    model=model,
+    optimizer=optimizer,
+    task=task,
+    state_shardings=state_shardings,
+    mesh=mesh,
+    rules=rules,
   )
   losses = []
   with sharding.activated(mesh, rules):

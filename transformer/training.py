@@ -189,6 +189,48 @@ def eval_step(
   return sums
 
 
+def jit_train_step(
+  config: ml_collections.ConfigDict,
+  *,
+  model: Transformer,
+  optimizer,
+  task: tasks.Task,
+  state_shardings,
+  mesh: Mesh,
+  rules: sharding.Rules,
+):
+  """`train_step` jitted as a run uses it: (state, batch) -> (state, metrics).
+
+  The state keeps its shardings and is donated (updated in place); the batch is split over
+  the mesh's batch axes; the metrics come back replicated.
+  """
+  batch_sharding = sharding.batch_sharding(mesh, rules)
+  return jax.jit(
+    functools.partial(train_step, model=model, optimizer=optimizer, task=task, config=config),
+    in_shardings=(state_shardings, {k: batch_sharding for k in task.batch_keys}),
+    out_shardings=(state_shardings, sharding.replicated(mesh)),
+    donate_argnums=(0,),
+  )
+
+
+def jit_eval_step(
+  config: ml_collections.ConfigDict,
+  *,
+  eval_model: Transformer,
+  task: tasks.Task,
+  state_shardings,
+  mesh: Mesh,
+  rules: sharding.Rules,
+):
+  """`eval_step` jitted as a run uses it: (params, batch) -> replicated loss sums."""
+  batch_sharding = sharding.batch_sharding(mesh, rules)
+  return jax.jit(
+    functools.partial(eval_step, model=eval_model, task=task, config=config),
+    in_shardings=(state_shardings.params, {k: batch_sharding for k in task.batch_keys}),
+    out_shardings=sharding.replicated(mesh),
+  )
+
+
 def evaluate(eval_fn, params, batches: Iterable[dict[str, np.ndarray]], mesh: Mesh, rules):
   """Summed metrics over a whole split (every example counted once, on every process)."""
   total = None
@@ -367,19 +409,11 @@ def _train_and_evaluate(
     best = checkpoints.BestCheckpoints(workdir, keep=config.keep_best_checkpoints)
     cleanup.callback(best.close)
     best.drop_after(start_step)
-  batch_sharding = sharding.batch_sharding(mesh, rules)
-  batch_shardings = {k: batch_sharding for k in task.batch_keys}
-  train_step_fn = jax.jit(
-    functools.partial(train_step, model=model, optimizer=optimizer, task=task, config=config),
-    in_shardings=(state_shardings, batch_shardings),
-    out_shardings=(state_shardings, sharding.replicated(mesh)),
-    donate_argnums=(0,),
+  shardings = dict(state_shardings=state_shardings, mesh=mesh, rules=rules)
+  train_step_fn = jit_train_step(
+    config, model=model, optimizer=optimizer, task=task, **shardings
   )
-  eval_step_fn = jax.jit(
-    functools.partial(eval_step, model=eval_model, task=task, config=config),
-    in_shardings=(state_shardings.params, batch_shardings),
-    out_shardings=sharding.replicated(mesh),
-  )
+  eval_step_fn = jit_eval_step(config, eval_model=eval_model, task=task, **shardings)
 
   def run_eval(step: int) -> dict[str, float]:
     with sharding.activated(mesh, rules):

@@ -410,9 +410,7 @@ def _train_and_evaluate(
     cleanup.callback(best.close)
     best.drop_after(start_step)
   shardings = dict(state_shardings=state_shardings, mesh=mesh, rules=rules)
-  train_step_fn = jit_train_step(
-    config, model=model, optimizer=optimizer, task=task, **shardings
-  )
+  train_step_fn = jit_train_step(config, model=model, optimizer=optimizer, task=task, **shardings)
   eval_step_fn = jit_eval_step(config, eval_model=eval_model, task=task, **shardings)
 
   def run_eval(step: int) -> dict[str, float]:

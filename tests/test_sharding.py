@@ -19,6 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+from conftest import abstract_run
 
 from configs import tiny
 from transformer import config as config_lib
@@ -55,9 +56,13 @@ def _config(mesh=(1, 1, 1), **model_overrides) -> ml_collections.ConfigDict:
   return config
 
 
+def _devices(config) -> list[jax.Device]:
+  """As many of the 8 CPU devices as `config.mesh` has."""
+  return jax.devices()[: math.prod(config.mesh[axis] for axis in sharding.MESH_AXES)]
+
+
 def _mesh(config) -> tuple[jax.sharding.Mesh, sharding.Rules]:
-  devices = jax.devices()[: math.prod(config.mesh[axis] for axis in sharding.MESH_AXES)]
-  return sharding.create_mesh(config.mesh, devices), sharding.axis_rules(config.mesh)
+  return sharding.create_mesh(config.mesh, _devices(config)), sharding.axis_rules(config.mesh)
 
 
 def _packed_batch(seed: int, vocab: int) -> dict[str, np.ndarray]:
@@ -84,22 +89,10 @@ def _packed_batch(seed: int, vocab: int) -> dict[str, np.ndarray]:
 
 def _train_two_steps(config):
   """Loss sums of two train steps on `config.mesh`, and the parameters after them (on host)."""
-  mesh, rules = _mesh(config)
-  model, _ = training.create_models(ModelConfig.from_config(config))
-  optimizer = optim.create_optimizer(config)
-  task = tasks.get_task(config)
-  _, state_shardings = training.abstract_state_and_shardings(model, optimizer, task, mesh, rules)
+  run = abstract_run(config, _devices(config), ROWS, LENGTH)
+  mesh, rules, task = run.mesh, run.rules, run.task
   state = training.create_train_state(
-    model, optimizer, task, state_shardings, mesh, jax.random.key(0)
-  )
-  step = training.jit_train_step(
-    config,
-    model=model,
-    optimizer=optimizer,
-    task=task,
-    state_shardings=state_shardings,
-    mesh=mesh,
-    rules=rules,
+    run.model, run.optimizer, task, run.state_shardings, mesh, jax.random.key(0)
   )
   losses = []
   with sharding.activated(mesh, rules):
@@ -108,7 +101,7 @@ def _train_two_steps(config):
         k: v for k, v in _packed_batch(seed, config.vocab_size).items() if k in task.batch_keys
       }
       batch = sharding.global_batch(batch, mesh, rules)
-      state, sums = step(state, batch)
+      state, sums = run.train_step(state, batch)
       losses.append(float(sums['loss_sum']) / float(sums['num_tokens']))
   return losses, jax.device_get(state.params), state.params
 

@@ -527,10 +527,10 @@ DECODE_RULES: dict[str, Rule] = {
   'top_k': integer(0),  # 0: every token.
   'top_p': real(0.0, 1.0, low_open=True),  # 1: every token.
 }
-# Upper ends of eval.py's batch flags. Beam search caches the encoder output and every
-# decoder layer's keys and values for each of the beam's copies of a batch: at 2**20 source
-# tokens a Transformer-big's cache alone (6 layers x 2 x 4 beams x 2**20 x 1,024 floats) is
-# 190 GB, more than any accelerator holds. The defaults are inference.MAX_DECODE_*.
+# Upper ends of eval.py's batch flags, far beyond any useful batch (the defaults are
+# inference.MAX_DECODE_*). Beam search caches every decoder layer's cross-attention keys and
+# values for each of the beam's copies of a batch: at 2**20 source tokens a Transformer-big's
+# (6 layers x 2 x 4 beams x 2**20 x 1,024 float32) come to about 200 GB, cache alone.
 MAX_EVAL_BATCH_TOKENS = 2**20
 MAX_EVAL_BATCH_ROWS = 2**16
 # sacreBLEU's bootstrap gathers [resamples, sentences, statistics] float32 at once: 10,000

@@ -38,8 +38,9 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py
 _CHECKPOINT = flags.DEFINE_string(
   'checkpoint',
   'latest',
-  "'latest', a step number, 'avg:N' (average the last N), 'best' (the best validation BLEU "
-  "kept by config.keep_best_checkpoints) or 'avg_best:N' (average the N best) (default: "
+  "'latest', a step number, 'avg:N' (average the last N), 'avg:N@STEP' (the last N up to "
+  "STEP: a shorter inverse_sqrt run's 'avg:N'), 'best' (the best validation BLEU kept by "
+  "config.keep_best_checkpoints) or 'avg_best:N' (average the N best) (default: "
   'config.decode.checkpoint).',
 )
 _SPLIT = flags.DEFINE_string('split', None, "Split to evaluate (default: config's test_split).")

@@ -13,7 +13,7 @@ import pytest
 import sacrebleu
 
 from configs import tiny
-from transformer import evaluation, inference, training
+from transformer import domains, evaluation, inference, training
 from transformer.tasks import translation
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,6 +188,41 @@ def test_missing_checkpoint_lists_existing_steps(run):
     evaluation.select_steps([30, 60], 'avg:3')
   result = _eval_py(f'--workdir={workdir}', '--checkpoint=avg:5')
   assert result.returncode != 0 and 'there are only 2' in result.stderr
+
+
+def test_average_up_to_a_step_reads_a_shorter_runs_last_checkpoints(run, caplog):
+  steps = list(range(100, 1100, 100))
+  assert evaluation.select_steps(steps, 'avg:3@500') == [300, 400, 500]
+  assert evaluation.select_steps(steps, 'avg:3@1000') == evaluation.select_steps(steps, 'avg:3')
+  assert evaluation.select_steps(steps, 'avg:1@100') == [100]
+  with pytest.raises(ValueError, match=r"'avg:3@450': there is no checkpoint at step 450; .*\[100"):
+    evaluation.select_steps(steps, 'avg:3@450')
+  with pytest.raises(ValueError, match=r'needs 3 checkpoints, but there are only 2 up to step 200'):
+    evaluation.select_steps(steps, 'avg:3@200')
+  for spec in ('avg:3@', 'avg:3@x', 'avg:0@500', 'avg:@500', 'avg_best:2@500'):
+    assert domains.checkpoint_spec_error(spec), spec
+  assert domains.checkpoint_spec_error('avg:3@500') is None
+  assert (domains.averaged_count('avg:3@500'), domains.averaged_last_step('avg:3@500')) == (3, 500)
+  assert domains.averaged_last_step('avg:3') is None
+  # The fixture's run saved steps 30 and 60: 'avg:1@30' is step 30, 'avg:2@60' is 'avg:2'.
+  workdir, config = run
+  setup = evaluation.setup(config)
+  first, label = evaluation.restore_params(setup, workdir, 'avg:1@30')
+  assert label == 'step_30'
+  jax.tree.map(
+    np.testing.assert_array_equal, first, evaluation.restore_params(setup, workdir, '30')[0]
+  )
+  both, label = evaluation.restore_params(setup, workdir, 'avg:2@60')
+  assert label == 'avg2_30-60'
+  jax.tree.map(
+    np.testing.assert_array_equal, both, evaluation.restore_params(setup, workdir, 'avg:2')[0]
+  )
+  assert 'not what a run of that many steps would have saved' not in caplog.text
+  # Under a schedule that decays to num_train_steps, earlier checkpoints are not a shorter run's.
+  decaying = config.copy_and_resolve_references()
+  decaying.schedule = 'linear'
+  evaluation.restore_params(evaluation.setup(decaying), workdir, 'avg:1@30')
+  assert "config.schedule='linear'): they are not what a run of that many steps" in caplog.text
 
 
 def test_workdir_without_config_names_the_file(tmp_path):

@@ -1078,7 +1078,8 @@ def test_flags_for_a_later_command_are_checked_before_the_first_trial(tmp_path):
   assert _last_lines(result, 3) == [
     '  Invalid flags:',
     '    --beam_size=0 must be a positive integer.',
-    "    --checkpoint='avg:x': expected avg:N with N a positive integer.",
+    "    --checkpoint='avg:x': expected avg:N or avg:N@STEP with N a positive integer and "
+    'STEP a step number.',
   ], result.stderr[-3000:]
   assert 'eval.py refuses them, so no trial was run' in result.stderr
   assert not root.exists()

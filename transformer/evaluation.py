@@ -109,7 +109,16 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
 
 
 def restore_params(run: Setup, workdir: str, checkpoint: str):
-  """(params, label) of `checkpoint` ('latest', a step, 'avg:N', 'best', 'avg_best:N')."""
+  """(params, label) of `checkpoint` ('latest', a step, 'avg:N[@STEP]', 'best', 'avg_best:N')."""
+  if domains.averaged_last_step(checkpoint) is not None and run.config.schedule != 'inverse_sqrt':
+    logging.warning(
+      'checkpoint=%r reads checkpoints before the end of a run whose learning rate '
+      'decays to config.num_train_steps=%d (config.schedule=%r): they are not what a run of '
+      'that many steps would have saved.',
+      checkpoint,
+      run.config.num_train_steps,
+      run.config.schedule,
+    )
   return load_params(workdir, run.abstract_state, checkpoint, keep=run.config.keep_checkpoints)
 
 
@@ -136,8 +145,11 @@ def select_best_steps(scores: dict[int, float], checkpoint: str) -> list[int]:
 
 
 def select_steps(available: list[int], checkpoint: str) -> list[int]:
-  """Steps named by `checkpoint`: 'latest', a step number, or 'avg:N' (the last N).
+  """Steps named by `checkpoint`: 'latest', a step number, 'avg:N' (the last N) or
+  'avg:N@STEP' (the last N up to and including STEP).
 
+  'avg:N@STEP' reads a shorter run's 'avg:N' off a longer run with the same checkpoint
+  cadence, exactly where the schedule does not depend on `num_train_steps` (inverse_sqrt).
   Errors list what exists, so a typo is fixed in one go.
   """
   available = sorted(available)
@@ -146,15 +158,24 @@ def select_steps(available: list[int], checkpoint: str) -> list[int]:
   if checkpoint == 'latest':
     return available[-1:]
   if checkpoint.startswith('avg:'):
-    count = checkpoint[len('avg:') :]
     if error := domains.checkpoint_spec_error(checkpoint):
       raise ValueError(error)
-    if int(count) > len(available):
+    count = domains.averaged_count(checkpoint)
+    last_step = domains.averaged_last_step(checkpoint)
+    if last_step is not None:
+      if last_step not in available:
+        raise ValueError(
+          f'checkpoint={checkpoint!r}: there is no checkpoint at step {last_step}; the '
+          f'checkpoints are at steps {available}.'
+        )
+      available = [step for step in available if step <= last_step]
+    if count > len(available):
+      upto = '' if last_step is None else f' up to step {last_step}'
       raise ValueError(
         f'checkpoint={checkpoint!r} needs {count} checkpoints, but there are only '
-        f'{len(available)}: {available}.'
+        f'{len(available)}{upto}: {available}.'
       )
-    return available[-int(count) :]
+    return available[-count:]
   if checkpoint.isdigit() and int(checkpoint) in available:
     return [int(checkpoint)]
   raise ValueError(
@@ -174,7 +195,8 @@ _ROTATION_RETRIES = 3
 def load_params(workdir: str, abstract_state, checkpoint: str = 'latest', keep: int | None = None):
   """Parameters of one checkpoint, or the average of several (`avg:N`, section 6.1).
 
-  `checkpoint`: 'latest', a step, 'avg:N' (the last N), 'best' (the best
+  `checkpoint`: 'latest', a step, 'avg:N' (the last N), 'avg:N@STEP' (the last N up to
+  STEP), 'best' (the best
   validation BLEU of `BestCheckpoints`) or 'avg_best:N' (the N best averaged).
   `keep`: the checkpoints the training run keeps (`config.keep_checkpoints`). If the run
   rotates out a checkpoint while it is read, 'latest' and 'avg:N' are selected again
@@ -195,9 +217,9 @@ def load_params(workdir: str, abstract_state, checkpoint: str = 'latest', keep: 
           total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
         break
       except checkpoints.CheckpointGoneError as e:
-        if attempt == _ROTATION_RETRIES or (
-          checkpoint != 'latest' and not checkpoint.startswith('avg:')
-        ):
+        # 'latest' and 'avg:N' move with the run; a step and 'avg:N@STEP' name fixed steps.
+        moves = checkpoint == 'latest' or (checkpoint.startswith('avg:') and '@' not in checkpoint)
+        if attempt == _ROTATION_RETRIES or not moves:
           raise
         logging.info('%s Selecting --checkpoint=%s among them again.', e, checkpoint)
         checkpointer.reload()

@@ -55,6 +55,8 @@ POSITIONS = ('sinusoidal', 'learned', 'rope', 'alibi')
 FFN_ACTIVATIONS = ('relu', 'gelu', 'swiglu')
 # Learning-rate decay after warmup (`optim.learning_rate_schedule`); the first is the paper's.
 SCHEDULES = ('inverse_sqrt', 'linear', 'cosine')
+# Schedules that decay to config.num_train_steps: a run's early checkpoints are not a shorter run's.
+DECAYING_TO_LAST_STEP = ('linear', 'cosine')
 # How attention runs (transformer/attention.py): the fused kernel where it applies, or XLA.
 ATTENTION_IMPLS = ('auto', 'xla', 'cudnn')
 REMATS = ('none', 'layer')
@@ -198,7 +200,7 @@ def _model_errors(c) -> list[str]:
 
 
 def _schedule_errors(c) -> list[str]:
-  if c.schedule != 'inverse_sqrt' and c.num_train_steps <= c.warmup_steps:
+  if c.schedule in DECAYING_TO_LAST_STEP and c.num_train_steps <= c.warmup_steps:
     return [
       f'config.schedule={c.schedule!r} decays from the end of warmup to config.num_train_steps: '
       f'config.num_train_steps={c.num_train_steps} must exceed '

@@ -110,7 +110,8 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
 
 def restore_params(run: Setup, workdir: str, checkpoint: str):
   """(params, label) of `checkpoint` ('latest', a step, 'avg:N[@STEP]', 'best', 'avg_best:N')."""
-  if domains.averaged_last_step(checkpoint) is not None and run.config.schedule != 'inverse_sqrt':
+  decays_to_end = run.config.schedule in config_lib.DECAYING_TO_LAST_STEP
+  if domains.averaged_last_step(checkpoint) is not None and decays_to_end:
     logging.warning(
       'checkpoint=%r reads checkpoints before the end of a run whose learning rate '
       'decays to config.num_train_steps=%d (config.schedule=%r): they are not what a run of '
@@ -218,7 +219,9 @@ def load_params(workdir: str, abstract_state, checkpoint: str = 'latest', keep: 
         break
       except checkpoints.CheckpointGoneError as e:
         # 'latest' and 'avg:N' move with the run; a step and 'avg:N@STEP' name fixed steps.
-        moves = checkpoint == 'latest' or (checkpoint.startswith('avg:') and '@' not in checkpoint)
+        moves = checkpoint == 'latest' or (
+          checkpoint.startswith('avg:') and domains.averaged_last_step(checkpoint) is None
+        )
         if attempt == _ROTATION_RETRIES or not moves:
           raise
         logging.info('%s Selecting --checkpoint=%s among them again.', e, checkpoint)

@@ -85,3 +85,108 @@ def test_command_line_writes_the_figure_and_names_a_bad_run_last(tmp_path):
   assert result.returncode != 0
   assert "rows have no 'wall_seconds'" in result.stderr.strip().splitlines()[-1]
   assert not bad.exists()
+
+
+def _result(workdir: Path, stem: str, **result) -> Path:
+  (workdir / 'eval').mkdir(exist_ok=True)
+  path = workdir / 'eval' / f'{stem}.json'
+  path.write_text(json.dumps(result))
+  return path
+
+
+def _scored_run(path: Path) -> Path:
+  """A run with eval.py results of two budgets, two scorings, another split and a 'best'."""
+  workdir = Path(
+    _run(
+      path,
+      [
+        {'step': 2800, 'train_loss': 2.0, 'wall_seconds': 100.0},
+        {'step': 2800, 'eval_bleu': 30.0, 'wall_seconds': 110.0},
+        {'step': 3600, 'train_loss': 1.9, 'wall_seconds': 200.0},
+      ],
+    )
+  )
+  beam = {'split': 'validation', 'bleu': 39.0}
+  _result(
+    workdir,
+    'avg10_1900-2800-validation-beam5_alpha1',
+    checkpoint='avg10_1900-2800',
+    bleu_lc=40.0,
+    **beam,
+  )
+  _result(
+    workdir,
+    'avg10_2700-3600-validation-beam5_alpha1',
+    checkpoint='avg10_2700-3600',
+    bleu_lc=41.0,
+    **beam,
+  )
+  _result(workdir, 'step_3600-validation-greedy', checkpoint='step_3600', bleu_lc=38.0, **beam)
+  _result(
+    workdir,
+    'avg10_1900-2800-test_2016_flickr-beam5_alpha1',
+    checkpoint='avg10_1900-2800',
+    split='test_2016_flickr',
+    bleu_lc=39.5,
+  )
+  _result(workdir, 'best_step_3000-validation', checkpoint='best_step_3000', bleu_lc=40.5, **beam)
+  (workdir / 'eval' / 'references-validation.txt').write_text('ein Hund\n')
+  return workdir
+
+
+def test_eval_results_are_drawn_at_their_checkpoints_last_step(tmp_path):
+  workdir = _scored_run(tmp_path / 'run')
+  lines, left_out = curves.read_eval_curves(str(workdir), 'validation', 'wall_seconds', 'bleu_lc')
+  # The wall time at a step is its last row's: the evaluation at step 2800 included.
+  assert lines == {
+    'avg10 beam5_alpha1': [(110.0, 40.0), (200.0, 41.0)],
+    'step greedy': [(200.0, 38.0)],
+  }
+  assert left_out == [str(workdir / 'eval' / 'best_step_3000-validation.json')]
+  lines, _ = curves.read_eval_curves(str(workdir), 'test_2016_flickr', 'step', 'bleu_lc')
+  assert lines == {'avg10 beam5_alpha1': [(2800.0, 39.5)]}
+
+
+@pytest.mark.parametrize(
+  'split, x, y, message',
+  [
+    ('validation', 'step', 'ter', r"no score 'ter' \(it has bleu, bleu_lc, checkpoint, split\)"),
+    ('test', 'step', 'bleu_lc', "no eval.py result of split 'test' at a step budget"),
+  ],
+)
+def test_eval_results_without_the_score_or_split_are_named(tmp_path, split, x, y, message):
+  workdir = _scored_run(tmp_path / 'run')
+  with pytest.raises(ValueError, match=message):
+    curves.read_eval_curves(str(workdir), split, x, y)
+
+
+def test_an_eval_result_past_the_runs_wall_times_is_named(tmp_path):
+  workdir = _scored_run(tmp_path / 'run')
+  _result(workdir, 'step_4400-validation', checkpoint='step_4400', split='validation', bleu_lc=1.0)
+  with pytest.raises(ValueError, match="has no 'wall_seconds' at step 4400"):
+    curves.read_eval_curves(str(workdir), 'validation', 'wall_seconds', 'bleu_lc')
+  lines, _ = curves.read_eval_curves(str(workdir), 'validation', 'step', 'bleu_lc')
+  assert lines['step'] == [(4400.0, 1.0)]
+
+
+def test_command_line_draws_eval_results_and_says_what_it_left_out(tmp_path):
+  workdir = _scored_run(tmp_path / 'run')
+  out = tmp_path / 'scores.png'
+  result = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'transformer.tools.curves',
+      f'--run=paper={workdir}',
+      '--eval_split=validation',
+      '--y=bleu_lc',
+      '--x=wall_seconds',
+      f'--output={out}',
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 0, result.stderr
+  assert out.stat().st_size > 0
+  assert 'Left out' in result.stdout and 'best_step_3000-validation.json' in result.stdout

@@ -7,13 +7,23 @@ Each --run is LABEL=WORKDIR (a directory written by train.py). --x is `step` or
 `wall_seconds` (drawn in minutes: the run's wall-clock time, compile and evaluations
 included, that train.py writes into every row); --y is any key of the rows, e.g.
 `eval_bleu` (greedy validation BLEU during training), `eval_loss` or `train_loss`.
+
+With --eval_split=SPLIT the points are eval.py's results of that split instead
+(WORKDIR/eval/<checkpoint>-SPLIT[-<decoding>].json), each at the last step of its
+checkpoint (`step_2800`, or `avg10_1900-2800` from `--checkpoint=avg:10@2800`: under the
+inverse square root, the score of a 2,800-step run), and --y names a score of them
+(`bleu`, `bleu_lc`, `chrf`); its wall time is the run's at that step. One line per run and
+way of scoring (checkpoints averaged, decoding); results of 'best' checkpoints are not at a
+step budget and are left out, saying so.
 A run without the keys is an error that names it, before anything is drawn.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 from collections.abc import Sequence
 
 from absl import app, flags
@@ -29,6 +39,16 @@ _X = flags.DEFINE_enum('x', 'step', list(X_KEYS), 'Horizontal axis: steps or wal
 _Y = flags.DEFINE_string('y', 'eval_bleu', 'Row key drawn: eval_bleu, eval_loss, train_loss, ...')
 _OUTPUT = flags.DEFINE_string('output', None, 'The PNG written.')
 _TITLE = flags.DEFINE_string('title', '', 'Figure title.')
+_EVAL_SPLIT = flags.DEFINE_string(
+  'eval_split',
+  None,
+  "Draw eval.py's results of this split (WORKDIR/eval/*-SPLIT*.json) at their checkpoints' "
+  'last steps instead of metrics.jsonl rows; --y then names a score of them (bleu, bleu_lc, chrf).',
+)
+
+# eval.py's checkpoint labels (`evaluation.load_params`) that name a step budget: one step, or
+# the average of the last N checkpoints up to a step. 'best' labels name no budget.
+_BUDGET_LABEL = re.compile(r'(?:step_(?P<step>\d+)|(?P<averaged>avg\d+)_\d+-(?P<last>\d+))')
 
 
 def parse_run(spec: str) -> tuple[str, str]:
@@ -39,23 +59,30 @@ def parse_run(spec: str) -> tuple[str, str]:
   return label, workdir
 
 
+def _read_rows(path: str) -> list[dict]:
+  """The rows of a JSON-lines file; a broken line is an error naming its number."""
+  rows = []
+  with open(path) as f:
+    for number, line in enumerate(f, start=1):
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError as e:
+        raise ValueError(f'{path}, line {number}: not JSON ({e.msg}).') from None
+  return rows
+
+
 def read_curve(workdir: str, x: str, y: str) -> list[tuple[float, float]]:
   """(x, y) of every row of WORKDIR/metrics.jsonl that has `y`, in file order."""
   path = os.path.join(workdir, metrics.FILENAME)
   if not os.path.isfile(path):
     raise ValueError(f'{path}: no such file (is {workdir} a directory written by train.py?).')
   points, with_y = [], 0
-  with open(path) as f:
-    for number, line in enumerate(f, start=1):
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}, line {number}: not JSON ({e.msg}).') from None
-      if y not in row:
-        continue
-      with_y += 1
-      if x in row:
-        points.append((float(row[x]), float(row[y])))
+  for row in _read_rows(path):
+    if y not in row:
+      continue
+    with_y += 1
+    if x in row:
+      points.append((float(row[x]), float(row[y])))
   if not with_y:
     raise ValueError(f'{path}: no row has {y!r}.')
   if not points:
@@ -64,6 +91,57 @@ def read_curve(workdir: str, x: str, y: str) -> list[tuple[float, float]]:
       f'{metrics.WALL_SECONDS!r} have none; use --x=step).'
     )
   return points
+
+
+def read_eval_curves(
+  workdir: str, split: str, x: str, y: str
+) -> tuple[dict[str, list[tuple[float, float]]], list[str]]:
+  """eval.py's results of `split` in WORKDIR/eval: ({scoring: [(x, y)]}, results left out).
+
+  `scoring` names how a line's results were made: the checkpoints averaged ('step' or
+  'avgN') and the decoding tag of the file name ('' for the paper's beam 4, alpha 0.6).
+  A result of a 'best' checkpoint names no step budget; its file is returned as left out.
+  """
+  paths = sorted(glob.glob(os.path.join(glob.escape(os.path.join(workdir, 'eval')), '*.json')))
+  wall = {}
+  if x == metrics.WALL_SECONDS:
+    metrics_path = os.path.join(workdir, metrics.FILENAME)
+    if not os.path.isfile(metrics_path):
+      raise ValueError(f'{metrics_path}: no such file, so no wall time (use --x=step).')
+    for row in _read_rows(metrics_path):
+      if 'step' in row and x in row:
+        wall[int(row['step'])] = max(float(row[x]), wall.get(int(row['step']), 0.0))
+  lines, left_out = {}, []
+  for path in paths:
+    with open(path) as f:
+      try:
+        result = json.load(f)
+      except json.JSONDecodeError as e:
+        raise ValueError(f'{path}: not JSON ({e.msg}).') from None
+    if not isinstance(result, dict) or result.get('split') != split:
+      continue
+    label = str(result.get('checkpoint', ''))
+    stem = os.path.basename(path)[: -len('.json')]
+    prefix = f'{label}-{split}'
+    if not stem.startswith(prefix) or (match := _BUDGET_LABEL.fullmatch(label)) is None:
+      left_out.append(path)
+      continue
+    if y not in result:
+      raise ValueError(f'{path}: no score {y!r} (it has {", ".join(sorted(result))}).')
+    step = int(match['step'] or match['last'])
+    if x == metrics.WALL_SECONDS and step not in wall:
+      raise ValueError(
+        f'{path}: {metrics.FILENAME} of {workdir} has no {x!r} at step {step}, the last '
+        'step of its checkpoint (use --x=step).'
+      )
+    scoring = ' '.join(filter(None, [match['averaged'] or 'step', stem[len(prefix) :].lstrip('-')]))
+    lines.setdefault(scoring, []).append((wall[step] if wall else float(step), float(result[y])))
+  if not lines:
+    raise ValueError(
+      f'{workdir}/eval: no eval.py result of split {split!r} at a step budget '
+      '(eval.py --checkpoint=STEP, avg:N or avg:N@STEP writes them).'
+    )
+  return {scoring: sorted(points) for scoring, points in sorted(lines.items())}, left_out
 
 
 def plot(
@@ -105,7 +183,16 @@ def main(argv):
     ) or path_checks.writable_file_errors(_OUTPUT.value, '--output')
     if errors:
       raise ValueError('\n'.join(errors))
-    curves = [(label, read_curve(workdir, _X.value, _Y.value)) for label, workdir in runs]
+    if _EVAL_SPLIT.value is None:
+      curves = [(label, read_curve(workdir, _X.value, _Y.value)) for label, workdir in runs]
+    else:
+      curves = []
+      for label, workdir in runs:
+        lines, left_out = read_eval_curves(workdir, _EVAL_SPLIT.value, _X.value, _Y.value)
+        for path in left_out:
+          print(f'Left out {path}: its checkpoint is not a step budget.')
+        for scoring, points in lines.items():
+          curves.append((label if len(lines) == 1 else f'{label} ({scoring})', points))
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   plot(curves, _X.value, _Y.value, _OUTPUT.value, _TITLE.value)

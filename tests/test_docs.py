@@ -149,17 +149,21 @@ def test_commands_use_real_flags_and_config_keys(where, script, args):
   assert not missing, f'{where}: `python {script}`: not keys of {config_file}: {missing}'
 
 
-def test_readme_quotes_the_default_config_result_verbatim():
-  """The quickstart's measured result is owned by configs/default.py's docstring."""
+def test_readme_quotes_the_quickstart_config_result_verbatim():
+  """The quickstart's measured result is owned by the docstring of the config it trains."""
   readme = (REPO_ROOT / 'README.md').read_text(encoding='utf-8')
+  quickstart = readme[readme.index('## Quickstart') :]
+  quickstart = quickstart[: quickstart.index('\n## ', 1)]
+  configs = re.findall(r'python train\.py --config=(configs/\w+\.py)', quickstart)
+  assert configs, 'The README quickstart should train a config: `python train.py --config=...`'
   quotes = [
     block
-    for lang, block in _FENCE.findall(readme)
+    for lang, block in _FENCE.findall(quickstart)
     if lang == 'text' and block.startswith('Expected')
   ]
-  assert len(quotes) == 1, 'README.md should quote one "Expected ..." block of configs/default.py'
-  docstring = _docstring(REPO_ROOT / 'configs' / 'default.py')
+  assert len(quotes) == 1, f'The README quickstart should quote one "Expected ..." block of {configs[0]}'
+  docstring = _docstring(REPO_ROOT / configs[0])
   assert quotes[0].strip('\n') in docstring, (
-    'The README quickstart quotes configs/default.py, whose docstring owns the figures; copy '
-    'the changed lines of the docstring into the README quote, verbatim.'
+    f'The README quickstart quotes {configs[0]}, the config it trains, whose docstring owns the '
+    'figures; copy the changed lines of the docstring into the README quote, verbatim.'
   )

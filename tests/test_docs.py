@@ -161,7 +161,9 @@ def test_readme_quotes_the_quickstart_config_result_verbatim():
     for lang, block in _FENCE.findall(quickstart)
     if lang == 'text' and block.startswith('Expected')
   ]
-  assert len(quotes) == 1, f'The README quickstart should quote one "Expected ..." block of {configs[0]}'
+  assert len(quotes) == 1, (
+    f'The README quickstart should quote one "Expected ..." block of {configs[0]}'
+  )
   docstring = _docstring(REPO_ROOT / configs[0])
   assert quotes[0].strip('\n') in docstring, (
     f'The README quickstart quotes {configs[0]}, the config it trains, whose docstring owns the '

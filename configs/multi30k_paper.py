@@ -13,12 +13,13 @@ by beam search with beam 5 and length penalty 1.0.
       --config.data.manual_dir=../shared/data/multi30k
   python eval.py --workdir=workdirs/m30k_paper
 
-Measured so far (2-core x86 CPU; 2.3M parameters), validation split, lowercased BLEU: 39.33
-for seed 0 at 2,800 steps (39.23 sacreBLEU); trained on to 3,600 steps (about 68 minutes
-alone, --config.num_train_steps=3600), 40.60 +- 0.27 over 3 seeds (40.87, 40.33, 40.59). The
-inverse square root is still at 53% of its peak at step 2,800, and the last 800 steps are
-worth 1.5 BLEU. The test_2016_flickr scores and the comparison with configs/default.py are
-the study's last stage.
+Measured so far (2-core x86 CPU; 2.3M parameters), lowercased BLEU (sacreBLEU beside it in
+docs/recipe.md), seed 0: at 2,800 steps (46 minutes) 39.33 on validation, 38.58 on
+test_2016_flickr. Trained on under the same schedule (--config.num_train_steps, scored with
+eval.py --checkpoint=avg:10@STEP, docs/recipe.md stage 7): 3,600 steps (60 minutes) 40.87 and
+39.01; 4,400 (73 minutes) 40.95 and 40.01; 6,000 (99 minutes) 41.89 and 39.81. Over 3 seeds
+at 3,600 steps, validation 40.60 +- 0.27 (40.87, 40.33, 40.59). Seeds 1 and 2 at 2,800 steps
+and the comparison with configs/default.py are the study's next stage.
 """
 
 import ml_collections
@@ -29,7 +30,7 @@ from configs import recipe_study
 def get_config() -> ml_collections.ConfigDict:
   """The study's base (Transformer-Tiny, peak 0.005 after 800 steps) with the chosen changes."""
   config = recipe_study.get_config()
-  config.num_train_steps = 2800  # About 55 minutes on 2 CPU cores (~27 epochs of 4,096 tokens).
+  config.num_train_steps = 2800  # 46-55 minutes on 2 CPU cores (~27 epochs of 4,096 tokens).
   config.keep_checkpoints = 10  # The 10 that eval.py averages.
   config.decode.beam_size = 5
   config.decode.alpha = 1.0

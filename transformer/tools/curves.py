@@ -135,7 +135,8 @@ def read_eval_curves(
         'step of its checkpoint (use --x=step).'
       )
     scoring = ' '.join(filter(None, [match['averaged'] or 'step', stem[len(prefix) :].lstrip('-')]))
-    lines.setdefault(scoring, []).append((wall[step] if wall else float(step), float(result[y])))
+    at = wall[step] if x == metrics.WALL_SECONDS else float(step)
+    lines.setdefault(scoring, []).append((at, float(result[y])))
   if not lines:
     raise ValueError(
       f'{workdir}/eval: no eval.py result of split {split!r} at a step budget '

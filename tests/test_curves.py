@@ -95,7 +95,7 @@ def _result(workdir: Path, stem: str, **result) -> Path:
 
 
 def _scored_run(path: Path) -> Path:
-  """A run with eval.py results of two budgets, two scorings, another split and a 'best'."""
+  """A run with eval.py results: two budgets and scorings, another split, a best, a renamed one."""
   workdir = Path(
     _run(
       path,
@@ -130,6 +130,8 @@ def _scored_run(path: Path) -> Path:
     bleu_lc=39.5,
   )
   _result(workdir, 'best_step_3000-validation', checkpoint='best_step_3000', bleu_lc=40.5, **beam)
+  # Renamed by hand: its decoding cannot be read from its name.
+  _result(workdir, 'final-validation', checkpoint='step_3600', bleu_lc=37.0, **beam)
   (workdir / 'eval' / 'references-validation.txt').write_text('ein Hund\n')
   return workdir
 
@@ -142,7 +144,16 @@ def test_eval_results_are_drawn_at_their_checkpoints_last_step(tmp_path):
     'avg10 beam5_alpha1': [(110.0, 40.0), (200.0, 41.0)],
     'step greedy': [(200.0, 38.0)],
   }
-  assert left_out == [str(workdir / 'eval' / 'best_step_3000-validation.json')]
+  assert left_out == [
+    (
+      str(workdir / 'eval' / 'best_step_3000-validation.json'),
+      "its checkpoint 'best_step_3000' is not a step budget",
+    ),
+    (
+      str(workdir / 'eval' / 'final-validation.json'),
+      "its name is not eval.py's step_3600-validation[-<decoding>].json",
+    ),
+  ]
   lines, _ = curves.read_eval_curves(str(workdir), 'test_2016_flickr', 'step', 'bleu_lc')
   assert lines == {'avg10 beam5_alpha1': [(2800.0, 39.5)]}
 
@@ -189,4 +200,7 @@ def test_command_line_draws_eval_results_and_says_what_it_left_out(tmp_path):
   )
   assert result.returncode == 0, result.stderr
   assert out.stat().st_size > 0
-  assert 'Left out' in result.stdout and 'best_step_3000-validation.json' in result.stdout
+  left_out = [line for line in result.stdout.splitlines() if line.startswith('Left out')]
+  assert len(left_out) == 2
+  assert 'best_step_3000-validation.json' in left_out[0] and 'not a step budget' in left_out[0]
+  assert 'final-validation.json' in left_out[1] and 'its name is not' in left_out[1]

@@ -108,11 +108,28 @@ def test_decoding_settings_default_to_the_runs_config_and_flags_override_them(ru
   assert (scores['decoder'], scores['beam_size'], scores['alpha']) == ('beam', 2, 0.6)
 
 
+@pytest.mark.parametrize(
+  'steps, label, budget',
+  [([1500], 'step_1500', (1500, 1)), ([1100, 1200, 1300, 1400, 1500], 'avg5_1100-1500', (1500, 5))],
+)
+def test_a_label_of_the_last_checkpoints_names_its_step_budget(steps, label, budget):
+  assert evaluation.last_checkpoints_label(steps) == label
+  assert evaluation.step_budget(label) == budget
+
+
+@pytest.mark.parametrize(
+  'label', ['best_step_1200', 'avg_best3_900-1200-1500', 'step_', 'avg5_1500', 'final', 'step_12a']
+)
+def test_other_labels_name_no_step_budget(label):
+  assert evaluation.step_budget(label) is None
+
+
 def test_checkpoint_averaging_averages_parameters(run):
   workdir, config = run
   target = evaluation.setup(config).abstract_state
   averaged, label = evaluation.load_params(workdir, target, 'avg:2')
   assert label == 'avg2_30-60'
+  assert evaluation.step_budget(label) == (60, 2)
   p30, _ = evaluation.load_params(workdir, target, '30')
   p60, _ = evaluation.load_params(workdir, target, 'latest')
   leaf = lambda p: np.asarray(p['encoder']['layer_0']['ffn']['wi']['kernel'])
@@ -128,6 +145,7 @@ def test_best_checkpoints_are_chosen_by_validation_bleu(run):
   best_step = max(sorted(bleus), key=lambda step: bleus[step])  # The earlier one on a tie.
   best, label = evaluation.load_params(workdir, target, 'best')
   assert label == f'best_step_{best_step}'
+  assert evaluation.step_budget(label) is None  # Chosen by validation BLEU, not a budget.
   same, _ = evaluation.load_params(workdir, target, str(best_step))
   jax.tree.map(np.testing.assert_array_equal, best, same)
   # The 2 best are steps 30 and 60: their average is avg:2's.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -229,8 +230,33 @@ def load_params(workdir: str, abstract_state, checkpoint: str = 'latest', keep: 
   finally:
     checkpointer.close()
   params = jax.tree.map(lambda x: x / len(steps), total) if len(steps) > 1 else total
-  label = f'step_{steps[0]}' if len(steps) == 1 else f'avg{len(steps)}_{steps[0]}-{steps[-1]}'
-  return params, label
+  return params, last_checkpoints_label(steps)
+
+
+def last_checkpoints_label(steps: list[int]) -> str:
+  """The label of the parameters of `steps`, the last checkpoints up to the last of them.
+
+  `step_1500` for one, `avg5_1100-1500` for 5 averaged; `step_budget` reads it back.
+  """
+  return f'step_{steps[0]}' if len(steps) == 1 else f'avg{len(steps)}_{steps[0]}-{steps[-1]}'
+
+
+_LAST_CHECKPOINTS_LABEL = re.compile(r'step_(?P<step>\d+)|avg(?P<averaged>\d+)_\d+-(?P<last>\d+)')
+
+
+def step_budget(label: str) -> tuple[int, int] | None:
+  """(last step, checkpoints averaged) of a `last_checkpoints_label`; None for any other label.
+
+  Under the inverse square root schedule the last N checkpoints up to step S are what an
+  S-step run ends with, so the label names a step budget. A label of the best checkpoints
+  (`best_step_1200`, `avg_best3_900-1200-1500`) is chosen by validation BLEU and names none.
+  """
+  match = _LAST_CHECKPOINTS_LABEL.fullmatch(label)
+  if match is None:
+    return None
+  if match['step'] is not None:
+    return int(match['step']), 1
+  return int(match['last']), int(match['averaged'])
 
 
 def _load_best_params(workdir: str, abstract_state, checkpoint: str):

@@ -23,14 +23,13 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 from collections.abc import Sequence
 
 from absl import app, flags
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from transformer import metrics, path_checks
+from transformer import evaluation, metrics, path_checks
 
 X_KEYS = ('step', metrics.WALL_SECONDS)
 
@@ -45,10 +44,6 @@ _EVAL_SPLIT = flags.DEFINE_string(
   "Draw eval.py's results of this split (WORKDIR/eval/*-SPLIT*.json) at their checkpoints' "
   'last steps instead of metrics.jsonl rows; --y then names a score of them (bleu, bleu_lc, chrf).',
 )
-
-# eval.py's checkpoint labels (`evaluation.load_params`) that name a step budget: one step, or
-# the average of the last N checkpoints up to a step. 'best' labels name no budget.
-_BUDGET_LABEL = re.compile(r'(?:step_(?P<step>\d+)|(?P<averaged>avg\d+)_\d+-(?P<last>\d+))')
 
 
 def parse_run(spec: str) -> tuple[str, str]:
@@ -95,12 +90,14 @@ def read_curve(workdir: str, x: str, y: str) -> list[tuple[float, float]]:
 
 def read_eval_curves(
   workdir: str, split: str, x: str, y: str
-) -> tuple[dict[str, list[tuple[float, float]]], list[str]]:
-  """eval.py's results of `split` in WORKDIR/eval: ({scoring: [(x, y)]}, results left out).
+) -> tuple[dict[str, list[tuple[float, float]]], list[tuple[str, str]]]:
+  """eval.py's results of `split` in WORKDIR/eval: ({scoring: [(x, y)]}, [(path, why)] left out).
 
   `scoring` names how a line's results were made: the checkpoints averaged ('step' or
   'avgN') and the decoding tag of the file name ('' for the paper's beam 4, alpha 0.6).
-  A result of a 'best' checkpoint names no step budget; its file is returned as left out.
+  A result of 'best' checkpoints names no step budget (`evaluation.step_budget`), and one
+  whose file name is not eval.py's `<checkpoint>-<split>[-<decoding>]` has no decoding
+  to read from it: both are returned as left out, with the reason.
   """
   paths = sorted(glob.glob(os.path.join(glob.escape(os.path.join(workdir, 'eval')), '*.json')))
   wall = {}
@@ -123,18 +120,22 @@ def read_eval_curves(
     label = str(result.get('checkpoint', ''))
     stem = os.path.basename(path)[: -len('.json')]
     prefix = f'{label}-{split}'
-    if not stem.startswith(prefix) or (match := _BUDGET_LABEL.fullmatch(label)) is None:
-      left_out.append(path)
+    if stem != prefix and not stem.startswith(prefix + '-'):
+      left_out.append((path, f"its name is not eval.py's {prefix}[-<decoding>].json"))
+      continue
+    if (budget := evaluation.step_budget(label)) is None:
+      left_out.append((path, f'its checkpoint {label!r} is not a step budget'))
       continue
     if y not in result:
       raise ValueError(f'{path}: no score {y!r} (it has {", ".join(sorted(result))}).')
-    step = int(match['step'] or match['last'])
+    step, averaged = budget
     if x == metrics.WALL_SECONDS and step not in wall:
       raise ValueError(
         f'{path}: {metrics.FILENAME} of {workdir} has no {x!r} at step {step}, the last '
         'step of its checkpoint (use --x=step).'
       )
-    scoring = ' '.join(filter(None, [match['averaged'] or 'step', stem[len(prefix) :].lstrip('-')]))
+    averaging = 'step' if averaged == 1 else f'avg{averaged}'
+    scoring = ' '.join(filter(None, [averaging, stem[len(prefix) :].lstrip('-')]))
     at = wall[step] if x == metrics.WALL_SECONDS else float(step)
     lines.setdefault(scoring, []).append((at, float(result[y])))
   if not lines:
@@ -190,8 +191,8 @@ def main(argv):
       curves = []
       for label, workdir in runs:
         lines, left_out = read_eval_curves(workdir, _EVAL_SPLIT.value, _X.value, _Y.value)
-        for path in left_out:
-          print(f'Left out {path}: its checkpoint is not a step budget.')
+        for path, why in left_out:
+          print(f'Left out {path}: {why}.')
         for scoring, points in lines.items():
           curves.append((label if len(lines) == 1 else f'{label} ({scoring})', points))
   except ValueError as e:

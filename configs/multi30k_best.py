@@ -23,7 +23,9 @@ decoding (the last 10 checkpoints averaged, beam 5, alpha 1.0), mean +- std:
 
 Lowercased BLEU is the Multi30k papers' score (docs/evaluation.md): below the 41.02 of
 their text-only Transformer-Tiny (Wu et al., 2021), which trains on up to 5.7 times the
-tokens (8,000 updates of 8,192 against 2,800 of 4,096).
+tokens (8,000 updates of 8,192 against 2,800 of 4,096). Against configs/default.py, 3 seeds
+each on test_2016_flickr (docs/recipe.md stage 8): +2.90 lowercased BLEU, p = 0.001 paired
+over the sentences and p = 0.011 across seeds (Welch's t-test).
 """
 
 import ml_collections

@@ -43,6 +43,39 @@ def test_reads_the_rows_with_the_metric_and_draws_one_line_per_run(tmp_path):
   assert curves.read_curve(b, 'step', 'eval_bleu') == [(50.0, 12.0)]
 
 
+def test_levels_are_dashed_lines_across_the_figure(tmp_path):
+  fig = curves.plot(
+    [('run', [(60.0, 39.0), (120.0, 40.0)])],
+    'wall_seconds',
+    'bleu_lc',
+    str(tmp_path / 'levels.png'),
+    hlines=[('Wu et al. (2021)', 41.02), ('aim', 39.5)],
+  )
+  [ax] = fig.axes
+  run, published, aim = ax.get_lines()
+  assert run.get_label() == 'run'
+  assert list(run.get_xdata()) == [1.0, 2.0]  # Minutes.
+  assert (published.get_label(), list(published.get_ydata())) == ('Wu et al. (2021)', [41.02] * 2)
+  assert (aim.get_label(), list(aim.get_ydata())) == ('aim', [39.5] * 2)
+  assert (published.get_linestyle(), aim.get_linestyle()) == ('--', ':')
+  assert ax.get_ylim()[1] > 41.02  # A level above every point is still in view.
+  assert [t.get_text() for t in ax.get_legend().get_texts()] == ['run', 'Wu et al. (2021)', 'aim']
+
+
+@pytest.mark.parametrize(
+  'spec, parsed',
+  [('Wu et al. (2021)=41.02', ('Wu et al. (2021)', 41.02)), ('a=b=-3', ('a=b', -3.0))],
+)
+def test_a_level_is_label_and_number(spec, parsed):
+  assert curves.parse_hline(spec) == parsed
+
+
+@pytest.mark.parametrize('spec', ['41.02', '=41', 'target=', 'target=high', 'target=nan', 'x=inf'])
+def test_a_level_without_label_or_finite_number_is_named(spec):
+  with pytest.raises(ValueError, match=r'--hline=.*: expected LABEL=VALUE with VALUE a finite'):
+    curves.parse_hline(spec)
+
+
 @pytest.mark.parametrize(
   'rows, x, message',
   [
@@ -84,6 +117,21 @@ def test_command_line_writes_the_figure_and_names_a_bad_run_last(tmp_path):
   )
   assert result.returncode != 0
   assert "rows have no 'wall_seconds'" in result.stderr.strip().splitlines()[-1]
+  assert not bad.exists()
+  result = subprocess.run(
+    [
+      *command,
+      f'--run=new={good}',
+      '--hline=published=41.0',
+      '--hline=aim=high',
+      f'--output={bad}',
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode != 0
+  assert "--hline='aim=high'" in result.stderr.strip().splitlines()[-1]
   assert not bad.exists()
 
 

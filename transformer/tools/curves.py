@@ -15,13 +15,17 @@ inverse square root, the score of a 2,800-step run), and --y names a score of th
 (`bleu`, `bleu_lc`, `chrf`); its wall time is the run's at that step. One line per run and
 way of scoring (checkpoints averaged, decoding); results of 'best' checkpoints are not at a
 step budget and are left out, saying so.
+--hline=LABEL=VALUE draws a level across the figure as a dashed line, e.g. a published score
+(`--hline='Wu et al. (2021)=41.02'`).
 A run without the keys is an error that names it, before anything is drawn.
 """
 
 from __future__ import annotations
 
 import glob
+import itertools
 import json
+import math
 import os
 from collections.abc import Sequence
 
@@ -38,6 +42,9 @@ _X = flags.DEFINE_enum('x', 'step', list(X_KEYS), 'Horizontal axis: steps or wal
 _Y = flags.DEFINE_string('y', 'eval_bleu', 'Row key drawn: eval_bleu, eval_loss, train_loss, ...')
 _OUTPUT = flags.DEFINE_string('output', None, 'The PNG written.')
 _TITLE = flags.DEFINE_string('title', '', 'Figure title.')
+_HLINE = flags.DEFINE_multi_string(
+  'hline', [], 'LABEL=VALUE: a level drawn as a dashed horizontal line, e.g. a published score.'
+)
 _EVAL_SPLIT = flags.DEFINE_string(
   'eval_split',
   None,
@@ -52,6 +59,18 @@ def parse_run(spec: str) -> tuple[str, str]:
   if not sep or not label or not workdir:
     raise ValueError(f'--run={spec!r}: expected LABEL=WORKDIR.')
   return label, workdir
+
+
+def parse_hline(spec: str) -> tuple[str, float]:
+  """(label, value) of 'LABEL=VALUE'; the label may hold '=', the value is a finite number."""
+  label, sep, value = spec.rpartition('=')
+  try:
+    level = float(value)
+  except ValueError:
+    level = math.nan
+  if not sep or not label or not math.isfinite(level):
+    raise ValueError(f'--hline={spec!r}: expected LABEL=VALUE with VALUE a finite number.')
+  return label, level
 
 
 def _read_rows(path: str) -> list[dict]:
@@ -152,8 +171,12 @@ def plot(
   y: str,
   path: str,
   title: str = '',
-) -> None:
-  """One line with markers per (label, points); wall seconds are drawn in minutes."""
+  hlines: Sequence[tuple[str, float]] = (),
+) -> Figure:
+  """One line with markers per (label, points), a dashed one per (label, level); returns it.
+
+  Wall seconds are drawn in minutes.
+  """
   fig = Figure(figsize=(6.4, 4.2), layout='constrained')
   FigureCanvasAgg(fig)
   ax = fig.subplots()
@@ -161,6 +184,8 @@ def plot(
   for label, points in curves:
     xs, ys = zip(*points, strict=True)
     ax.plot([v / scale for v in xs], ys, marker='o', markersize=3, label=label)
+  for (label, level), style in zip(hlines, itertools.cycle(('--', ':', '-.')), strict=False):
+    ax.axhline(level, color='0.3', linestyle=style, linewidth=1, label=label)
   ax.set_xlabel('wall-clock minutes' if x == metrics.WALL_SECONDS else 'step')
   ax.set_ylabel(y)
   ax.grid(alpha=0.3)
@@ -168,6 +193,7 @@ def plot(
   if title:
     ax.set_title(title)
   fig.savefig(path, dpi=90)
+  return fig
 
 
 def main(argv):
@@ -179,6 +205,7 @@ def main(argv):
     raise app.UsageError('--output: the PNG to write is required.')
   try:
     runs = [parse_run(spec) for spec in _RUN.value]
+    hlines = [parse_hline(spec) for spec in _HLINE.value]
     inputs = {f'--run={label}': workdir for label, workdir in runs}
     errors = path_checks.protected_path_errors(
       _OUTPUT.value, '--output', inputs
@@ -197,7 +224,7 @@ def main(argv):
           curves.append((label if len(lines) == 1 else f'{label} ({scoring})', points))
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  plot(curves, _X.value, _Y.value, _OUTPUT.value, _TITLE.value)
+  plot(curves, _X.value, _Y.value, _OUTPUT.value, _TITLE.value, hlines)
   print(f'Wrote {_OUTPUT.value}.')
 
 

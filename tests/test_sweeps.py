@@ -45,6 +45,31 @@ TINY_TRIAL_FLAGS = (
 
 # --- Helpers, names and checks (no training) ------------------------------------------------------
 
+SHIPPED_SWEEPS = sorted(
+  p.name for p in (REPO / 'configs' / 'sweeps').glob('*.py') if p.stem != '__init__'
+)
+
+
+@pytest.mark.parametrize('sweep_file', SHIPPED_SWEEPS)
+def test_every_shipped_sweep_gives_valid_trials_of_the_config_its_command_names(sweep_file):
+  """The command in each sweep file's docstring runs: every trial of it is a valid config."""
+  import importlib
+
+  text = (REPO / 'configs' / 'sweeps' / sweep_file).read_text()
+  [config_name] = set(re.findall(r'--config=configs/(\w+)\.py', text))
+  config = importlib.import_module(f'configs.{config_name}').get_config()
+  # The command's --config.KEY=VALUE flags set KEY for every trial; a trial may not set it too.
+  fixed = {
+    key: value
+    for key, value in re.findall(r'--config\.([\w.]+)=(\S+)', text)
+    if key != 'data.manual_dir'
+  }
+  trials = sweeps.make_trials(
+    config, sweeps.load_overrides(str(REPO / 'configs' / 'sweeps' / sweep_file)), fixed=fixed
+  )
+  assert trials and len({trial.name for trial in trials}) == len(trials)
+
+
 
 def test_grid_is_every_combination_first_axis_slowest():
   assert sweeps.grid({'a': [1, 2], 'b': ['x', 'y']}) == [

@@ -3,6 +3,7 @@
 import concurrent.futures
 import csv
 import dataclasses
+import importlib
 import json
 import os
 import re
@@ -53,8 +54,6 @@ SHIPPED_SWEEPS = sorted(
 @pytest.mark.parametrize('sweep_file', SHIPPED_SWEEPS)
 def test_every_shipped_sweep_gives_valid_trials_of_the_config_its_command_names(sweep_file):
   """The command in each sweep file's docstring runs: every trial of it is a valid config."""
-  import importlib
-
   text = (REPO / 'configs' / 'sweeps' / sweep_file).read_text()
   [config_name] = set(re.findall(r'--config=configs/(\w+)\.py', text))
   config = importlib.import_module(f'configs.{config_name}').get_config()
@@ -68,7 +67,6 @@ def test_every_shipped_sweep_gives_valid_trials_of_the_config_its_command_names(
     config, sweeps.load_overrides(str(REPO / 'configs' / 'sweeps' / sweep_file)), fixed=fixed
   )
   assert trials and len({trial.name for trial in trials}) == len(trials)
-
 
 
 def test_grid_is_every_combination_first_axis_slowest():

@@ -109,6 +109,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.tokens_per_batch = 4096  # Global token budget per side per batch.
   config.data.spm_train_sentences = 1_000_000  # Sentences sampled to train SentencePiece.
   config.data.spm_model_type = 'unigram'  # SentencePiece's 'unigram' or 'bpe' (a vocabulary each).
+  config.data.spm_normalization = 'nmt_nfkc'  # 'nmt_nfkc', or 'nmt_nfkc_cf': lowercases all text.
   config.data.num_workers = 0  # Grain worker processes reading/packing training batches (0: none).
   config.data.lines_per_document = 1  # Language models: consecutive lines joined per document.
 

@@ -61,6 +61,11 @@ def test_every_field_of_every_config_has_a_rule_and_is_valid(name):
     ('decode.checkpoint', 'avg:0', "config.decode.checkpoint='avg:0' must be 'latest', a step"),
     ('decode.checkpoint', 'last', "config.decode.checkpoint='last' must be 'latest', a step"),
     ('data.spm_model_type', 'char', "config.data.spm_model_type='char' is not one of ('unigram',"),
+    (
+      'data.spm_normalization',
+      'lower',
+      "config.data.spm_normalization='lower' is not one of ('nmt_nfkc', 'nmt_nfkc_cf')",
+    ),
     ('keep_best_checkpoints', -1, 'config.keep_best_checkpoints=-1 must be an integer >= 0'),
     ('early_stopping_patience', -2, 'config.early_stopping_patience=-2 must be an integer >= 0'),
   ],
@@ -186,6 +191,7 @@ RECIPE_KEYS = (
   'decode.max_extra_len',
   'decode.checkpoint',
   'data.spm_model_type',
+  'data.spm_normalization',
   'keep_best_checkpoints',
   'early_stopping_patience',
 )

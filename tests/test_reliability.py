@@ -615,6 +615,12 @@ def test_resume_with_any_model_field_changed_is_refused(small_run, copied_run):
       'bpe',
       ['belong to another model', "config.data.spm_model_type: 'unigram' -> 'bpe'"],
     ),
+    # A case-folding vocabulary: the same pieces' ids would name other pieces.
+    (
+      'data.spm_normalization',
+      'nmt_nfkc_cf',
+      ['belong to another model', "config.data.spm_normalization: 'nmt_nfkc' -> 'nmt_nfkc_cf'"],
+    ),
     # AdamW's state has an entry Adam's has not: the checkpoints are another optimizer's.
     (
       'weight_decay',

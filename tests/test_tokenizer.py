@@ -133,3 +133,38 @@ def test_bpe_vocabulary_is_named_apart_and_never_read_as_unigram(
   ):
     tokenizer_lib.get_tokenizer(bpe)
   assert model.read_bytes() == small_tokenizer.serialized_model()
+
+
+def test_case_folded_vocabulary_lowercases_and_is_never_read_as_cased(
+  tmp_path, write_parallel_corpus, config_for, small_tokenizer
+):
+  corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 300, 'val': 5})
+  cased = config_for(tmp_path / 'tfds', corpus, vocab_size=VOCAB, spm_train_sentences=250)
+  folded = config_for(
+    tmp_path / 'tfds',
+    corpus,
+    vocab_size=VOCAB,
+    spm_train_sentences=250,
+    spm_normalization='nmt_nfkc_cf',
+  )
+  folded_path = tokenizer_lib.vocab_path(folded)
+  assert folded_path == tokenizer_lib.vocab_path(cased)[: -len('.model')] + '_cf.model'
+  tokenizer = tokenizer_lib.get_tokenizer(folded)
+  assert tokenizer.normalization == 'nmt_nfkc_cf' and tokenizer.vocab_size == VOCAB
+  assert small_tokenizer.normalization == 'nmt_nfkc'
+  # It reads any casing as lowercase, and writes lowercase.
+  text = (corpus / 'train.en').read_text().splitlines()[0].title()
+  assert text != text.lower()
+  assert tokenizer.encode(text) == tokenizer.encode(text.lower())
+  assert tokenizer.decode(tokenizer.encode(text)) == text.lower()
+  assert small_tokenizer.encode(text) != small_tokenizer.encode(text.lower())
+  # A cased model named by config.data.vocab_path is refused and left as it was.
+  model = tmp_path / 'spm.model'
+  model.write_bytes(small_tokenizer.serialized_model())
+  folded.data.vocab_path = str(model)
+  with pytest.raises(
+    ValueError,
+    match=r"normalizes text by 'nmt_nfkc' but config.data.spm_normalization is 'nmt_nfkc_cf'",
+  ):
+    tokenizer_lib.get_tokenizer(folded)
+  assert model.read_bytes() == small_tokenizer.serialized_model()

@@ -73,6 +73,8 @@ def test_tiny_trains_and_loss_falls(data_dirs, tmp_path):
   assert [r['step'] for r in eval_rows] == [30, 60]
   assert eval_rows[-1]['eval_loss'] < eval_rows[0]['eval_loss']
   assert all(0.0 <= r['eval_bleu'] <= 100.0 for r in eval_rows)
+  # Lowercasing can only merge n-grams, so it never lowers a match count.
+  assert all(r['eval_bleu'] <= r['eval_bleu_lc'] <= 100.0 for r in eval_rows)
   assert np.isfinite(final['eval_perplexity'])
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['30', '60']
   assert json.loads((tmp_path / 'config.json').read_text())['model']['d_model'] == 32

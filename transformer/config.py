@@ -63,6 +63,9 @@ REMATS = ('none', 'layer')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 # SentencePiece's algorithms (`config.data.spm_model_type`); the first is the default.
 SPM_MODEL_TYPES = ('unigram', 'bpe')
+# SentencePiece's normalization rules (`config.data.spm_normalization`): NFKC, or NFKC with
+# case folding (a vocabulary that lowercases everything it reads); the first is the default.
+SPM_NORMALIZATIONS = ('nmt_nfkc', 'nmt_nfkc_cf')
 
 # What `config.target_metric` may rank sweep trials by.
 TARGET_METRICS = ('eval_bleu', 'eval_loss')
@@ -159,6 +162,7 @@ CONFIG_RULES: dict[str, Rule] = {
   'data.tokens_per_batch': POSITIVE_INT,
   'data.spm_train_sentences': POSITIVE_INT,
   'data.spm_model_type': one_of(SPM_MODEL_TYPES),
+  'data.spm_normalization': one_of(SPM_NORMALIZATIONS),
   'data.lines_per_document': POSITIVE_INT,
   'data.num_workers': integer(0),  # 0: batches are made in the training process.
   'mesh.data': MESH_SIZE,

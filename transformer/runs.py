@@ -67,6 +67,7 @@ _WEIGHT_MEANING_KEYS = (
   'data.source_lang',
   'data.target_lang',
   'data.spm_model_type',
+  'data.spm_normalization',
 )
 # Keys that add an entry to the optimizer state when > 0: turning one on or off is refused.
 _OPTIMIZER_SWITCH_KEYS = ('weight_decay',)
@@ -326,6 +327,7 @@ ADDED_KEYS: dict[str, Any] = {
   'decode.max_extra_len': 50,
   'decode.checkpoint': 'latest',
   'data.spm_model_type': 'unigram',
+  'data.spm_normalization': 'nmt_nfkc',
   'keep_best_checkpoints': 0,
   'early_stopping_patience': 0,
   'model.attention_impl': 'auto',  # The einsum those runs computed, wherever cuDNN does not fuse.

@@ -2,14 +2,18 @@
 
 Trained on the training split (both languages, at most
 `config.data.spm_train_sentences` sentences) with `config.vocab_size` pieces, by
-SentencePiece's `config.data.spm_model_type` algorithm ('unigram' or 'bpe').
+SentencePiece's `config.data.spm_model_type` algorithm ('unigram' or 'bpe'),
+normalizing text by `config.data.spm_normalization` ('nmt_nfkc', or 'nmt_nfkc_cf',
+which also case-folds: such a model lowercases everything it encodes, so its
+translations are lowercase, as in the Multi30k literature's lowercased data).
 The model is saved at `config.data.vocab_path`, or by default next to the
 prepared data at `<dataset_dir>/spm_<lang>-<lang>_<vocab_size>_<sentences>.model`
-(`..._bpe.model` for BPE; `dataset_dir` is keyed by the data fingerprint). An
-existing model is loaded, never retrained or overwritten, and must be of the
-configured type. For language-model data (one language) the vocabulary is
-trained on its texts and named `spm_<lang>_...` (`spm_lm1b_...` for lm1b): the
-dataset's registry entry names it (`registry.Dataset.vocabulary_languages`).
+(`..._bpe.model` for BPE, `..._cf.model` case-folded; `dataset_dir` is keyed by
+the data fingerprint). An existing model is loaded, never retrained or
+overwritten, and must be of the configured type and normalization. For
+language-model data (one language) the vocabulary is trained on its texts and
+named `spm_<lang>_...` (`spm_lm1b_...` for lm1b): the dataset's registry entry
+names it (`registry.Dataset.vocabulary_languages`).
 """
 
 import os
@@ -97,6 +101,11 @@ class Tokenizer:
     proto = sentencepiece_model_pb2.ModelProto.FromString(self._proto)
     return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type).lower()
 
+  @property
+  def normalization(self) -> str:
+    """The normalization rule the model applies to text it encodes: 'nmt_nfkc', 'nmt_nfkc_cf'."""
+    return sentencepiece_model_pb2.ModelProto.FromString(self._proto).normalizer_spec.name
+
 
 def train_tokenizer(
   sentences: Iterable[str],
@@ -106,6 +115,7 @@ def train_tokenizer(
   max_sentences: int | None = None,
   num_threads: int = 2,
   model_type: str = 'unigram',
+  normalization: str = 'nmt_nfkc',
 ) -> Tokenizer:
   """Trains a SentencePiece model from an iterator of sentences.
 
@@ -117,6 +127,8 @@ def train_tokenizer(
     max_sentences: SentencePiece's `input_sentence_size` (0/None: all).
     num_threads: Trainer threads.
     model_type: SentencePiece's algorithm: 'unigram' or 'bpe'.
+    normalization: SentencePiece's normalization rule: 'nmt_nfkc' (its default), or
+      'nmt_nfkc_cf' (also case folding: the model lowercases what it encodes).
 
   Returns:
     The trained tokenizer.
@@ -131,6 +143,7 @@ def train_tokenizer(
       sentence_iterator=source,
       model_writer=model,
       model_type=model_type,
+      normalization_rule_name=normalization,
       vocab_size=vocab_size,
       pad_id=PAD_ID,
       eos_id=EOS_ID,
@@ -162,8 +175,11 @@ def vocab_path(config: ml_collections.ConfigDict) -> str:
   if config.data.vocab_path:
     return os.path.expanduser(config.data.vocab_path)
   langs = registry.get(config.data).vocabulary_languages(config.data)
-  # The unigram vocabulary keeps the name it had before BPE existed; another type is named.
+  # The unigram, cased vocabulary keeps the name it had before BPE and case folding existed;
+  # another type or normalization is named.
   kind = '' if config.data.spm_model_type == 'unigram' else f'_{config.data.spm_model_type}'
+  if config.data.spm_normalization == 'nmt_nfkc_cf':
+    kind += '_cf'
   name = f'spm_{langs}_{config.vocab_size}_{config.data.spm_train_sentences}{kind}.model'
   return os.path.join(datasets.dataset_dir(config.data), name)
 
@@ -181,7 +197,8 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
 
   Raises:
     ValueError: If an existing model's vocabulary size differs from
-      `config.vocab_size`, or its type from `config.data.spm_model_type`.
+      `config.vocab_size`, its type from `config.data.spm_model_type`, or its
+      normalization from `config.data.spm_normalization`.
   """
   path = vocab_path(config)
   if os.path.exists(path):
@@ -219,6 +236,12 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
         f'config.data.spm_model_type is {config.data.spm_model_type!r}; use a matching '
         'config.data.spm_model_type or another config.data.vocab_path.'
       )
+    if tokenizer.normalization != config.data.spm_normalization:
+      raise ValueError(
+        f'SentencePiece model {path} normalizes text by {tokenizer.normalization!r} but '
+        f'config.data.spm_normalization is {config.data.spm_normalization!r}; use a matching '
+        'config.data.spm_normalization or another config.data.vocab_path.'
+      )
     logging.info('Loaded SentencePiece model %s.', path)
     return tokenizer
   logging.info('Training SentencePiece model %s.', path)
@@ -236,6 +259,7 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
     model_path=path,
     max_sentences=config.data.spm_train_sentences,
     model_type=config.data.spm_model_type,
+    normalization=config.data.spm_normalization,
   )
   return Tokenizer.load(path)  # The file wins if another process wrote it first.
 

@@ -23,7 +23,7 @@ from transformer.tasks.translation import data, decode
 def validation_bleu(
   config: ml_collections.ConfigDict, params, vocab: tokenizer_lib.Tokenizer, translate_fn
 ) -> dict[str, float]:
-  """sacreBLEU of the first `config.eval_bleu_sentences` validation sentences."""
+  """sacreBLEU of the first `config.eval_bleu_sentences` validation sentences, cased and not."""
   count = config.eval_bleu_sentences
   split = config.data.eval_split
   batches = data.translation_batches(config, vocab, split, min(64, count))
@@ -32,8 +32,10 @@ def validation_bleu(
   )
   hypotheses = [translations[i] for i in sorted(translations)][:count]
   references = data.translation_references(config, split)[: len(hypotheses)]
+  scores = scoring.corpus_scores(hypotheses, references)
   return {
-    'eval_bleu': scoring.corpus_scores(hypotheses, references)['bleu'],
+    'eval_bleu': scores['bleu'],
+    'eval_bleu_lc': scores['bleu_lc'],  # The Multi30k papers' score; a case-folding vocabulary's.
     'eval_decode_sentences_per_sec': speed['sentences_per_sec'],
   }
 

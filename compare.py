@@ -8,6 +8,9 @@ one (of --split), or the results of several seeds of one system, comma-separated
 
   python compare.py A0.json,A1.json,A2.json B0.json,B1.json,B2.json
 
+(an argument that is itself an existing path is one result, commas and all: the workdir of a
+sweep trial named `vocab_size=4000,num_train_steps=3200`).
+
 Then seed k of each system is paired with seed k of the baseline and one paired test
 resamples the sentences of all of them (pooled), and Welch's t-test compares the
 per-seed scores: how much more the systems differ than training runs do.
@@ -22,6 +25,7 @@ SACREBLEU_SEED (default 12345) seeds the test, as it does sacreBLEU's own
 """
 
 import json
+import os
 
 from absl import app, flags
 
@@ -46,6 +50,11 @@ _METRICS = flags.DEFINE_list(
 _OUTPUT = flags.DEFINE_string('output', None, 'Also write the comparison to this JSON file.')
 
 
+def _seed_results(arg: str) -> list[str]:
+  """The results one argument names: itself if it exists, else its comma-separated seeds'."""
+  return [arg] if os.path.exists(arg) else arg.split(',')
+
+
 def main(argv):
   paths = argv[1:]
   if len(paths) < 2:
@@ -54,7 +63,7 @@ def main(argv):
     )
   if _N_SAMPLES.value < 0:
     raise app.UsageError(f'--n_samples={_N_SAMPLES.value} must be >= 0 (0: sacreBLEU defaults).')
-  groups = [arg.split(',') for arg in paths]
+  groups = [_seed_results(arg) for arg in paths]
   if any(len(group) > 1 for group in groups) and len({len(g) for g in groups}) > 1:
     counts = ', '.join(f'{len(g)} in {arg!r}' for g, arg in zip(groups, paths, strict=True))
     raise app.UsageError(

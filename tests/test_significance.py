@@ -177,6 +177,21 @@ def test_compare_py_reports_intervals_p_values_and_verdicts(systems, tmp_path):
   ]
 
 
+def test_a_result_whose_path_has_commas_is_one_system(systems, tmp_path):
+  """A sweep trial's workdir is named by its overrides, commas included (`a=1,b=2`)."""
+  trial = tmp_path / 'sweep' / 'vocab_size=4000,num_train_steps=3200'
+  shutil.copytree(systems['better'].parent.parent, trial)
+  command = [sys.executable, 'compare.py', str(systems['base']), str(trial), str(systems['close'])]
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert re.search(
+    r'/vocab_size=4000,num_train_steps=3200: BLEU \+\d+\.\d\d against the '
+    r'baseline, p = 0\.\d{4}: significant at 0.05\.$',
+    result.stdout,
+    re.MULTILINE,
+  ), result.stdout
+
+
 def test_unscored_lines_are_left_out(tmp_path, systems, monkeypatch):
   monkeypatch.setenv('SACREBLEU_SEED', '12345')
   base = significance.load_system(str(systems['base']))

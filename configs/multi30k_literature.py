@@ -24,8 +24,8 @@ Where this run differs, and why:
       --config.data.manual_dir=../shared/data/multi30k
   python eval.py --workdir=workdirs/m30k_literature
 
-Expected: about 4.5 hours on 2 CPU cores (from stage 2's step rate of the same model at half
-the batch; docs/recipe.md stage 10 gives the measured time and scores). Metric: `bleu_lc`,
+Expected: about 4.3 hours on 2 CPU cores (0.46-0.53 updates a second over its first 125;
+docs/recipe.md stage 10 gives the measured time and scores once it has run). Metric: `bleu_lc`,
 lowercased BLEU on test_2016_flickr, against the published 41.02.
 """
 

@@ -62,9 +62,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_bleu_decoder = 'greedy'  # 'greedy' or 'beam' (config.decode's) for that BLEU.
   config.checkpoint_every_steps = 100  # Checkpoint cadence (always also at the end).
   config.keep_checkpoints = 5  # Most recent checkpoints kept on disk.
+  # The next two select by validation BLEU: eval_bleu_lc where it is config.target_metric, else
+  # the cased eval_bleu.
   config.keep_best_checkpoints = 0  # Also keep the params of the N best val-BLEU evals (0: none).
   config.early_stopping_patience = 0  # Stop after N evals without a better val BLEU (0: never).
-  config.target_metric = 'eval_bleu'  # Ranks sweep trials: 'eval_bleu' (best) or 'eval_loss'.
+  config.target_metric = 'eval_bleu'  # Ranks sweeps: 'eval_bleu', 'eval_bleu_lc' or 'eval_loss'.
 
   # Decoding (section 6.1): eval.py's defaults (its flags override them), validation BLEU's beam.
   config.decode = ml_collections.ConfigDict()

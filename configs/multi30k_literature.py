@@ -44,6 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.grad_clip_norm = 25.0  # fairseq's default --clip-norm.
   config.data.tokens_per_batch = 8192  # --max-tokens 4096 on each of 2 GPUs.
   config.data.spm_normalization = 'nmt_nfkc_cf'  # Their training text is lowercased.
+  config.target_metric = 'eval_bleu_lc'  # Its translations are lowercase: so is its BLEU.
   config.checkpoint_every_steps = 50  # About 0.85 epochs of 8,192 tokens.
   config.keep_checkpoints = 160  # All of them, so that any length can be averaged and scored.
   config.decode.beam_size = 5

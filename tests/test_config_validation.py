@@ -46,7 +46,7 @@ def test_every_field_of_every_config_has_a_rule_and_is_valid(name):
     (
       'target_metric',
       'bleu',
-      "config.target_metric='bleu' is not one of ('eval_bleu', 'eval_loss')",
+      "config.target_metric='bleu' is not one of ('eval_bleu', 'eval_bleu_lc', 'eval_loss')",
     ),
     ('data.dataset', 'multi31k', "config.data.dataset='multi31k' is not one of"),
     ('dtype', 'float16', "config.dtype='float16' is not one of ('float32', 'bfloat16')"),
@@ -109,6 +109,12 @@ def test_every_error_is_listed_at_once():
       'validation BLEU needs config.eval_bleu_sentences > 0',
     ),
     (
+      {'data.spm_normalization': 'nmt_nfkc_cf', 'early_stopping_patience': 5},
+      "config.early_stopping_patience=5 select by config.target_metric='eval_bleu', which selects "
+      "by cased BLEU (eval_bleu), but config.data.spm_normalization='nmt_nfkc_cf' translates into "
+      "lowercase: set config.target_metric='eval_bleu_lc'.",
+    ),
+    (
       {'decode.checkpoint': 'avg:10', 'keep_checkpoints': 5},
       "config.decode.checkpoint='avg:10' averages the last 10 checkpoints, but "
       'config.keep_checkpoints=5 keeps 5.',
@@ -133,6 +139,19 @@ def test_a_language_model_config_is_checked_as_one():
   config = sweeps.apply_overrides(lm_default.get_config(), {'data.dataset': 'multi30k'})
   [error] = config_lib.config_errors(config)
   assert "config.model.architecture='decoder_only' does not fit" in error
+  config = sweeps.apply_overrides(lm_default.get_config(), {'target_metric': 'eval_bleu_lc'})
+  [error] = config_lib.config_errors(config)
+  assert "config.target_metric='eval_bleu_lc' ranks translations; use 'eval_loss'" in error
+
+
+def test_a_case_folding_run_selects_by_the_lowercased_bleu_once_it_targets_it():
+  folded = {'data.spm_normalization': 'nmt_nfkc_cf', 'keep_best_checkpoints': 3}
+  assert config_lib.config_errors(sweeps.apply_overrides(default.get_config(), folded))
+  folded['target_metric'] = 'eval_bleu_lc'
+  assert not config_lib.config_errors(sweeps.apply_overrides(default.get_config(), folded))
+  assert config_lib.selection_metric('eval_bleu_lc') == 'eval_bleu_lc'
+  assert config_lib.selection_metric('eval_loss') == config_lib.selection_metric('eval_bleu')
+  assert config_lib.selection_metric('eval_bleu') == 'eval_bleu'
 
 
 @pytest.mark.parametrize(

@@ -148,6 +148,12 @@ def test_best_checkpoints_are_chosen_by_validation_bleu(run):
   assert evaluation.step_budget(label) is None  # Chosen by validation BLEU, not a budget.
   same, _ = evaluation.load_params(workdir, target, str(best_step))
   jax.tree.map(np.testing.assert_array_equal, best, same)
+  # Ranked by the lowercased BLEU, stored with them too (config.target_metric='eval_bleu_lc').
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    lowercased = {r['step']: r['eval_bleu_lc'] for r in map(json.loads, f) if 'eval_bleu_lc' in r}
+  best_lc_step = max(sorted(lowercased), key=lambda step: lowercased[step])
+  _, label = evaluation.load_params(workdir, target, 'best', best_metric='eval_bleu_lc')
+  assert label == f'best_step_{best_lc_step}'
   # The 2 best are steps 30 and 60: their average is avg:2's.
   averaged, label = evaluation.load_params(workdir, target, 'avg_best:2')
   assert label == 'avg_best2_30-60'

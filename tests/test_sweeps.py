@@ -22,6 +22,7 @@ import pytest
 from conftest import synthetic_pairs, write_lines
 
 from configs import tiny
+from transformer import config as config_lib
 from transformer import provenance, scoring, workdir_lock
 from transformer.tools import (
   significance,
@@ -396,6 +397,40 @@ def _fake_trial(workdir, eval_loss, references, hypotheses):
   )
 
 
+@pytest.mark.parametrize('target_metric', ['eval_bleu', 'eval_bleu_lc'])
+def test_summary_ranks_by_the_targeted_bleu_cased_or_lowercased(tmp_path, target_metric):
+  config = tiny.get_config()
+  config.target_metric = target_metric
+  sweep_file = _write_sweep(tmp_path / 's.py', "sweeps.grid({'lr_scale': [1.0, 2.0, 4.0]})")
+  sweep = sweeps.create('configs/tiny.py', config, str(sweep_file), str(tmp_path / 'root'))
+  # Per trial: (eval_bleu, eval_bleu_lc) of its evaluations. The best cased BLEU (lr_scale=2.0,
+  # 14.0) is not the best lowercased one (lr_scale=1.0, 13.5); lr_scale=4.0 ran before
+  # eval_bleu_lc was logged, so it has none and follows the ranked trials when that is the target.
+  evaluations = {1.0: [(10.0, 11.0), (12.0, 13.5)], 2.0: [(14.0, 13.0)], 4.0: [(9.0, None)]}
+  for trial in sweep.trials:
+    rows = [
+      {'step': 5 * (i + 1), 'eval_loss': 4.0, 'eval_bleu': cased}
+      | ({} if lc is None else {'eval_bleu_lc': lc})
+      for i, (cased, lc) in enumerate(evaluations[trial.overrides['lr_scale']])
+    ]
+    write_lines(Path(sweep.workdir(trial)) / 'metrics.jsonl', [json.dumps(r) for r in rows])
+
+  assert tuple(sweeps.TARGET_METRICS) == config_lib.TARGET_METRICS  # Each config value ranks.
+  results = sweep_summary.write(sweep)
+  ranked = [(r.overrides['lr_scale'], r.rank) for r in results]
+  if target_metric == 'eval_bleu':
+    assert ranked == [(2.0, 1), (1.0, 2), (4.0, 3)]
+  else:
+    assert ranked == [(1.0, 1), (2.0, 2), (4.0, None)]
+  rows = list(csv.DictReader((tmp_path / 'root' / 'summary.csv').read_text().splitlines()))
+  assert [(r['best_eval_bleu'], r['best_eval_bleu_lc']) for r in rows] == [
+    {1.0: ('12', '13.5'), 2.0: ('14', '13'), 4.0: ('9', '')}[scale] for scale, _ in ranked
+  ]
+  markdown = (tmp_path / 'root' / 'summary.md').read_text()
+  assert f'Ranked by `{target_metric}`' in markdown
+  assert '| best val BLEU | best val BLEU (lc) |' in markdown
+
+
 def test_summary_of_seeds_groups_ranks_by_mean_and_tests_against_the_best(tmp_path, monkeypatch):
   monkeypatch.setenv('SACREBLEU_SEED', '12345')
   sweep_file = _write_sweep(tmp_path / 's.py', "sweeps.grid({'lr_scale': [1.0, 2.0, 4.0]})")
@@ -633,7 +668,8 @@ def test_two_by_two_sweep_with_seeds_writes_grouped_summaries(two_by_two):
   assert len(lines) == 5, lines
   assert lines[0] == (
     'rank,best,trial,lr_scale,seed,status,steps,train_loss,eval_loss,'
-    'best_eval_bleu,tokens_per_sec,decode_bleu,decode_bleu_lc,decode_result,error,workdir'
+    'best_eval_bleu,best_eval_bleu_lc,tokens_per_sec,decode_bleu,decode_bleu_lc,decode_result,'
+    'error,workdir'
   )
   trials = {r['trial']: r for r in csv.DictReader(lines)}
   assert sorted(trials) == sorted(TWO_BY_TWO)

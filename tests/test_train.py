@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import tiny
-from transformer import metrics, optim, runs, training
+from transformer import checkpoints, metrics, optim, runs, training
 from transformer.config import ModelConfig
 from transformer.tools import sweeps
 
@@ -196,6 +196,23 @@ def test_best_checkpoints_resume_exactly_and_early_stopping_stays_stopped(data_d
   kept = _best_params(straight)
   assert len(kept) == 2
   assert sorted((bleus[s] for s in kept), reverse=True) == sorted(bleus.values(), reverse=True)[:2]
+  # Each is stored with both validation BLEUs, the cased one ranking them
+  # (configs/tiny.py targets eval_loss: selection reads eval_bleu).
+  lowercased = {r['step']: r['eval_bleu_lc'] for r in _metrics(straight) if 'eval_bleu_lc' in r}
+  stored = checkpoints.BestCheckpoints(str(straight), read_only=True)
+  assert stored.scores() == {s: bleus[s] for s in sorted(kept, key=lambda s: (-bleus[s], s))}
+  stored.close()
+  by_lc = checkpoints.BestCheckpoints(str(straight), metric='eval_bleu_lc', read_only=True)
+  assert by_lc.scores() == {s: lowercased[s] for s in sorted(kept, key=lambda s: -lowercased[s])}
+  by_lc.close()
+  # They were kept by eval_bleu: a resume that would rank them by eval_bleu_lc is refused.
+  for target, refused in (('eval_bleu', False), ('eval_bleu_lc', True), ('eval_loss', False)):
+    resume = _tiny_config(data_dirs, **overrides, target_metric=target)
+    if refused:
+      with pytest.raises(ValueError, match=r'were kept by eval_bleu .* rank them by eval_bleu_lc'):
+        runs.check_resume(resume, str(straight))
+    else:
+      runs.check_resume(resume, str(straight))
   final_step, final_params, _ = _final_params(straight)
   if final_step in kept:  # Then they are the final checkpoint's parameters.
     jax.tree.map(np.testing.assert_array_equal, kept[final_step], final_params)
@@ -230,6 +247,34 @@ def test_best_checkpoints_resume_exactly_and_early_stopping_stays_stopped(data_d
   ]
 
 
+def test_best_checkpoints_keep_the_best_by_their_metric_and_refuse_an_unstored_one(tmp_path):
+  params = {'w': np.arange(3, dtype=np.float32)}
+  # Step: (cased, lowercased) validation BLEU. The 2 best cased: 10, 15; lowercased: 15, 5.
+  bleus = {5: (3.0, 4.0), 10: (5.0, 3.5), 15: (4.0, 6.0)}
+  for metric, expected in (('eval_bleu', {10: 5.0, 15: 4.0}), ('eval_bleu_lc', {15: 6.0, 5: 4.0})):
+    workdir = str(tmp_path / metric)
+    best = checkpoints.BestCheckpoints(workdir, metric=metric, keep=2)
+    for step, (cased, lowercased) in bleus.items():
+      best.save(step, params, {'eval_bleu': cased, 'eval_bleu_lc': lowercased, 'eval_loss': 2.0})
+    best.close()
+    kept = checkpoints.BestCheckpoints(workdir, metric=metric, read_only=True)
+    assert kept.scores() == expected and list(kept.scores()) == list(expected)  # Best first.
+    kept.close()
+  # Best checkpoints of a run from before eval_bleu_lc store eval_bleu alone.
+  older = tmp_path / 'older' / checkpoints.BEST_DIRECTORY
+  manager = ocp.CheckpointManager(
+    str(older), options=ocp.CheckpointManagerOptions(best_fn=lambda m: m['eval_bleu'])
+  )
+  manager.save(5, args=ocp.args.StandardSave(params), metrics={'eval_bleu': 3.0})
+  manager.close()
+  assert checkpoints.BestCheckpoints(str(older.parent), read_only=True).scores() == {5: 3.0}
+  with pytest.raises(ValueError, match=r'Best checkpoints \[5\] .* carry no eval_bleu_lc'):
+    checkpoints.BestCheckpoints(str(older.parent), metric='eval_bleu_lc', keep=2)
+  with pytest.raises(ValueError, match="metric='eval_loss' is not one of"):
+    checkpoints.BestCheckpoints(str(older.parent), metric='eval_loss')
+  assert sorted(os.listdir(older)) == ['5']
+
+
 def test_early_stopping_counts_evaluations_since_the_best_bleu(tmp_path):
   path = tmp_path / 'metrics.jsonl'
   rows = [
@@ -251,6 +296,18 @@ def test_early_stopping_counts_evaluations_since_the_best_bleu(tmp_path):
   assert (stopping.best_step, stopping.since_best, stopping.stop) == (30, 0, False)
   fresh = runs.EarlyStopping(patience=1).replay(str(tmp_path / 'none.jsonl'), last_step=0)
   assert fresh.best_step is None and not fresh.stop
+  # By the lowercased BLEU (config.target_metric='eval_bleu_lc'): rows without it do not count.
+  lowercased = [
+    {'step': 5, 'eval_bleu': 1.0, 'eval_bleu_lc': 1.5},
+    {'step': 10, 'eval_bleu': 2.0},
+    {'step': 15, 'eval_bleu': 2.0, 'eval_bleu_lc': 1.2},
+    {'step': 20, 'eval_bleu': 1.5, 'eval_bleu_lc': 1.8},
+  ]
+  path.write_text(''.join(json.dumps(r) + '\n' for r in lowercased))
+  stopping = runs.EarlyStopping(patience=1, metric='eval_bleu_lc').replay(str(path), 20)
+  assert (stopping.best, stopping.best_step, stopping.since_best) == (1.8, 20, 0)
+  cased = runs.EarlyStopping(patience=1).replay(str(path), 20)
+  assert (cased.best, cased.best_step, cased.since_best) == (2.0, 10, 2)
 
 
 def test_incompatible_checkpoint_is_reported_and_kept(data_dirs, tmp_path):

@@ -378,23 +378,35 @@ class Checkpointer:
     self._manager.close()
 
 
-# Where `BestCheckpoints` keeps parameters, and the metric that ranks them (higher is better).
+# Where `BestCheckpoints` keeps parameters, and the validation BLEUs stored with them.
 BEST_DIRECTORY = 'best_checkpoints'
-BEST_METRIC = 'eval_bleu'
+BEST_METRICS = ('eval_bleu', 'eval_bleu_lc')
 
 
 class BestCheckpoints:
   """The parameters of the evaluations with the best validation BLEU: WORKDIR/best_checkpoints.
 
-  Each evaluation's parameters are saved under its step with its `eval_bleu`
-  (Orbax's metrics) and array checksums; Orbax's CheckpointManager keeps the
-  `keep` with the highest BLEU (`best_fn`, `max_to_keep`) and deletes the
-  others. Parameters only: they are for evaluation (`eval.py --checkpoint=best`,
-  `avg_best:N`); a run resumes from WORKDIR/checkpoints, which keeps the latest.
+  Each evaluation's parameters are saved under its step with its validation BLEUs
+  (`BEST_METRICS`, Orbax's metrics) and array checksums; Orbax's CheckpointManager keeps
+  the `keep` with the highest `metric` (`best_fn`, `max_to_keep`) and deletes the others.
+  `metric` is `transformer.config.selection_metric(target_metric)`; runs before `eval_bleu_lc`
+  stored `eval_bleu` alone. Parameters only: they are for evaluation (`eval.py
+  --checkpoint=best`, `avg_best:N`); a run resumes from WORKDIR/checkpoints, which keeps the
+  latest.
   """
 
-  def __init__(self, workdir: str, *, keep: int | None = None, read_only: bool = False):
+  def __init__(
+    self,
+    workdir: str,
+    *,
+    metric: str = 'eval_bleu',
+    keep: int | None = None,
+    read_only: bool = False,
+  ):
+    if metric not in BEST_METRICS:
+      raise ValueError(f'metric={metric!r} is not one of {BEST_METRICS}.')
     self.directory = os.path.join(os.path.abspath(os.path.expanduser(workdir)), BEST_DIRECTORY)
+    self.metric = metric
     if read_only and not os.path.isdir(self.directory):
       raise FileNotFoundError(
         f'No best checkpoints at {self.directory}: the run kept none '
@@ -404,7 +416,7 @@ class BestCheckpoints:
       self.directory,
       options=ocp.CheckpointManagerOptions(
         max_to_keep=keep,
-        best_fn=lambda metrics: metrics[BEST_METRIC],
+        best_fn=lambda metrics: metrics[metric],
         best_mode='max',
         keep_checkpoints_without_metrics=False,
         create=not read_only,
@@ -412,13 +424,26 @@ class BestCheckpoints:
         cleanup_tmp_directories=not read_only,
       ),
     )
+    unscored = [s for s in self._manager.all_steps() if metric not in self._metrics(s)]
+    if unscored:
+      self._manager.close()
+      raise ValueError(
+        f'Best checkpoints {unscored} in {self.directory} carry no {metric} (they store '
+        f'{sorted(self._metrics(unscored[0]))}): they were selected by another metric, so they '
+        f"cannot be ranked by {metric}. Nothing was changed. Keep the run's "
+        'config.target_metric, or train in a new --workdir.'
+      )
 
-  def save(self, step: int, params, bleu: float) -> None:
-    """Starts an asynchronous save of `params` scored `bleu`; the worst beyond `keep` go."""
+  def _metrics(self, step: int) -> dict[str, float]:
+    return self._manager.metrics(step) or {}
+
+  def save(self, step: int, params, bleus: dict[str, float]) -> None:
+    """Starts an asynchronous save of `params` with their validation BLEUs (`BEST_METRICS`);
+    the worst by `metric` beyond `keep` go."""
     self._manager.save(
       step,
       args=ocp.args.StandardSave(params),
-      metrics={BEST_METRIC: float(bleu)},
+      metrics={name: float(bleus[name]) for name in BEST_METRICS},
       custom_metadata={_CHECKSUMS_KEY: array_checksums(params)},
       force=True,
     )
@@ -436,8 +461,8 @@ class BestCheckpoints:
       self._manager.delete(later)
 
   def scores(self) -> dict[int, float]:
-    """{step: its validation BLEU}, best first (ties: the earlier step first)."""
-    scores = {s: float(self._manager.metrics(s)[BEST_METRIC]) for s in self._manager.all_steps()}
+    """{step: its validation BLEU (`metric`)}, best first (ties: the earlier step first)."""
+    scores = {s: float(self._metrics(s)[self.metric]) for s in self._manager.all_steps()}
     return dict(sorted(scores.items(), key=lambda item: (-item[1], item[0])))
 
   def restore(self, step: int, abstract_params):

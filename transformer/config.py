@@ -67,8 +67,9 @@ SPM_MODEL_TYPES = ('unigram', 'bpe')
 # case folding (a vocabulary that lowercases everything it reads); the first is the default.
 SPM_NORMALIZATIONS = ('nmt_nfkc', 'nmt_nfkc_cf')
 
-# What `config.target_metric` may rank sweep trials by.
-TARGET_METRICS = ('eval_bleu', 'eval_loss')
+# What `config.target_metric` may rank sweep trials by: greedy validation BLEU, cased or on
+# lowercased text, or the validation loss.
+TARGET_METRICS = ('eval_bleu', 'eval_bleu_lc', 'eval_loss')
 EVAL_BLEU_DECODERS = ('greedy', 'beam')
 
 
@@ -268,6 +269,15 @@ def _length_errors(c) -> list[str]:
   return errors
 
 
+def selection_metric(target_metric: str) -> str:
+  """The validation BLEU that keeps the best checkpoints and stops early, by `target_metric`.
+
+  `eval_bleu_lc` (BLEU on lowercased text) where the run targets it, else the cased
+  `eval_bleu`: selection ranks by a BLEU, also in a run whose sweep ranks by loss.
+  """
+  return 'eval_bleu_lc' if target_metric == 'eval_bleu_lc' else 'eval_bleu'
+
+
 def _task_errors(c) -> list[str]:
   """A language model and its data, or a translation model and its languages, fit together."""
   decoder_only = c.model.architecture == 'decoder_only'
@@ -294,10 +304,17 @@ def _task_errors(c) -> list[str]:
       f'config.eval_bleu_sentences={c.eval_bleu_sentences} must be 0 for a '
       'decoder_only model: BLEU scores translations.'
     )
-  if decoder_only and c.target_metric == 'eval_bleu':
+  if decoder_only and c.target_metric != 'eval_loss':
     errors.append(
-      "config.target_metric='eval_bleu' ranks translations; use 'eval_loss' for a "
-      'decoder_only model.'
+      f'config.target_metric={c.target_metric!r} ranks translations; use '
+      "'eval_loss' for a decoder_only model."
+    )
+  folded = c.data.spm_normalization == 'nmt_nfkc_cf'
+  if uses_bleu and folded and selection_metric(c.target_metric) == 'eval_bleu':
+    errors.append(
+      f'{" and ".join(uses_bleu)} select by config.target_metric={c.target_metric!r}, '
+      "which selects by cased BLEU (eval_bleu), but config.data.spm_normalization='nmt_nfkc_cf' "
+      "translates into lowercase: set config.target_metric='eval_bleu_lc'."
     )
   if not decoder_only and not c.data.source_lang.strip():
     errors.append('config.data.source_lang is empty: a translation model needs a source language.')

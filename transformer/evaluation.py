@@ -121,7 +121,13 @@ def restore_params(run: Setup, workdir: str, checkpoint: str):
       run.config.num_train_steps,
       run.config.schedule,
     )
-  return load_params(workdir, run.abstract_state, checkpoint, keep=run.config.keep_checkpoints)
+  return load_params(
+    workdir,
+    run.abstract_state,
+    checkpoint,
+    keep=run.config.keep_checkpoints,
+    best_metric=config_lib.selection_metric(run.config.target_metric),
+  )
 
 
 # --- Which checkpoints: one, the last N averaged, the best by validation BLEU --------------------
@@ -194,20 +200,28 @@ def _is_best(checkpoint: str) -> bool:
 _ROTATION_RETRIES = 3
 
 
-def load_params(workdir: str, abstract_state, checkpoint: str = 'latest', keep: int | None = None):
+def load_params(
+  workdir: str,
+  abstract_state,
+  checkpoint: str = 'latest',
+  keep: int | None = None,
+  best_metric: str = 'eval_bleu',
+):
   """Parameters of one checkpoint, or the average of several (`avg:N`, section 6.1).
 
   `checkpoint`: 'latest', a step, 'avg:N' (the last N), 'avg:N@STEP' (the last N up to
-  STEP), 'best' (the best
-  validation BLEU of `BestCheckpoints`) or 'avg_best:N' (the N best averaged).
+  STEP), 'best' (the best validation BLEU of `BestCheckpoints`) or 'avg_best:N' (the N best
+  averaged).
   `keep`: the checkpoints the training run keeps (`config.keep_checkpoints`). If the run
   rotates out a checkpoint while it is read, 'latest' and 'avg:N' are selected again
   among the checkpoints now there; a step number is `checkpoints.CheckpointGoneError`.
+  `best_metric`: the BLEU that ranks the best checkpoints
+  (`config_lib.selection_metric(config.target_metric)`).
   Returns the parameters and a label naming them (`step_1500`, `avg5_1100-1500`,
   `best_step_1200`, `avg_best3_900-1200-1500`).
   """
   if _is_best(checkpoint):
-    return _load_best_params(workdir, abstract_state, checkpoint)
+    return _load_best_params(workdir, abstract_state, checkpoint, best_metric)
   checkpointer = checkpoints.Checkpointer(workdir, read_only=True, keep=keep)
   try:
     for attempt in range(_ROTATION_RETRIES + 1):
@@ -259,8 +273,8 @@ def step_budget(label: str) -> tuple[int, int] | None:
   return int(match['last']), int(match['averaged'])
 
 
-def _load_best_params(workdir: str, abstract_state, checkpoint: str):
-  best = checkpoints.BestCheckpoints(workdir, read_only=True)
+def _load_best_params(workdir: str, abstract_state, checkpoint: str, metric: str):
+  best = checkpoints.BestCheckpoints(workdir, metric=metric, read_only=True)
   try:
     steps = select_best_steps(best.scores(), checkpoint)
     total = None

@@ -134,6 +134,18 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
       'changed. Resume with the saved value (any value > 0 if it was on), or train in a new '
       '--workdir.'
     )
+  best_steps = checkpoints.committed_steps(os.path.join(workdir, checkpoints.BEST_DIRECTORY))
+  saved_target = (saved or {}).get('target_metric')
+  kept_by = config_lib.selection_metric(saved_target) if saved_target else None
+  selects_by = config_lib.selection_metric(config.target_metric)
+  if best_steps and config.keep_best_checkpoints and kept_by not in (None, selects_by):
+    raise ValueError(
+      f'The best checkpoints {best_steps} in {workdir}/{checkpoints.BEST_DIRECTORY} were kept '
+      f'by {kept_by} (config.target_metric={saved_target!r}); '
+      f'config.target_metric={config.target_metric!r} would rank them by {selects_by}, mixing '
+      'two selections. Nothing was changed. Resume with the saved config.target_metric, or '
+      'train in a new --workdir.'
+    )
   if config.num_train_steps < steps[-1]:
     raise ValueError(
       f'config.num_train_steps={config.num_train_steps} lies below the latest checkpoint, step '
@@ -242,6 +254,7 @@ class EarlyStopping:
   """Evaluations since the validation BLEU last improved; `stop` after `patience` of them."""
 
   patience: int  # config.early_stopping_patience; 0: never stops.
+  metric: str = 'eval_bleu'  # The BLEU it reads: `config_lib.selection_metric(target_metric)`.
   best: float = -math.inf  # The highest validation BLEU so far ...
   best_step: int | None = None  # ... and the step that scored it.
   since_best: int = 0  # Evaluations since then (a tie does not improve).
@@ -270,8 +283,8 @@ class EarlyStopping:
             row = json.loads(line)
           except json.JSONDecodeError:
             break  # A line cut short by a crash: nothing after it was committed.
-          if 'eval_bleu' in row and row['step'] <= last_step:
-            bleus[row['step']] = row['eval_bleu']
+          if self.metric in row and row['step'] <= last_step:
+            bleus[row['step']] = row[self.metric]
     for step in sorted(bleus):
       self.record(step, bleus[step])
     return self
@@ -288,7 +301,8 @@ def is_finished(workdir: str, config: ml_collections.ConfigDict) -> bool:
   steps = checkpoints.committed_steps(os.path.join(workdir, 'checkpoints'))
   last = steps[-1] if steps else 0
   metrics_path = os.path.join(workdir, metrics.FILENAME)
-  stopping = EarlyStopping(config.early_stopping_patience).replay(metrics_path, last)
+  metric = config_lib.selection_metric(config.target_metric)
+  stopping = EarlyStopping(config.early_stopping_patience, metric).replay(metrics_path, last)
   return last >= config.num_train_steps or stopping.stop
 
 

@@ -380,7 +380,8 @@ def _train_and_evaluate(
   start_step = int(state.step)
   # A run that stopped early (its validation BLEU had not improved for `patience` evaluations)
   # stays stopped; a larger config.early_stopping_patience lets it go on.
-  stopping = runs.EarlyStopping(config.early_stopping_patience).replay(
+  selection_metric = config_lib.selection_metric(config.target_metric)  # Best, early stopping.
+  stopping = runs.EarlyStopping(config.early_stopping_patience, selection_metric).replay(
     os.path.join(workdir, metrics.FILENAME), start_step
   )
   finished = start_step >= config.num_train_steps or stopping.stop
@@ -406,7 +407,9 @@ def _train_and_evaluate(
   writer.truncate_after(start_step)
   best = None  # The parameters of the evaluations with the best validation BLEU.
   if config.keep_best_checkpoints:
-    best = checkpoints.BestCheckpoints(workdir, keep=config.keep_best_checkpoints)
+    best = checkpoints.BestCheckpoints(
+      workdir, metric=selection_metric, keep=config.keep_best_checkpoints
+    )
     cleanup.callback(best.close)
     best.drop_after(start_step)
   shardings = dict(state_shardings=state_shardings, mesh=mesh, rules=rules)
@@ -431,11 +434,11 @@ def _train_and_evaluate(
 
   def track_best(step: int, evaluated: dict[str, float]) -> bool:
     """Keeps the parameters if their BLEU ranks among the best; True: stop early now."""
-    if 'eval_bleu' not in evaluated:
+    if selection_metric not in evaluated:
       return False
     if best is not None:
-      best.save(step, state.params, evaluated['eval_bleu'])
-    stopping.record(step, evaluated['eval_bleu'])
+      best.save(step, state.params, evaluated)
+    stopping.record(step, evaluated[selection_metric])
     return stopping.stop
 
   last_step = start_step if stopping.stop else config.num_train_steps
@@ -515,9 +518,10 @@ def _train_and_evaluate(
     if stop_early:
       checkpointer.wait_until_finished()
       logging.info(
-        'Stopped early after step %d: validation BLEU has not improved on %.2f (step %d) for '
-        '%d evaluations (config.early_stopping_patience); checkpoint %s/%d is committed.',
+        'Stopped early after step %d: validation BLEU (%s) has not improved on %.2f (step %d) '
+        'for %d evaluations (config.early_stopping_patience); checkpoint %s/%d is committed.',
         step,
+        selection_metric,
         stopping.best,
         stopping.best_step,
         stopping.since_best,

@@ -36,6 +36,7 @@ COLUMNS = (
   'train_loss',
   'eval_loss',
   'best_eval_bleu',
+  'best_eval_bleu_lc',
   'tokens_per_sec',
   'decode_bleu',
   'decode_bleu_lc',
@@ -57,6 +58,7 @@ class TrialResult:
   train_loss: float | None = None  # Of the last training row.
   eval_loss: float | None = None  # Of the last validation row.
   best_eval_bleu: float | None = None  # Highest validation BLEU over the evaluations.
+  best_eval_bleu_lc: float | None = None  # The same on lowercased text (runs before it: None).
   tokens_per_sec: float | None = None  # Median over logging windows but the first (compiles).
   decode_bleu: float | None = None  # eval.py's BLEU, when the sweep ran it.
   decode_bleu_lc: float | None = None  # eval.py's BLEU on lowercased text (Multi30k papers').
@@ -94,11 +96,13 @@ def collect(sweep: sweeps.Sweep, trial: sweeps.Trial) -> TrialResult:
   train_rows = [r for r in rows if 'train_loss' in r]
   eval_rows = [r for r in rows if 'eval_loss' in r]
   bleus = [r['eval_bleu'] for r in eval_rows if 'eval_bleu' in r]
+  bleus_lc = [r['eval_bleu_lc'] for r in eval_rows if 'eval_bleu_lc' in r]
   rates = [r['tokens_per_sec'] for r in train_rows[1:] or train_rows if 'tokens_per_sec' in r]
   result.steps = max((r['step'] for r in rows), default=None)
   result.train_loss = train_rows[-1]['train_loss'] if train_rows else None
   result.eval_loss = eval_rows[-1]['eval_loss'] if eval_rows else None
   result.best_eval_bleu = max(bleus) if bleus else None
+  result.best_eval_bleu_lc = max(bleus_lc) if bleus_lc else None
   result.tokens_per_sec = statistics.median(rates) if rates else None
   result.train_curve = [(r['step'], r['train_loss']) for r in train_rows]
   result.eval_curve = [(r['step'], r['eval_loss']) for r in eval_rows]
@@ -179,6 +183,7 @@ def _trials_table(results: Sequence[TrialResult], swept_keys: Sequence[str]) -> 
   """The per-trial markdown table, then the failed trials with their errors."""
   has_decode = any(r.decode_bleu is not None for r in results)
   has_decode_lc = any(r.decode_bleu_lc is not None for r in results)  # Results before it: none.
+  has_bleu_lc = any(r.best_eval_bleu_lc is not None for r in results)  # Runs before it: none.
   header = [
     'rank',
     'trial',
@@ -188,6 +193,7 @@ def _trials_table(results: Sequence[TrialResult], swept_keys: Sequence[str]) -> 
     'train loss',
     'val loss',
     'best val BLEU',
+    *(['best val BLEU (lc)'] if has_bleu_lc else []),
     'tokens/s',
     *(['eval.py BLEU'] if has_decode else []),
     *(['eval.py BLEU (lc)'] if has_decode_lc else []),
@@ -203,6 +209,7 @@ def _trials_table(results: Sequence[TrialResult], swept_keys: Sequence[str]) -> 
       _fixed(result.train_loss, 4),
       _fixed(result.eval_loss, 4),
       _fixed(result.best_eval_bleu, 2),
+      *([_fixed(result.best_eval_bleu_lc, 2)] if has_bleu_lc else []),
       _fixed(result.tokens_per_sec, 0),
       *([_fixed(result.decode_bleu, 2)] if has_decode else []),
       *([_fixed(result.decode_bleu_lc, 2)] if has_decode_lc else []),
@@ -226,6 +233,7 @@ def _trials_table(results: Sequence[TrialResult], swept_keys: Sequence[str]) -> 
 GROUP_METRICS = (
   ('eval_loss', 'val loss', 4),
   ('best_eval_bleu', 'best val BLEU', 2),
+  ('best_eval_bleu_lc', 'best val BLEU (lc)', 2),
   ('decode_bleu', 'eval.py BLEU', 2),
   ('decode_bleu_lc', 'eval.py BLEU (lc)', 2),
   ('train_loss', 'train loss', 4),
@@ -348,11 +356,12 @@ def groups_to_markdown(
   """Configurations ranked by the mean over seeds, the paired tests, then every trial."""
   column, higher_is_better = sweeps.TARGET_METRICS[target_metric]
   how = 'highest best' if higher_is_better else 'lowest final'
-  # eval.py's columns only where some configuration has them.
+  # eval.py's columns and the lowercased BLEU only where some configuration has them.
   metrics = [
-    m
-    for m in GROUP_METRICS
-    if not m[0].startswith('decode_') or any(g.values(m[0]) for g in groups)
+    (name, header, digits)
+    for name, header, digits in GROUP_METRICS
+    if not (name.startswith('decode_') or name.endswith('_lc'))
+    or any(g.values(name) for g in groups)
   ]
   header = ['rank', 'configuration', *swept_keys, 'seeds', 'status', *(m[1] for m in metrics)]
   lines = [

@@ -39,7 +39,11 @@ Overrides = dict[str, Any]
 # The repository root, where train.py and eval.py live.
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # config.target_metric -> (summary column, True if higher is better).
-TARGET_METRICS = {'eval_bleu': ('best_eval_bleu', True), 'eval_loss': ('eval_loss', False)}
+TARGET_METRICS = {
+  'eval_bleu': ('best_eval_bleu', True),
+  'eval_bleu_lc': ('best_eval_bleu_lc', True),
+  'eval_loss': ('eval_loss', False),
+}
 _NAME_MAX_CHARS = 120
 _NAME_UNSAFE = re.compile(r'[^A-Za-z0-9._+=,-]')
 

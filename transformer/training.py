@@ -428,7 +428,9 @@ def _train_and_evaluate(
       summary['eval_loss'],
       summary['eval_perplexity'],
       summary['eval_accuracy'],
-      f'{summary["eval_bleu"]:.2f}' if 'eval_bleu' in summary else '-',
+      f'{summary["eval_bleu"]:.2f} (lowercased {summary["eval_bleu_lc"]:.2f})'
+      if 'eval_bleu' in summary
+      else '-',
     )
     return summary
 

@@ -408,7 +408,7 @@ def test_summary_ranks_by_the_targeted_bleu_cased_or_lowercased(tmp_path, target
   # eval_bleu_lc was logged, so it has none and follows the ranked trials when that is the target.
   evaluations = {1.0: [(10.0, 11.0), (12.0, 13.5)], 2.0: [(14.0, 13.0)], 4.0: [(9.0, None)]}
   for trial in sweep.trials:
-    rows = [
+    rows = [{'step': 5, 'train_loss': 5.0, 'tokens_per_sec': 100.0}] + [
       {'step': 5 * (i + 1), 'eval_loss': 4.0, 'eval_bleu': cased}
       | ({} if lc is None else {'eval_bleu_lc': lc})
       for i, (cased, lc) in enumerate(evaluations[trial.overrides['lr_scale']])

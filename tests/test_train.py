@@ -206,8 +206,15 @@ def test_best_checkpoints_resume_exactly_and_early_stopping_stays_stopped(data_d
   assert by_lc.scores() == {s: lowercased[s] for s in sorted(kept, key=lambda s: -lowercased[s])}
   by_lc.close()
   # They were kept by eval_bleu: a resume that would rank them by eval_bleu_lc is refused.
-  for target, refused in (('eval_bleu', False), ('eval_bleu_lc', True), ('eval_loss', False)):
-    resume = _tiny_config(data_dirs, **overrides, target_metric=target)
+  for target, keep, refused in (
+    ('eval_bleu', 2, False),
+    ('eval_bleu_lc', 2, True),
+    ('eval_bleu_lc', 0, True),  # They stay, and eval.py --checkpoint=best would read them.
+    ('eval_loss', 0, False),
+  ):
+    resume = _tiny_config(
+      data_dirs, **{**overrides, 'target_metric': target, 'keep_best_checkpoints': keep}
+    )
     if refused:
       with pytest.raises(ValueError, match=r'were kept by eval_bleu .* rank them by eval_bleu_lc'):
         runs.check_resume(resume, str(straight))

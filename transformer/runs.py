@@ -138,7 +138,8 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   saved_target = (saved or {}).get('target_metric')
   kept_by = config_lib.selection_metric(saved_target) if saved_target else None
   selects_by = config_lib.selection_metric(config.target_metric)
-  if best_steps and config.keep_best_checkpoints and kept_by not in (None, selects_by):
+  # Also with keep_best_checkpoints=0 now: eval.py's 'best' would rank them by the new metric.
+  if best_steps and kept_by not in (None, selects_by):
     raise ValueError(
       f'The best checkpoints {best_steps} in {workdir}/{checkpoints.BEST_DIRECTORY} were kept '
       f'by {kept_by} (config.target_metric={saved_target!r}); '

@@ -62,6 +62,26 @@ def test_levels_are_dashed_lines_across_the_figure(tmp_path):
   assert [t.get_text() for t in ax.get_legend().get_texts()] == ['run', 'Wu et al. (2021)', 'aim']
 
 
+@pytest.mark.parametrize('x, drawn_at', [('wall_seconds', 1.5), ('step', 90.0)])
+def test_a_budget_is_a_dashed_line_up_the_figure_in_the_drawn_unit(tmp_path, x, drawn_at):
+  fig = curves.plot(
+    [('run', [(60.0, 39.0), (120.0, 40.0)])],
+    x,
+    'bleu_lc',
+    str(tmp_path / 'budget.png'),
+    hlines=[('published', 41.02)],
+    vlines=[('the hour', drawn_at)],
+  )
+  [ax] = fig.axes
+  run, published, budget = ax.get_lines()
+  assert (budget.get_label(), list(budget.get_xdata())) == ('the hour', [drawn_at] * 2)
+  assert list(published.get_ydata()) == [41.02] * 2
+  assert budget.get_linestyle() == '--'
+  low, high = ax.get_xlim()
+  assert low < drawn_at < high  # In view, between or beyond the points.
+  assert [t.get_text() for t in ax.get_legend().get_texts()] == ['run', 'published', 'the hour']
+
+
 @pytest.mark.parametrize(
   'spec, parsed',
   [('Wu et al. (2021)=41.02', ('Wu et al. (2021)', 41.02)), ('a=b=-3', ('a=b', -3.0))],
@@ -74,6 +94,17 @@ def test_a_level_is_label_and_number(spec, parsed):
 def test_a_level_without_label_or_finite_number_is_named(spec):
   with pytest.raises(ValueError, match=r'--hline=.*: expected LABEL=VALUE with VALUE a finite'):
     curves.parse_hline(spec)
+
+
+def test_a_budget_is_label_and_number_not_below_zero():
+  assert curves.parse_vline('the hour=60') == ('the hour', 60.0)
+  assert curves.parse_vline('start=0') == ('start', 0.0)
+  assert curves.parse_hline('below=-1') == ('below', -1.0)  # A level may be negative.
+  for spec in ['60', 'the hour=', 'the hour=soon', 'x=inf', 'before=-1']:
+    with pytest.raises(
+      ValueError, match=r'--vline=.*: expected LABEL=VALUE with VALUE a finite number >= 0'
+    ):
+      curves.parse_vline(spec)
 
 
 @pytest.mark.parametrize(
@@ -132,6 +163,15 @@ def test_command_line_writes_the_figure_and_names_a_bad_run_last(tmp_path):
   )
   assert result.returncode != 0
   assert "--hline='aim=high'" in result.stderr.strip().splitlines()[-1]
+  assert not bad.exists()
+  result = subprocess.run(
+    [*command, f'--run=new={good}', '--vline=the hour=-60', f'--output={bad}'],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode != 0
+  assert "--vline='the hour=-60'" in result.stderr.strip().splitlines()[-1]
   assert not bad.exists()
 
 

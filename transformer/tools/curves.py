@@ -16,7 +16,9 @@ inverse square root, the score of a 2,800-step run), and --y names a score of th
 way of scoring (checkpoints averaged, decoding); results of 'best' checkpoints are not at a
 step budget and are left out, saying so.
 --hline=LABEL=VALUE draws a level across the figure as a dashed line, e.g. a published score
-(`--hline='Wu et al. (2021)=41.02'`).
+(`--hline='Wu et al. (2021)=41.02'`); --vline=LABEL=VALUE a dashed line up it at VALUE on the
+drawn horizontal axis (minutes for wall_seconds, else steps), e.g. a budget
+(`--vline='the hour=60'`).
 A run without the keys is an error that names it, before anything is drawn.
 """
 
@@ -45,6 +47,12 @@ _TITLE = flags.DEFINE_string('title', '', 'Figure title.')
 _HLINE = flags.DEFINE_multi_string(
   'hline', [], 'LABEL=VALUE: a level drawn as a dashed horizontal line, e.g. a published score.'
 )
+_VLINE = flags.DEFINE_multi_string(
+  'vline',
+  [],
+  'LABEL=VALUE: a dashed vertical line at VALUE >= 0 on the drawn axis (minutes for '
+  'wall_seconds, else steps), e.g. a time budget.',
+)
 _EVAL_SPLIT = flags.DEFINE_string(
   'eval_split',
   None,
@@ -63,14 +71,23 @@ def parse_run(spec: str) -> tuple[str, str]:
 
 def parse_hline(spec: str) -> tuple[str, float]:
   """(label, value) of 'LABEL=VALUE'; the label may hold '=', the value is a finite number."""
+  return _parse_line(spec, '--hline', 'a finite number', minimum=-math.inf)
+
+
+def parse_vline(spec: str) -> tuple[str, float]:
+  """(label, value) of 'LABEL=VALUE' with VALUE a finite number >= 0 (minutes or steps)."""
+  return _parse_line(spec, '--vline', 'a finite number >= 0', minimum=0.0)
+
+
+def _parse_line(spec: str, flag: str, domain: str, minimum: float) -> tuple[str, float]:
   label, sep, value = spec.rpartition('=')
   try:
-    level = float(value)
+    at = float(value)
   except ValueError:
-    level = math.nan
-  if not sep or not label or not math.isfinite(level):
-    raise ValueError(f'--hline={spec!r}: expected LABEL=VALUE with VALUE a finite number.')
-  return label, level
+    at = math.nan
+  if not sep or not label or not math.isfinite(at) or at < minimum:
+    raise ValueError(f'{flag}={spec!r}: expected LABEL=VALUE with VALUE {domain}.')
+  return label, at
 
 
 def _read_rows(path: str) -> list[dict]:
@@ -172,10 +189,12 @@ def plot(
   path: str,
   title: str = '',
   hlines: Sequence[tuple[str, float]] = (),
+  vlines: Sequence[tuple[str, float]] = (),
 ) -> Figure:
   """One line with markers per (label, points), a dashed one per (label, level); returns it.
 
-  Wall seconds are drawn in minutes.
+  Wall seconds are drawn in minutes; `vlines` are at positions in the drawn unit (minutes
+  or steps).
   """
   fig = Figure(figsize=(6.4, 4.2), layout='constrained')
   FigureCanvasAgg(fig)
@@ -186,6 +205,8 @@ def plot(
     ax.plot([v / scale for v in xs], ys, marker='o', markersize=3, label=label)
   for (label, level), style in zip(hlines, itertools.cycle(('--', ':', '-.')), strict=False):
     ax.axhline(level, color='0.3', linestyle=style, linewidth=1, label=label)
+  for (label, at), style in zip(vlines, itertools.cycle(('--', ':', '-.')), strict=False):
+    ax.axvline(at, color='0.6', linestyle=style, linewidth=1, label=label)
   ax.set_xlabel('wall-clock minutes' if x == metrics.WALL_SECONDS else 'step')
   ax.set_ylabel(y)
   ax.grid(alpha=0.3)
@@ -206,6 +227,7 @@ def main(argv):
   try:
     runs = [parse_run(spec) for spec in _RUN.value]
     hlines = [parse_hline(spec) for spec in _HLINE.value]
+    vlines = [parse_vline(spec) for spec in _VLINE.value]
     inputs = {f'--run={label}': workdir for label, workdir in runs}
     errors = path_checks.protected_path_errors(
       _OUTPUT.value, '--output', inputs
@@ -224,7 +246,7 @@ def main(argv):
           curves.append((label if len(lines) == 1 else f'{label} ({scoring})', points))
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  plot(curves, _X.value, _Y.value, _OUTPUT.value, _TITLE.value, hlines)
+  plot(curves, _X.value, _Y.value, _OUTPUT.value, _TITLE.value, hlines, vlines)
   print(f'Wrote {_OUTPUT.value}.')
 
 

@@ -38,6 +38,7 @@ from matplotlib.figure import Figure
 from transformer import evaluation, metrics, path_checks
 
 X_KEYS = ('step', metrics.WALL_SECONDS)
+_LINE_STYLES = ('--', ':', '-.')  # Of the --hline and --vline lines, in turn.
 
 _RUN = flags.DEFINE_multi_string('run', [], 'LABEL=WORKDIR of a train.py run (repeatable).')
 _X = flags.DEFINE_enum('x', 'step', list(X_KEYS), 'Horizontal axis: steps or wall-clock time.')
@@ -71,16 +72,17 @@ def parse_run(spec: str) -> tuple[str, str]:
 
 def parse_hline(spec: str) -> tuple[str, float]:
   """(label, value) of 'LABEL=VALUE'; the label may hold '=', the value is a finite number."""
-  return _parse_line(spec, '--hline', 'a finite number', minimum=-math.inf)
+  return _parse_line(spec, '--hline', minimum=-math.inf)
 
 
 def parse_vline(spec: str) -> tuple[str, float]:
   """(label, value) of 'LABEL=VALUE' with VALUE a finite number >= 0 (minutes or steps)."""
-  return _parse_line(spec, '--vline', 'a finite number >= 0', minimum=0.0)
+  return _parse_line(spec, '--vline', minimum=0.0)
 
 
-def _parse_line(spec: str, flag: str, domain: str, minimum: float) -> tuple[str, float]:
+def _parse_line(spec: str, flag: str, minimum: float) -> tuple[str, float]:
   label, sep, value = spec.rpartition('=')
+  domain = 'a finite number' + (f' >= {minimum:g}' if math.isfinite(minimum) else '')
   try:
     at = float(value)
   except ValueError:
@@ -203,9 +205,9 @@ def plot(
   for label, points in curves:
     xs, ys = zip(*points, strict=True)
     ax.plot([v / scale for v in xs], ys, marker='o', markersize=3, label=label)
-  for (label, level), style in zip(hlines, itertools.cycle(('--', ':', '-.')), strict=False):
+  for (label, level), style in zip(hlines, itertools.cycle(_LINE_STYLES), strict=False):
     ax.axhline(level, color='0.3', linestyle=style, linewidth=1, label=label)
-  for (label, at), style in zip(vlines, itertools.cycle(('--', ':', '-.')), strict=False):
+  for (label, at), style in zip(vlines, itertools.cycle(_LINE_STYLES), strict=False):
     ax.axvline(at, color='0.6', linestyle=style, linewidth=1, label=label)
   ax.set_xlabel('wall-clock minutes' if x == metrics.WALL_SECONDS else 'step')
   ax.set_ylabel(y)

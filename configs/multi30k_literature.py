@@ -24,12 +24,12 @@ Where this run differs, and why:
       --config.data.manual_dir=../shared/data/multi30k
   python eval.py --workdir=workdirs/m30k_literature
 
-Expected (docs/recipe.md stage 10; seeds 0 and 1, 2-core x86 CPU): 0.61-0.76 updates a
-second, so about 3.3 hours for the 8,000. Stopped at 5,000 (2 h 6 min,
+Expected (docs/recipe.md stage 10; 3 seeds, 2-core x86 CPU): 0.61-0.76 updates a second,
+so about 3-3.3 hours for the 8,000. Stopped at 5,000 (1 h 57 min to 2 h 7 min,
 `--config.num_train_steps=5000` trains exactly that prefix) and scored with
-`--checkpoint=avg:10@5000`: validation 41.83 and 42.48, test_2016_flickr **41.33 and 41.36**
-lowercased BLEU (`bleu_lc`), against the published 41.02; validation crosses 41.0 between
-2,500 and 4,000 updates, by seed.
+`--checkpoint=avg:10@5000`: validation 41.99 +- 0.43, test_2016_flickr **41.45 +- 0.18**
+lowercased BLEU (`bleu_lc`; seeds 41.33, 41.36, 41.66), against the published 41.02;
+validation crosses 41.0 between 2,500 and 4,000 updates, by seed.
 """
 
 import ml_collections

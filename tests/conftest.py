@@ -9,6 +9,7 @@ that skipped any test, except a full_data test where ../shared/data does not exi
 
 import atexit
 import gzip
+import importlib
 import io
 import os
 import pathlib
@@ -32,11 +33,19 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
 
 import jax  # noqa: E402  (after the cache's environment, which jax reads when imported)
-import ml_collections
-import pytest
-from absl import flags
+import ml_collections  # noqa: E402
+import pytest  # noqa: E402
+from absl import flags  # noqa: E402
 
-from configs import default
+from configs import default  # noqa: E402
+
+# No test connects outside 127.0.0.1: the guard in tests/netguard wraps every socket's connect,
+# here and, through PYTHONPATH, in every Python process the tests start (train.py, sweeps).
+_NETGUARD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'netguard')
+os.environ['PYTHONPATH'] = os.pathsep.join(
+  [_NETGUARD_DIR] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
+)
+importlib.import_module('netguard.sitecustomize').install()
 
 # Eight CPU devices for the sharding tests (meshes of data, fsdp and tensor parallelism);
 # before anything touches a device. Subprocesses started by tests keep their own default.
@@ -392,3 +401,16 @@ def synthetic_multi30k_data_dir(
   return _prepared_multi30k(
     tmp_path_factory.mktemp('synthetic_multi30k_tfds'), synthetic_multi30k_dir
   )
+
+
+@pytest.fixture(scope='session')
+def object_stores():
+  """fake-gcs-server and moto's S3 server on 127.0.0.1, every client pointed at them.
+
+  Once per test process (xdist worker); `object_stores.bucket('gs')` makes a new bucket.
+  """
+  import object_stores as stores_lib
+
+  stores = stores_lib.start()
+  yield stores
+  stores.stop()

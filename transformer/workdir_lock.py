@@ -12,6 +12,16 @@ process, started at another time or before a reboot). A lock held by a
 process on another host is never broken: the error says how to check that
 host and remove the file by hand.
 
+On a bucket (a gs:// or s3:// workdir) the lock is an object created only if
+absent (GCS `ifGenerationMatch=0`, S3 `If-None-Match: *`): of two runs on any
+hosts, one creates it. No process of another host can be looked at, so its
+record carries a lease: the holder rewrites it every `LEASE_SECONDS / 4`
+(`renewed`), and a lock not renewed for `LEASE_SECONDS` is stale, whoever holds
+it. Breaking a stale lock is itself exclusive: the breaker first creates
+`train.lock.break-<token>` (one of several breakers wins), then removes the lock
+only if it still holds that token. Hosts' clocks must agree to within a
+fraction of the lease (NTP does). A multi-host run's process 0 holds the lock.
+
 Evaluation (`eval.py`, also `--watch`) reads checkpoints while training runs
 and never takes the lock; `--watch` reads it to know whether the run it
 follows is still running.
@@ -19,17 +29,24 @@ follows is still running.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import socket
 import sys
+import threading
 import time
+import uuid
 from typing import Any
 
 from absl import logging
 
+from transformer import storage
+
 LOCK_FILE = 'train.lock'
+# A bucket lock's lease: a holder that has not renewed it for this long is taken as dead.
+LEASE_SECONDS = 120.0
 # How long a lock that names no holder may be in the middle of being written.
 _WRITE_GRACE_SECONDS = 0.5
 
@@ -69,7 +86,7 @@ def _this_process() -> dict[str, Any]:
 
 
 def lock_path(workdir: str) -> str:
-  return os.path.join(os.path.abspath(os.path.expanduser(workdir)), LOCK_FILE)
+  return storage.join(storage.resolve(workdir), LOCK_FILE)
 
 
 def read_holder(workdir: str) -> dict[str, Any] | None:
@@ -80,8 +97,7 @@ def read_holder(workdir: str) -> dict[str, Any] | None:
   'unreadable': alive as far as anyone can tell.
   """
   try:
-    with open(lock_path(workdir), 'rb') as f:
-      text = f.read()
+    text = storage.read_bytes(lock_path(workdir))
   except FileNotFoundError:
     return None
   try:
@@ -96,8 +112,11 @@ def read_holder(workdir: str) -> dict[str, Any] | None:
 def holder_alive(holder: dict[str, Any]) -> bool | None:
   """True if the holder runs, False if it is provably dead, None if this host cannot tell.
 
-  Only a process on this host can be looked at: one of another host is None.
+  Only a process on this host can be looked at: one of another host is None, unless it
+  holds a bucket lock whose lease ran out (False: it stopped renewing it).
   """
+  if lease_expired(holder):
+    return False
   if holder.get('host') != socket.gethostname() or not isinstance(holder.get('pid'), int):
     return None
   if holder.get('boot_id') and _boot_id() and holder['boot_id'] != _boot_id():
@@ -112,6 +131,14 @@ def holder_alive(holder: dict[str, Any]) -> bool | None:
   if holder.get('start_ticks') is not None and ticks is not None:
     return ticks == holder['start_ticks']  # Else the pid was reused by a later process.
   return True
+
+
+def lease_expired(holder: dict[str, Any]) -> bool:
+  """Whether `holder` keeps a lease (a bucket lock) that it has not renewed in time."""
+  renewed, lease = holder.get('renewed'), holder.get('lease_seconds')
+  if not isinstance(renewed, int | float) or not isinstance(lease, int | float):
+    return False
+  return time.time() - renewed > lease
 
 
 def describe(holder: dict[str, Any]) -> str:
@@ -132,22 +159,32 @@ class WorkdirLock:
   def __init__(self, workdir: str):
     self.path = lock_path(workdir)
     self._record: str | None = None
+    self._on_bucket = storage.is_url(self.path)
+    self._renewer: threading.Thread | None = None
+    self._stop_renewing = threading.Event()
+
+  def _new_record(self) -> dict[str, Any]:
+    record = _this_process()
+    if self._on_bucket:
+      record.update(token=uuid.uuid4().hex, lease_seconds=LEASE_SECONDS, renewed=time.time())
+    return record
 
   def acquire(self) -> None:
-    """Takes the lock, removing a stale one of a dead process on this host first.
+    """Takes the lock, removing a stale one (a dead process on this host, a lapsed lease) first.
 
     Raises:
       WorkdirLockedError: naming the holder, if another live (or unknowable) run holds it.
     """
-    record = json.dumps(_this_process(), sort_keys=True)
+    record = self._new_record()
     for _ in range(3):  # A stale lock removed, then retried; a racing taker wins fairly.
+      text = json.dumps(record, sort_keys=True)
       try:
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        storage.create_exclusive(self.path, text.encode('utf-8'))
       except FileExistsError:
-        holder = read_holder(os.path.dirname(self.path))
+        holder = read_holder(storage.dirname(self.path))
         if holder is not None and 'unreadable' in holder:
           time.sleep(_WRITE_GRACE_SECONDS)  # A lock being written: its record follows at once.
-          holder = read_holder(os.path.dirname(self.path))
+          holder = read_holder(storage.dirname(self.path))
         if holder is None:
           continue  # Released meanwhile.
         alive = holder_alive(holder)
@@ -155,15 +192,35 @@ class WorkdirLock:
           self._remove_stale(holder)
           continue
         raise WorkdirLockedError(self._refusal(holder, alive)) from None
-      with os.fdopen(fd, 'w') as f:
-        f.write(record)
-        f.flush()
-        os.fsync(f.fileno())
-      self._record = record
+      self._record = text
+      if self._on_bucket:
+        self._start_renewing(record)
       return
     raise WorkdirLockedError(f'Could not take {self.path}: other processes keep taking it.')
 
+  def _start_renewing(self, record: dict[str, Any]) -> None:
+    """Rewrites the bucket lock's `renewed` every quarter lease while this process holds it."""
+
+    def renew() -> None:
+      while not self._stop_renewing.wait(record['lease_seconds'] / 4):
+        try:
+          if storage.read_bytes(self.path).decode('utf-8') != self._record:
+            logging.error("%s is no longer this run's lock; not renewing it.", self.path)
+            return
+          renewed = json.dumps({**record, 'renewed': time.time()}, sort_keys=True)
+          storage.write_bytes(self.path, renewed.encode('utf-8'))
+          self._record = renewed
+        except Exception as e:  # A failed renewal is retried; the lease allows three.
+          logging.warning('Could not renew the lease of %s: %s', self.path, e)
+
+    self._stop_renewing.clear()
+    self._renewer = threading.Thread(target=renew, name='workdir-lock-lease', daemon=True)
+    self._renewer.start()
+
   def _remove_stale(self, holder: dict[str, Any]) -> None:
+    if self._on_bucket:
+      self._break_stale_object(holder)
+      return
     # Renamed first, so that of two runs removing the same stale lock only one succeeds, and
     # neither can remove a lock that a third process took in between.
     aside = f'{self.path}.stale.{os.getpid()}'
@@ -185,8 +242,31 @@ class WorkdirLock:
       'Removed the stale lock %s of %s, which no longer runs.', self.path, describe(holder)
     )
 
+  def _break_stale_object(self, holder: dict[str, Any]) -> None:
+    """Removes a bucket lock whose holder is dead, if this process wins the right to."""
+    marker = f'{self.path}.break-{holder.get("token") or holder.get("pid")}'
+    try:
+      storage.create_exclusive(marker, json.dumps(_this_process()).encode('utf-8'))
+    except FileExistsError:
+      time.sleep(_WRITE_GRACE_SECONDS)  # Another run breaks it; then both race to create.
+      return
+    try:
+      if read_holder(storage.dirname(self.path)) == holder:  # Still the dead one's.
+        storage.remove(self.path)
+        reason = (
+          f'its lease of {holder.get("lease_seconds")} s lapsed'
+          if lease_expired(holder)
+          else 'it no longer runs'
+        )
+        logging.warning('Removed the stale lock %s of %s: %s.', self.path, describe(holder), reason)
+    except FileNotFoundError:
+      pass
+    finally:
+      with contextlib.suppress(FileNotFoundError):
+        storage.remove(marker)
+
   def _refusal(self, holder: dict[str, Any], alive: bool | None) -> str:
-    workdir = os.path.dirname(self.path)
+    workdir = storage.dirname(self.path)
     if 'unreadable' in holder:
       return (
         f'The workdir {workdir} holds a lock, {self.path}, that names no run: its content, '
@@ -195,7 +275,15 @@ class WorkdirLock:
         f'`ps aux | grep {workdir}` on every host that sees it), remove the file (rm '
         f'{self.path}) and run again.'
       )
-    if alive is None and holder.get('host') is not None:
+    if alive is None and isinstance(holder.get('renewed'), int | float):
+      ago = max(time.time() - holder['renewed'], 0.0)
+      how = (
+        f'It renewed its lease {ago:.0f} s ago; a holder silent for '
+        f'{holder.get("lease_seconds")} s is taken as dead, and the next run takes the lock '
+        'over. Wait for it to finish or stop it (SIGTERM checkpoints it), or give this run '
+        'another --workdir.'
+      )
+    elif alive is None and holder.get('host') is not None:
       how = (
         f'This host cannot see processes of host {holder.get("host")}: if that run is '
         f'over (check `ps -p {holder.get("pid")}` there), remove {self.path} and run again.'
@@ -212,13 +300,15 @@ class WorkdirLock:
 
   def release(self) -> None:
     """Removes the lock if it is still this process's."""
+    if self._renewer is not None:
+      self._stop_renewing.set()
+      self._renewer.join()
+      self._renewer = None
     if self._record is None:
       return
     try:
-      with open(self.path) as f:
-        still_ours = f.read() == self._record
-      if still_ours:
-        os.remove(self.path)
+      if storage.read_bytes(self.path).decode('utf-8', 'replace') == self._record:
+        storage.remove(self.path)
     except FileNotFoundError:
       pass
     self._record = None

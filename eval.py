@@ -20,7 +20,6 @@ language model) or sample (--temperature, --top_k, --top_p, --seed); at most
 --max_extra_len new tokens each.
 """
 
-import os
 import signal
 import sys
 
@@ -31,7 +30,15 @@ signal.signal(signal.SIGINT, signal.SIG_DFL)
 from absl import app, flags, logging  # noqa: E402
 
 from transformer import config as config_lib  # noqa: E402
-from transformer import domains, evaluation, inference, path_checks, scoring, tasks  # noqa: E402
+from transformer import (  # noqa: E402
+  domains,
+  evaluation,
+  inference,
+  path_checks,
+  scoring,
+  storage,
+  tasks,
+)
 from transformer.tools import attention_maps  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
@@ -108,8 +115,12 @@ def main(argv):
     raise app.UsageError('--workdir is required.')
   if _ATTENTION_PLOT.value and not _INPUT_TEXT.value:
     raise app.UsageError('--attention_plot needs --input_text.')
+  if errors := storage.path_errors(_WORKDIR.value, '--workdir') or storage.checkpoint_errors(
+    _WORKDIR.value, '--workdir'
+  ):
+    raise app.UsageError(errors[0])
   config = None
-  if not _DRY_RUN.value or os.path.exists(os.path.join(_WORKDIR.value, 'config.json')):
+  if not _DRY_RUN.value or storage.exists(storage.join(_WORKDIR.value, 'config.json')):
     config = evaluation.load_run_config(_WORKDIR.value)
   _check_flags(config)
   if config is None:  # A dry run for a run still to be trained (sweep.py --eval).
@@ -209,7 +220,7 @@ def _check_flags(config) -> None:
       _ATTENTION_PLOT.value, '--attention_plot', inputs
     ) or path_checks.writable_dir_errors(_ATTENTION_PLOT.value, '--attention_plot')
   else:  # Results go to WORKDIR/eval/.
-    errors += path_checks.writable_dir_errors(os.path.join(_WORKDIR.value, 'eval'), '--workdir')
+    errors += path_checks.writable_dir_errors(storage.join(_WORKDIR.value, 'eval'), '--workdir')
   if errors:
     raise app.UsageError('Invalid flags:\n  ' + '\n  '.join(errors))
 
@@ -219,6 +230,8 @@ def _write_output(lines) -> None:
   text = ''.join(line + '\n' for line in lines)
   if _OUTPUT_FILE.value == '-':
     sys.stdout.write(text)
+  elif storage.is_url(_OUTPUT_FILE.value):
+    storage.write_text(_OUTPUT_FILE.value, text)  # One PUT: whole or not at all.
   else:
     with open(_OUTPUT_FILE.value, 'w', encoding='utf-8') as f:
       f.write(text)

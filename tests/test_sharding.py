@@ -22,8 +22,18 @@ import pytest
 from conftest import abstract_run
 
 from configs import tiny
+from transformer import (
+  checkpoints,
+  distributed,
+  inference,
+  optim,
+  sharding,
+  storage,
+  tasks,
+  training,
+  workdir_lock,
+)
 from transformer import config as config_lib
-from transformer import distributed, inference, optim, sharding, tasks, training
 from transformer.config import ModelConfig
 from transformer.tasks import translation
 
@@ -356,18 +366,23 @@ def _two_process_train(data_dirs, workdir, steps):
 
 
 @pytest.mark.slow
-def test_two_host_processes_train_checkpoint_and_restore(data_dirs, tmp_path):
-  workdir = tmp_path / 'two_processes'
+@pytest.mark.parametrize('where', ['local', 'gs'])
+def test_two_host_processes_train_checkpoint_and_restore(data_dirs, tmp_path, request, where):
+  """Two processes of one run, its workdir on a local disk or in a bucket (`object_stores`)."""
+  stores = request.getfixturevalue('object_stores') if where != 'local' else None
+  root = str(tmp_path) if stores is None else stores.bucket(where)
+  workdir = storage.join(root, 'two_processes')
   logs = _two_process_train(data_dirs, workdir, 4)
   assert 'Process 0 of 2; 2 local of 4 devices.' in logs[0]
-  assert sorted(os.listdir(workdir / 'checkpoints')) == ['2', '4']
+  assert checkpoints.committed_steps(storage.join(workdir, 'checkpoints')) == [2, 4]
 
   logs = _two_process_train(data_dirs, workdir, 6)
   assert 'Restored checkpoint' in logs[0] and f'{workdir}/checkpoints/4' in logs[0]
-  with open(workdir / 'metrics.jsonl') as f:
-    rows = [json.loads(line) for line in f]
+  text = storage.read_text(storage.join(workdir, 'metrics.jsonl'))
+  rows = [json.loads(line) for line in text.splitlines()]
   train_steps = [row['step'] for row in rows if 'train_loss' in row]
   assert train_steps == [2, 4, 6]  # Process 0 alone writes metrics; no row twice.
   assert all(np.isfinite(row['train_loss']) for row in rows if 'train_loss' in row)
   eval_rows = [row for row in rows if 'eval_loss' in row]
   assert [row['step'] for row in eval_rows] == [4, 6] and 'eval_bleu' in eval_rows[-1]
+  assert workdir_lock.read_holder(workdir) is None  # Process 0 held it, and released it.

@@ -12,14 +12,17 @@ WORKDIR/corrupt_checkpoints/) and resumes from an older one. A reader (eval.py)
 racing the training run's rotation (it keeps the last `keep_checkpoints`) gets
 `CheckpointGoneError`, never a report of corruption; `evaluation.load_params`
 then reads the checkpoints anew.
+
+On a bucket (a gs:// or s3:// workdir) nothing can be renamed: Orbax writes each
+step in place and commits it by writing `commit_success.txt` last
+(`AtomicityMode.COMMIT_FILE`, its default on gs:// and set here for s3:// too);
+a step folder without it is a save in flight or one that died, never read.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import logging as py_logging
-import os
 import shutil
 from collections.abc import Callable
 
@@ -30,6 +33,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
+
+from transformer import storage
 
 # custom_metadata key of each checkpoint: {array path: checksum} (`array_checksums`).
 _CHECKSUMS_KEY = 'array_checksums'
@@ -64,6 +69,17 @@ def _quiet_read_only_notice():
     yield
   finally:
     logger.removeFilter(notice)
+
+
+# What marks a step committed on a bucket (Orbax's CommitFileTemporaryPath).
+COMMIT_FILE = 'commit_success.txt'
+
+
+def _atomicity(directory: str) -> ocp.options.AtomicityOptions | None:
+  """Orbax's commit protocol for `directory`: a commit file on buckets, its default locally."""
+  if storage.is_url(directory):
+    return ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE)
+  return None
 
 
 def _entry_name(entry) -> str:
@@ -135,13 +151,13 @@ class Checkpointer:
         `<step>.orbax-checkpoint-tmp*` folder and before it is renamed into
         place (committed). Tests crash the process there (tests/fault_driver.py).
     """
-    workdir = os.path.abspath(os.path.expanduser(workdir))
-    self.directory = os.path.join(workdir, 'checkpoints')
-    self.corrupt_directory = os.path.join(workdir, 'corrupt_checkpoints')
-    if read_only and not os.path.isdir(self.directory):
+    workdir = storage.resolve(workdir)
+    self.directory = storage.join(workdir, 'checkpoints')
+    self.corrupt_directory = storage.join(workdir, 'corrupt_checkpoints')
+    if read_only and not storage.isdir(self.directory):
       raise FileNotFoundError(f'No checkpoints directory at {self.directory}.')
     if not read_only and jax.process_index() == 0:  # Orbax removes them on process 0.
-      for path in sorted(glob.glob(os.path.join(self.directory, '*.orbax-checkpoint-tmp*'))):
+      for path in uncommitted(self.directory):
         logging.warning(
           'Removing %s: a save that never committed (the process died during it).', path
         )
@@ -163,6 +179,7 @@ class Checkpointer:
           read_only=read_only,
           cleanup_tmp_directories=not read_only,
           async_options=async_options,
+          atomicity_options=_atomicity(self.directory),
         ),
         # Both items' handlers, so that restoring the state alone (eval.py) is not a warning.
         item_handlers={
@@ -297,7 +314,7 @@ class Checkpointer:
     """
     newer = [s for s in committed_steps(self.directory) if s > step]
     rotated = self._keep is not None and len(newer) >= self._keep
-    exists = os.path.isdir(os.path.join(self.directory, str(step)))
+    exists = storage.isdir(storage.join(self.directory, str(step)))
     if not self._read_only or (exists and not rotated):
       return self._corrupt(step, error)
     return CheckpointGoneError(
@@ -359,13 +376,18 @@ class Checkpointer:
     return None, None
 
   def _move_aside(self, step: int) -> None:
-    os.makedirs(self.corrupt_directory, exist_ok=True)
-    target = os.path.join(self.corrupt_directory, str(step))
+    storage.makedirs(self.corrupt_directory)
+    target = storage.join(self.corrupt_directory, str(step))
     suffix = 1
-    while os.path.exists(target):
-      target = os.path.join(self.corrupt_directory, f'{step}-{suffix}')
+    while storage.exists(target):
+      target = storage.join(self.corrupt_directory, f'{step}-{suffix}')
       suffix += 1
-    shutil.move(os.path.join(self.directory, str(step)), target)
+    source = storage.join(self.directory, str(step))
+    if storage.is_url(source):  # A copy of every object, then the originals removed.
+      storage.copytree(source, target)
+      storage.rmtree(source)
+    else:
+      shutil.move(source, target)
     logging.warning('Moved unreadable checkpoint %d to %s.', step, target)
 
   def wait_until_finished(self) -> None:
@@ -405,9 +427,9 @@ class BestCheckpoints:
   ):
     if metric not in BEST_METRICS:
       raise ValueError(f'metric={metric!r} is not one of {BEST_METRICS}.')
-    self.directory = os.path.join(os.path.abspath(os.path.expanduser(workdir)), BEST_DIRECTORY)
+    self.directory = storage.join(storage.resolve(workdir), BEST_DIRECTORY)
     self.metric = metric
-    if read_only and not os.path.isdir(self.directory):
+    if read_only and not storage.isdir(self.directory):
       raise FileNotFoundError(
         f'No best checkpoints at {self.directory}: the run kept none '
         "(config.keep_best_checkpoints=0). Use 'latest', a step or 'avg:N'."
@@ -422,6 +444,7 @@ class BestCheckpoints:
         create=not read_only,
         read_only=read_only,
         cleanup_tmp_directories=not read_only,
+        atomicity_options=_atomicity(self.directory),
       ),
     )
     unscored = [s for s in self._manager.all_steps() if metric not in self._metrics(s)]
@@ -496,12 +519,33 @@ def committed_steps(directory: str) -> list[int]:
   """Steps of the committed checkpoints in `directory` (WORKDIR/checkpoints), by folder name.
 
   Reads the folder only (no checkpoint manager): temporary folders of saves in flight are
-  not committed steps.
+  not committed steps, nor, on a bucket, step folders without their `COMMIT_FILE`.
   """
   try:
-    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+    names = storage.listdir(directory)
   except FileNotFoundError:
     return []
+  steps = sorted(int(name) for name in names if name.isdigit())
+  if storage.is_url(directory):
+    steps = [s for s in steps if storage.exists(storage.join(directory, str(s), COMMIT_FILE))]
+  return steps
+
+
+def uncommitted(directory: str) -> list[str]:
+  """The folders of saves that never committed in `directory` (Orbax removes them on open).
+
+  Locally `<step>.orbax-checkpoint-tmp*` folders; on a bucket, step folders without
+  their `COMMIT_FILE`.
+  """
+  if not storage.is_url(directory):
+    return storage.glob(directory, '*.orbax-checkpoint-tmp*')
+  try:
+    names = storage.listdir(directory)
+  except FileNotFoundError:
+    return []
+  steps = sorted(int(name) for name in names if name.isdigit())
+  committed = set(committed_steps(directory))
+  return [storage.join(directory, str(s)) for s in steps if s not in committed]
 
 
 def check_latest_compatible(workdir: str, abstract_state) -> None:

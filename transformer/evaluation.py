@@ -25,7 +25,6 @@ from absl import logging
 from jax.sharding import Mesh
 
 from transformer import (
-  atomic,
   checkpoints,
   domains,
   metrics,
@@ -33,6 +32,7 @@ from transformer import (
   provenance,
   runs,
   sharding,
+  storage,
   tasks,
   training,
   workdir_lock,
@@ -52,7 +52,7 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   """
   config = runs.read_run_config(workdir)
   if config is None:
-    path = os.path.join(os.path.expanduser(workdir), 'config.json')
+    path = storage.join(os.path.expanduser(workdir), 'config.json')
     raise FileNotFoundError(
       f'No resolved config at {path}: --workdir must be a directory written by train.py.'
     )
@@ -303,11 +303,7 @@ def available_steps(workdir: str) -> list[int]:
 
 def read_input_lines(path: str) -> list[str]:
   """Lines of a UTF-8 file ('-' for stdin); invalid UTF-8 is an error naming the line."""
-  if path == '-':
-    raw = sys.stdin.buffer.read()
-  else:
-    with open(path, 'rb') as f:
-      raw = f.read()
+  raw = sys.stdin.buffer.read() if path == '-' else storage.read_bytes(path)
   lines = raw.split(b'\n')
   if lines and lines[-1] == b'':
     lines.pop()
@@ -330,15 +326,15 @@ def write(workdir: str, label: str, split: str, evaluation: tasks.Evaluation) ->
   file is self-contained, for `compare.py` and sacreBLEU's own command line
   (`sacrebleu REFERENCES -i A.txt B.txt --paired-bs`).
   """
-  out_dir = os.path.join(workdir, 'eval')
-  os.makedirs(out_dir, exist_ok=True)
+  out_dir = storage.join(workdir, 'eval')
+  storage.makedirs(out_dir)
   tag = f'-{evaluation.tag}' if evaluation.tag else ''
-  stem = os.path.join(out_dir, f'{label}-{split}{tag}')
+  stem = storage.join(out_dir, f'{label}-{split}{tag}')
   if evaluation.lines is not None:
-    atomic.write_text(stem + '.txt', ''.join(line + '\n' for line in evaluation.lines))
-  atomic.write_json(stem + '.json', evaluation.results, indent=2, sort_keys=True)
+    storage.write_text(stem + '.txt', ''.join(line + '\n' for line in evaluation.lines))
+  storage.write_json(stem + '.json', evaluation.results, indent=2, sort_keys=True)
   if evaluation.references is not None:
-    atomic.write_text(
+    storage.write_text(
       references_path(workdir, split), ''.join(line + '\n' for line in evaluation.references)
     )
   return stem + '.json'
@@ -346,7 +342,7 @@ def write(workdir: str, label: str, split: str, evaluation: tasks.Evaluation) ->
 
 def references_path(workdir: str, split: str) -> str:
   """WORKDIR/eval/references-<split>.txt: the references eval.py scored `split` against."""
-  return os.path.join(workdir, 'eval', f'references-{split}.txt')
+  return storage.join(workdir, 'eval', f'references-{split}.txt')
 
 
 def watch(
@@ -379,7 +375,7 @@ def watch(
   """
   config = request.config
   evaluate = run.task.evaluator(request)  # Compiled once, for every checkpoint.
-  writer = metrics.MetricsWriter(os.path.join(workdir, 'eval'))
+  writer = metrics.MetricsWriter(storage.join(workdir, 'eval'))
   evaluated: list[int] = []
   rotated_out: set[int] = set()  # Removed by the run's rotation before they could be read.
   started = time.monotonic()

@@ -1,7 +1,7 @@
 """What a run measures and where it goes: metrics.jsonl and TensorBoard, throughput, profiles.
 
 `MetricsWriter` writes WORKDIR/metrics.jsonl (one JSON object per row) and
-TensorBoard event files; the training loop measures its throughput
+TensorBoard event files, also to a bucket (`storage`); the training loop measures its throughput
 (`Progress`), the time it waits for batches (`InputWait`) and traces chosen
 steps (`StepProfiler`).
 """
@@ -9,14 +9,13 @@ steps (`StepProfiler`).
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
 import jax
 from absl import logging
 
-from transformer import atomic
+from transformer import storage
 
 FILENAME = 'metrics.jsonl'  # In the workdir: one JSON object per line, each with its step.
 WALL_SECONDS = 'wall_seconds'  # Key of a row's time since the run began (`MetricsWriter`).
@@ -31,18 +30,26 @@ class MetricsWriter:
   `wall_seconds` of the last row it keeps (`truncate_after`): the time between a
   stop and the resume is not counted, the steps trained again from the checkpoint
   are. A run whose earlier rows lack it (written before this key existed) omits it.
+
+  Locally each row is appended. An object on a bucket cannot be appended to: the
+  writer keeps the file's text and writes the object anew with each row (one PUT per
+  row, of the whole file), so that a row is in the bucket when `write` returns and a
+  preempted run loses none it wrote. Rows come every `log_every_steps` and
+  `eval_every_steps`: a few requests a minute, of a file of ~200 bytes a row.
   """
 
   def __init__(self, workdir: str, started: float | None = None):
-    self.path = os.path.join(workdir, FILENAME)
+    self.path = storage.join(workdir, FILENAME)
     self._enabled = jax.process_index() == 0
     self._started = started
     self._offset = 0.0  # Seconds the kept rows of earlier processes had reached.
+    self._text: str | None = None  # On a bucket: the object's content, rewritten per row.
     self._tensorboard = None
     if self._enabled:
       from tensorboardX import SummaryWriter  # TF-free TensorBoard writer.
 
-      self._tensorboard = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      register_bucket_event_writers()
+      self._tensorboard = SummaryWriter(storage.join(workdir, 'tensorboard'))
 
   def truncate_after(self, step: int) -> None:
     """Drops rows written after `step` by a run that stopped before checkpointing them.
@@ -50,14 +57,16 @@ class MetricsWriter:
     A resumed run starts again from its last checkpoint; rows past it belong to a
     timeline that no longer exists and would otherwise appear twice.
     """
-    if not self._enabled or not os.path.exists(self.path):
+    if not self._enabled or not storage.exists(self.path):
       return
-    with open(self.path) as f:
-      rows = [line for line in f if line.strip()]
+    text = storage.read_text(self.path)
+    rows = [line for line in text.splitlines(keepends=True) if line.strip()]
     kept = [line for line in rows if json.loads(line)['step'] <= step]
+    if storage.is_url(self.path):
+      self._text = ''.join(kept)
     if len(kept) != len(rows):
       logging.info('metrics.jsonl: dropping %d rows after step %d.', len(rows) - len(kept), step)
-      atomic.write_text(self.path, ''.join(kept))
+      storage.write_text(self.path, ''.join(kept))
     if kept:
       earlier = json.loads(kept[-1]).get(WALL_SECONDS)
       if earlier is None:
@@ -71,8 +80,15 @@ class MetricsWriter:
     row = {'step': int(step), **{k: float(v) for k, v in metrics.items()}}
     if self._started is not None:
       row[WALL_SECONDS] = round(self._offset + time.time() - self._started, 3)
-    with open(self.path, 'a') as f:
-      f.write(json.dumps(row) + '\n')
+    line = json.dumps(row) + '\n'
+    if storage.is_url(self.path):
+      if self._text is None:  # No `truncate_after`: read what is there once.
+        self._text = storage.read_text(self.path) if storage.exists(self.path) else ''
+      self._text += line
+      storage.write_text(self.path, self._text)
+    else:
+      with open(self.path, 'a') as f:
+        f.write(line)
     for name, value in metrics.items():
       self._tensorboard.add_scalar(name, float(value), int(step))
 
@@ -83,6 +99,47 @@ class MetricsWriter:
   def close(self) -> None:
     if self._tensorboard is not None:
       self._tensorboard.close()
+
+
+class _BucketEventFile:
+  """A TensorBoard event file on a bucket, written whole at each flush (as tensorboardX's own).
+
+  Through `storage` (one client and one set of credentials for every file of a run) rather
+  than tensorboardX's boto3 and google-cloud-storage writers. The writer flushes every
+  `flush_secs` (120 s) and at `MetricsWriter.flush` and `close`: one PUT each.
+  """
+
+  def __init__(self, path: str):
+    self.path, self._data, self._flushed = path, bytearray(), 0
+
+  def write(self, data: bytes) -> None:
+    self._data += data
+
+  def flush(self) -> None:
+    if len(self._data) != self._flushed:
+      storage.write_bytes(self.path, bytes(self._data))
+      self._flushed = len(self._data)
+
+  def close(self) -> None:
+    self.flush()
+
+
+class _BucketEventFiles:
+  """tensorboardX's writer factory for one URL scheme (`record_writer.register_writer_factory`)."""
+
+  def open(self, path: str) -> _BucketEventFile:
+    return _BucketEventFile(path)
+
+  def directory_check(self, path: str) -> None:
+    del path  # A bucket needs no folders.
+
+
+def register_bucket_event_writers() -> None:
+  """Routes tensorboardX's gs:// and s3:// event files through `storage`."""
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+
+  for scheme in storage.URL_SCHEMES:
+    record_writer.register_writer_factory(scheme, _BucketEventFiles())
 
 
 # A log window whose time went more than this share to getting batches, and at least this many
@@ -132,15 +189,24 @@ class InputWait:
 
 
 class StepProfiler:
-  """Traces train steps [first, first + count) with jax.profiler into `directory`."""
+  """Traces train steps [first, first + count) with jax.profiler into `directory`.
+
+  A bucket `directory` is traced into a local temporary folder, uploaded when the trace stops.
+  """
 
   def __init__(self, directory: str, first: int, count: int):
     self.directory, self.first, self.last = directory, first, first + count - 1
     self.active = False
+    self._local: str | None = None  # The local folder of a trace bound for a bucket.
 
   def before(self, step: int) -> None:
     if step == self.first and self.last >= self.first:
-      jax.profiler.start_trace(self.directory)
+      target = self.directory
+      if storage.is_url(self.directory):
+        import tempfile  # pylint: disable=g-import-not-at-top
+
+        self._local = target = tempfile.mkdtemp(prefix='transformer-profile-')
+      jax.profiler.start_trace(target)
       self.active = True
 
   def after(self, step: int, outputs) -> None:
@@ -159,3 +225,9 @@ class StepProfiler:
     if self.active:
       jax.profiler.stop_trace()
       self.active = False
+      if self._local is not None:
+        import shutil  # pylint: disable=g-import-not-at-top
+
+        storage.copytree(self._local, self.directory)
+        shutil.rmtree(self._local, ignore_errors=True)
+        self._local = None

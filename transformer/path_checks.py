@@ -15,6 +15,8 @@ from collections.abc import Mapping
 
 import ml_collections
 
+from transformer import storage
+
 # What train.py, eval.py and sweep.py write at the top of a run's workdir: a path at or under one
 # of these entries is a file of the run, never an output of another command.
 RUN_ENTRIES = (
@@ -37,13 +39,15 @@ CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def absolute(path: str) -> str:
-  """`path` with `~` expanded, absolute and with symbolic links resolved."""
+  """`path` with `~` expanded, absolute and with symbolic links resolved; a URL as it is."""
+  if storage.is_url(path):
+    return storage.resolve(path)
   return os.path.realpath(os.path.expanduser(path))
 
 
 def is_run(directory: str) -> bool:
   """Whether `directory` is the workdir of a training run (train.py wrote or is writing it)."""
-  has = lambda name: os.path.exists(os.path.join(directory, name))
+  has = lambda name: storage.exists(storage.join(directory, name))
   written = has('checkpoints') or has('provenance.jsonl')
   return has('train.lock') or (has('config.json') and written)
 
@@ -51,20 +55,22 @@ def is_run(directory: str) -> bool:
 def run_file(path: str) -> tuple[str, str] | None:
   """(workdir, entry) when `path` is or lies under a `RUN_ENTRIES` entry of a run's workdir."""
   path = absolute(path)
-  parent = os.path.dirname(path)
+  parent = storage.dirname(path)
   while True:
+    if storage.is_url(parent) and parent.count('/') < 3:
+      return None  # 'gs://bucket': the bucket itself is no run.
     if is_run(parent):
-      entry = os.path.relpath(path, parent).split(os.sep)[0]
+      entry = path[len(parent) :].lstrip('/' + os.sep).replace(os.sep, '/').split('/')[0]
       if entry in RUN_ENTRIES:
         return parent, entry
-    if os.path.dirname(parent) == parent:
+    if storage.dirname(parent) == parent:
       return None
-    parent = os.path.dirname(parent)
+    parent = storage.dirname(parent)
 
 
 def _code_files(path: str) -> list[str]:
   """The files of the code (tracked by git in `CODE_DIR`) that are `path` or lie under it."""
-  if os.path.commonpath([path, CODE_DIR]) != CODE_DIR:
+  if storage.is_url(path) or os.path.commonpath([path, CODE_DIR]) != CODE_DIR:
     return []
   try:
     result = subprocess.run(
@@ -78,10 +84,19 @@ def _code_files(path: str) -> list[str]:
   return [name for name in result.stdout.decode(errors='replace').split('\0') if name]
 
 
+def _under(path: str, other: str) -> bool:
+  """Whether `path` is `other` or lies under it, by name."""
+  if storage.is_url(path) or storage.is_url(other):
+    return path == other or path.startswith(other.rstrip('/') + '/')
+  return os.path.commonpath([path, other]) == other
+
+
 def _within(path: str, other: str) -> bool:
   """Whether `path` is `other` (the same file, also through a hard link) or lies under it."""
-  if os.path.commonpath([path, other]) == other:
+  if _under(path, other):
     return True
+  if storage.is_url(path) or storage.is_url(other):
+    return False
   try:
     return os.path.samefile(path, other)
   except OSError:
@@ -102,7 +117,7 @@ def protected_path_errors(
   path = absolute(path)
   if (found := run_file(path)) is not None:
     workdir, entry = found
-    where = 'is' if os.path.relpath(path, workdir) == entry else 'lies in'
+    where = 'is' if path == storage.join(workdir, entry) else 'lies in'
     return [
       f'{name}={path} {where} {entry} of the training run in {workdir}, which only that run '
       'writes; write elsewhere.'
@@ -110,7 +125,7 @@ def protected_path_errors(
   for what, other in (inputs or {}).items():
     if other and other != '-' and _within(path, absolute(other)):
       other = absolute(other)
-      where = 'lies in' if path != other and os.path.commonpath([path, other]) == other else 'is'
+      where = 'lies in' if path != other and _under(path, other) else 'is'
       return [f'{name}={path} {where} {what}, {other}, an input of this command; write elsewhere.']
   code = _code_files(path)
   if code:
@@ -134,23 +149,55 @@ def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]
       f'one would write the run into the current directory, {os.getcwd()}.'
     ]
   data = config.data
+  url_errors = [
+    error
+    for value, name in (
+      (workdir, '--workdir'),
+      (data.manual_dir, 'config.data.manual_dir'),
+      (data.data_dir, 'config.data.data_dir'),
+      (data.vocab_path, 'config.data.vocab_path'),
+    )
+    for error in storage.path_errors(value, name)
+  ]
+  url_errors = url_errors or storage.checkpoint_errors(workdir, '--workdir')
+  for value, name in (
+    (data.manual_dir, 'config.data.manual_dir'),
+    (data.data_dir, 'config.data.data_dir'),
+  ):
+    if not url_errors and value and storage.is_url(value):
+      url_errors.append(
+        f'{name}={value}: the raw and prepared data are read from local or shared file systems '
+        'only (TFDS prepares, and Grain reads, ArrayRecord files by local path). Copy them to '
+        'each host (gcloud storage cp -r / aws s3 sync) and name that folder.'
+      )
+  if url_errors:
+    return url_errors
   raw = {'the raw data (config.data.manual_dir)': data.manual_dir}
   path = absolute(workdir)
-  if os.path.exists(path) and not os.path.isdir(path):
+  if storage.isfile(path):
     return [f'--workdir={path} is a file, not a folder: name a new folder, or a run to resume.']
   errors = protected_path_errors(
     path, '--workdir', {**raw, 'the prepared data (config.data.data_dir)': data.data_dir}
   )
   errors += protected_path_errors(data.data_dir, 'config.data.data_dir', raw)
-  if data.vocab_path and not os.path.exists(absolute(data.vocab_path)):  # Trained, then written.
+  if data.vocab_path and not storage.exists(absolute(data.vocab_path)):  # Trained, then written.
     errors += protected_path_errors(data.vocab_path, 'config.data.vocab_path', raw)
   return errors or writable_dir_errors(path, '--workdir')
 
 
 def writable_file_errors(path: str, flag: str) -> list[str]:
-  """Whether `path` can be written (its folder exists and is writable), checked before any work."""
+  """Whether `path` can be written (its folder exists and is writable), checked before any work.
+
+  A URL: its form, and that its bucket exists and takes writes (`storage.bucket_errors`).
+  """
   if path == '-':
     return []
+  if storage.is_url(path) or storage.path_errors(path, flag):
+    if errors := storage.path_errors(path, flag):
+      return errors
+    if storage.isdir(path):
+      return [f'{flag}={path} is a directory, not a file.']
+    return storage.bucket_errors(storage.dirname(path), flag)
   path = os.path.abspath(os.path.expanduser(path))
   folder = os.path.dirname(path)
   if os.path.isdir(path):
@@ -165,7 +212,12 @@ def writable_file_errors(path: str, flag: str) -> list[str]:
 
 
 def writable_dir_errors(path: str, flag: str) -> list[str]:
-  """Whether folder `path` is, or can be created, writable (its nearest existing ancestor)."""
+  """Whether folder `path` is, or can be created, writable (its nearest existing ancestor).
+
+  A URL: its form, and that its bucket exists and takes writes (`storage.bucket_errors`).
+  """
+  if storage.is_url(path) or storage.path_errors(path, flag):
+    return storage.path_errors(path, flag) or storage.bucket_errors(path, flag)
   path = os.path.abspath(os.path.expanduser(path))
   existing = path
   while not os.path.exists(existing):

@@ -32,6 +32,8 @@ from typing import Any
 import jax
 from absl import logging
 
+from transformer import storage
+
 # Distributions whose versions can change numbers or behaviour of a run.
 PACKAGES = (
   'jax',
@@ -109,27 +111,30 @@ def read(workdir: str) -> list[dict[str, Any]]:
 
   A line that does not parse (a start killed while appending it) is skipped with a warning.
   """
-  path = os.path.join(workdir, FILENAME)
-  if not os.path.exists(path):
+  path = storage.join(workdir, FILENAME)
+  if not storage.exists(path):
     return []
   entries = []
-  with open(path, encoding='utf-8', errors='replace') as f:
-    for number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        entry = json.loads(line)
-      except json.JSONDecodeError:
-        entry = None
-      if not isinstance(entry, dict):
-        logging.warning('%s: line %d is not a provenance entry; skipping it.', path, number)
-        continue
-      entries.append(entry)
+  lines = storage.read_text(path, errors='replace').splitlines(keepends=True)
+  for number, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      entry = json.loads(line)
+    except json.JSONDecodeError:
+      entry = None
+    if not isinstance(entry, dict):
+      logging.warning('%s: line %d is not a provenance entry; skipping it.', path, number)
+      continue
+    entries.append(entry)
   return entries
 
 
 def file_sha256(path: str) -> str:
   digest = hashlib.sha256()
+  if storage.is_url(path):
+    digest.update(storage.read_bytes(path))
+    return digest.hexdigest()
   with open(path, 'rb') as f:
     for block in iter(lambda: f.read(1 << 20), b''):
       digest.update(block)
@@ -143,11 +148,11 @@ def vocabulary_input(config, vocabulary: bytes | None = None) -> dict[str, str |
   """
   from transformer import tokenizer  # pylint: disable=g-import-not-at-top
 
-  path = os.path.abspath(tokenizer.vocab_path(config))
+  path = storage.resolve(tokenizer.vocab_path(config))
   if vocabulary is not None:
     digest = hashlib.sha256(vocabulary).hexdigest()
   else:
-    digest = file_sha256(path) if os.path.isfile(path) else None
+    digest = file_sha256(path) if storage.isfile(path) else None
   return {'path': path, 'hash': digest}
 
 
@@ -226,6 +231,5 @@ def record(workdir: str, run_inputs: dict[str, Any] | None = None) -> dict[str, 
         history[-1].get('time'),
         '; '.join(changes),
       )
-  with open(os.path.join(workdir, FILENAME), 'a') as f:
-    f.write(json.dumps(entry, sort_keys=True) + '\n')
+  storage.append_text(storage.join(workdir, FILENAME), json.dumps(entry, sort_keys=True) + '\n')
   return entry

@@ -30,7 +30,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from transformer import atomic, checkpoints, metrics, provenance, workdir_lock
+from transformer import checkpoints, metrics, provenance, storage, workdir_lock
 from transformer import config as config_lib
 
 # Config keys that may change when a run is resumed: they alter neither the model
@@ -100,10 +100,10 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   checkpoint, and the data and an existing vocabulary must have the content the run
   recorded (`check_inputs`). Runs before anything is written.
   """
-  steps = checkpoints.committed_steps(os.path.join(workdir, 'checkpoints'))
+  steps = checkpoints.committed_steps(storage.join(workdir, 'checkpoints'))
   if not steps:
     return
-  checkpoint_dir = os.path.join(workdir, 'checkpoints')
+  checkpoint_dir = storage.join(workdir, 'checkpoints')
   saved = saved_config(workdir)
   current = _flatten(config)
   changed = [
@@ -134,7 +134,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
       'changed. Resume with the saved value (any value > 0 if it was on), or train in a new '
       '--workdir.'
     )
-  best_steps = checkpoints.committed_steps(os.path.join(workdir, checkpoints.BEST_DIRECTORY))
+  best_steps = checkpoints.committed_steps(storage.join(workdir, checkpoints.BEST_DIRECTORY))
   saved_target = (saved or {}).get('target_metric')
   kept_by = config_lib.selection_metric(saved_target) if saved_target else None
   selects_by = config_lib.selection_metric(config.target_metric)
@@ -169,7 +169,7 @@ def check_inputs(
   a checkpoint. The same content at another path is accepted.
   """
   current = provenance.inputs(config, vocabulary)
-  if not checkpoints.committed_steps(os.path.join(workdir, 'checkpoints')):
+  if not checkpoints.committed_steps(storage.join(workdir, 'checkpoints')):
     return current
   changes = provenance.input_changes(provenance.recorded_inputs(workdir), current)
   if changes:
@@ -186,7 +186,7 @@ def check_inputs(
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Writes the resolved config to WORKDIR/config.json, warning about changes on resume."""
-  path = os.path.join(workdir, 'config.json')
+  path = storage.join(workdir, 'config.json')
   previous = saved_config(workdir)
   if previous is not None:
     current = _flatten(config)
@@ -200,7 +200,7 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
           previous.get(key),
           current.get(key),
         )
-  atomic.write_text(path, config.to_json_best_effort(indent=2, sort_keys=True))
+  storage.write_text(path, config.to_json_best_effort(indent=2, sort_keys=True))
 
 
 @contextlib.contextmanager
@@ -210,11 +210,11 @@ def owned_workdir(workdir: str):
   On an error, removes the empty folders that this run created (the workdir
   itself included), so a failed start leaves no trace.
   """
-  existed = set(os.listdir(workdir)) if os.path.isdir(workdir) else None
+  existed = set(storage.listdir(workdir)) if storage.isdir(workdir) else None
   lock = workdir_lock.WorkdirLock(workdir)
   error = None
   if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
+    storage.makedirs(workdir)
     try:
       lock.acquire()
     except workdir_lock.WorkdirLockedError as e:
@@ -239,11 +239,14 @@ def owned_workdir(workdir: str):
 
 
 def _remove_new_empty_folders(workdir: str, existed: set[str] | None) -> None:
-  """Removes the empty folders under `workdir` that were not there before (then it, if new)."""
-  if not os.path.isdir(workdir):
+  """Removes the empty folders under `workdir` that were not there before (then it, if new).
+
+  A bucket has no empty folders: a prefix exists while an object lies under it.
+  """
+  if storage.is_url(workdir) or not os.path.isdir(workdir):
     return
   for name in sorted(set(os.listdir(workdir)) - (existed or set())):
-    path = os.path.join(workdir, name)
+    path = storage.join(workdir, name)
     if os.path.isdir(path) and not os.listdir(path):
       os.rmdir(path)
   if existed is None and not os.listdir(workdir):
@@ -277,15 +280,14 @@ class EarlyStopping:
     early stays stopped.
     """
     bleus = {}  # Step -> BLEU; a step evaluated twice (a run resumed at its end) counts once.
-    if os.path.exists(metrics_path):
-      with open(metrics_path) as f:
-        for line in f:
-          try:
-            row = json.loads(line)
-          except json.JSONDecodeError:
-            break  # A line cut short by a crash: nothing after it was committed.
-          if self.metric in row and row['step'] <= last_step:
-            bleus[row['step']] = row[self.metric]
+    if storage.exists(metrics_path):
+      for line in storage.read_text(metrics_path).splitlines(keepends=True):
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError:
+          break  # A line cut short by a crash: nothing after it was committed.
+        if self.metric in row and row['step'] <= last_step:
+          bleus[row['step']] = row[self.metric]
     for step in sorted(bleus):
       self.record(step, bleus[step])
     return self
@@ -299,9 +301,9 @@ def is_finished(workdir: str, config: ml_collections.ConfigDict) -> bool:
   evaluations. train.py exits 0 after checkpointing on SIGTERM or SIGINT too, so a
   caller that sees it exit 0 asks this (the sweep runner) before calling a run done.
   """
-  steps = checkpoints.committed_steps(os.path.join(workdir, 'checkpoints'))
+  steps = checkpoints.committed_steps(storage.join(workdir, 'checkpoints'))
   last = steps[-1] if steps else 0
-  metrics_path = os.path.join(workdir, metrics.FILENAME)
+  metrics_path = storage.join(workdir, metrics.FILENAME)
   metric = config_lib.selection_metric(config.target_metric)
   stopping = EarlyStopping(config.early_stopping_patience, metric).replay(metrics_path, last)
   return last >= config.num_train_steps or stopping.stop
@@ -309,15 +311,14 @@ def is_finished(workdir: str, config: ml_collections.ConfigDict) -> bool:
 
 def final_metrics(workdir: str, step: int) -> dict[str, float] | None:
   """The rows of metrics.jsonl at `step` merged, if they hold its evaluation; else None."""
-  path = os.path.join(workdir, metrics.FILENAME)
-  if not os.path.exists(path):
+  path = storage.join(workdir, metrics.FILENAME)
+  if not storage.exists(path):
     return None
   merged = {}
-  with open(path) as f:
-    for line in f:
-      row = json.loads(line) if line.strip() else {}
-      if row.get('step') == step:
-        merged.update({k: v for k, v in row.items() if k not in ('step', metrics.WALL_SECONDS)})
+  for line in storage.read_text(path).splitlines(keepends=True):
+    row = json.loads(line) if line.strip() else {}
+    if row.get('step') == step:
+      merged.update({k: v for k, v in row.items() if k not in ('step', metrics.WALL_SECONDS)})
   return merged if 'eval_loss' in merged else None
 
 
@@ -380,12 +381,11 @@ def read_run_config(workdir: str) -> ml_collections.ConfigDict | None:
   A file that is not such a config (damaged, or overwritten by something else) is a
   `config.ConfigError` naming it and saying how to recover.
   """
-  path = os.path.join(os.path.expanduser(workdir), 'config.json')
-  if not os.path.exists(path):
+  path = storage.join(os.path.expanduser(workdir), 'config.json')
+  if not storage.exists(path):
     return None
   try:
-    with open(path, encoding='utf-8') as f:
-      loaded = json.load(f)
+    loaded = json.loads(storage.read_text(path))
     if not isinstance(loaded, dict) or not {'model', 'data'} <= set(loaded):
       raise ValueError('not a JSON object with the groups model and data')
     return upgrade(ml_collections.ConfigDict(loaded))

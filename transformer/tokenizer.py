@@ -26,7 +26,7 @@ import sentencepiece as spm
 from absl import logging
 from sentencepiece import sentencepiece_model_pb2
 
-from transformer import atomic, datasets
+from transformer import datasets, storage
 from transformer.datasets import registry
 
 PAD_ID = 0
@@ -57,8 +57,7 @@ class Tokenizer:
   @classmethod
   def load(cls, path: str) -> 'Tokenizer':
     """Loads a `.model` file."""
-    with open(path, 'rb') as f:
-      return cls(f.read())
+    return cls(storage.read_bytes(path))
 
   def __reduce__(self):
     return (Tokenizer, (self._proto,))
@@ -201,7 +200,7 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
       normalization from `config.data.spm_normalization`.
   """
   path = vocab_path(config)
-  if os.path.exists(path):
+  if storage.exists(path):
     try:
       tokenizer = Tokenizer.load(path)
     except (RuntimeError, OSError, ValueError) as e:  # SentencePiece raises RuntimeError.
@@ -319,8 +318,8 @@ def _write_atomically(path: str, data: bytes) -> None:
 
   If `path` appeared meanwhile (another process trained too), it is kept.
   """
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  storage.makedirs(storage.dirname(storage.resolve(path)))
   try:
-    atomic.write_bytes(path, data, overwrite=False)
+    storage.write_bytes(path, data, overwrite=False)
   except FileExistsError:
     logging.warning('%s appeared while training; keeping it.', path)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -34,6 +33,7 @@ from transformer import (
   provenance,
   runs,
   sharding,
+  storage,
   tasks,
   tokenizer,
 )
@@ -307,7 +307,7 @@ def train_and_evaluate(
   config_lib.validate(config, len(devices))
   config_lib.raise_if(path_checks.workdir_errors(config, workdir), 'paths')
   config_lib.raise_if(config_lib.platform_errors(config, devices[0].platform))
-  workdir = os.path.abspath(os.path.expanduser(workdir))
+  workdir = storage.resolve(workdir)
   with (
     runs.owned_workdir(workdir),
     preemption.PreemptionWatcher() as watcher,
@@ -382,7 +382,7 @@ def _train_and_evaluate(
   # stays stopped; a larger config.early_stopping_patience lets it go on.
   selection_metric = config_lib.selection_metric(config.target_metric)  # Best, early stopping.
   stopping = runs.EarlyStopping(config.early_stopping_patience, selection_metric).replay(
-    os.path.join(workdir, metrics.FILENAME), start_step
+    storage.join(workdir, metrics.FILENAME), start_step
   )
   finished = start_step >= config.num_train_steps or stopping.stop
   final = runs.final_metrics(workdir, start_step) if finished else None
@@ -449,7 +449,7 @@ def _train_and_evaluate(
   input_wait = metrics.InputWait(train_iter, config.data.num_workers)
   monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps)
   train_sums, summary = None, {}
-  profiler = metrics.StepProfiler(os.path.join(workdir, 'profile'), start_step + 2, profile_steps)
+  profiler = metrics.StepProfiler(storage.join(workdir, 'profile'), start_step + 2, profile_steps)
   watcher.arm()  # From here a signal stops the run after a step, with a checkpoint of it.
   for step in range(start_step + 1, last_step + 1):
     batch = next(train_iter)

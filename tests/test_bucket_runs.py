@@ -1,0 +1,233 @@
+"""Runs kept in buckets end to end: train.py, resume and eval.py on gs://; refusals on s3://.
+
+The buckets are served on 127.0.0.1 (fake-gcs-server and moto, `object_stores`); the network
+guard (tests/netguard) fails any connection elsewhere, here and in the train.py processes.
+A tiny run on gs:// is stopped by SIGTERM mid-run, resumed, and must end identical to the same
+run trained uninterrupted on a local disk: every metrics row and every checkpoint array.
+"""
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from test_reliability import _TIMING, REPO, train  # noqa: F401  (the `train` fixture)
+from test_sweeps import (  # noqa: F401  (fixtures: sweep_env, synthetic_corpus)
+  _sweep_py,
+  _write_sweep,
+  sweep_env,
+  synthetic_corpus,
+)
+
+from transformer import checkpoints, path_checks, storage, workdir_lock
+
+pytestmark = pytest.mark.slow
+
+# Six steps, checkpoints at 2, 4 and 6 (the last three kept), BLEU at 3 and 6: best checkpoints.
+RUN = {
+  'num_train_steps': 6,
+  'checkpoint_every_steps': 2,
+  'eval_every_steps': 3,
+  'log_every_steps': 1,
+  'eval_bleu_sentences': 8,
+  'target_metric': 'eval_bleu',
+  'keep_best_checkpoints': 1,
+}
+
+
+@pytest.fixture(scope='module')
+def local_reference(train, tmp_path_factory):  # noqa: F811
+  workdir = tmp_path_factory.mktemp('local_reference')
+  result = train(workdir, **RUN)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return str(workdir)
+
+
+def _rows(workdir: str) -> list[dict]:
+  text = storage.read_text(storage.join(workdir, 'metrics.jsonl'))
+  return [
+    {k: v for k, v in json.loads(line).items() if k not in _TIMING and 'per_sec' not in k}
+    for line in text.splitlines()
+  ]
+
+
+def _state(workdir: str, step: int):
+  return ocp.StandardCheckpointer().restore(
+    storage.join(storage.resolve(workdir), 'checkpoints', str(step), 'state')
+  )
+
+
+def _python(env, *args) -> subprocess.CompletedProcess:
+  """`python ARGS` in the repository with `env`; it must exit 0."""
+  result = subprocess.run(
+    [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def _eval(train, workdir, *flags):  # noqa: F811
+  return _python(train.env, 'eval.py', f'--workdir={workdir}', '--split=validation', *flags)
+
+
+def test_gs_run_stopped_resumed_and_evaluated(train, local_reference, object_stores):  # noqa: F811
+  workdir = storage.join(object_stores.bucket('gs'), 'runs', 'tiny')
+  # 1. Stopped by SIGTERM mid-run: the step in hand is checkpointed, the lock released.
+  command = train.command(workdir, **RUN)
+  process = subprocess.Popen(command, cwd=REPO, env=train.env, stderr=subprocess.PIPE, text=True)
+  log = []
+  for line in process.stderr:
+    log.append(line)
+    if 'step 3/6 |' in line:
+      process.send_signal(signal.SIGTERM)
+      break
+  log = ''.join(log) + process.communicate(timeout=120)[1]
+  assert process.returncode == 0, log[-3000:]
+  stopped = int(log.split('Stopped by SIGTERM after step ')[1].split(';')[0])
+  assert 3 <= stopped < 6, log[-3000:]
+  assert checkpoints.committed_steps(storage.join(workdir, 'checkpoints'))[-1] == stopped
+  assert workdir_lock.read_holder(workdir) is None
+  assert {'config.json', 'metrics.jsonl', 'provenance.jsonl', 'tensorboard'} <= set(
+    storage.listdir(workdir)
+  )
+
+  # Nothing may write into the run's files, a URL as much as a path.
+  for inside in ('metrics.jsonl', 'checkpoints/4/state'):
+    (error,) = path_checks.protected_path_errors(storage.join(workdir, inside), '--output_file')
+    assert f'of the training run in {workdir}, which only that run writes' in error
+
+  # 2. Resumed to the end: identical to the uninterrupted local run.
+  result = train(workdir, **RUN)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f'Restored checkpoint {workdir}/checkpoints/{stopped}.' in result.stderr
+  assert _rows(workdir) == _rows(local_reference)
+  assert checkpoints.committed_steps(storage.join(workdir, 'checkpoints')) == [2, 4, 6]
+  for step in (4, 6):
+    local, remote = (
+      jax.tree.leaves(_state(local_reference, step)),
+      jax.tree.leaves(_state(workdir, step)),
+    )
+    assert len(local) == len(remote)
+    for a, b in zip(local, remote, strict=True):
+      np.testing.assert_array_equal(a, b)
+  assert len(storage.listdir(storage.join(workdir, 'tensorboard'))) == 2  # One file per start.
+
+  # 3. eval.py reads the run from the bucket and writes its results beside it.
+  for checkpoint in ('latest', 'avg:2', 'best'):
+    result = _eval(train, workdir, f'--checkpoint={checkpoint}', '--beam_size=2')
+    if checkpoint == 'avg:2':  # The same average of the same arrays: the same translations.
+      scores = json.loads(result.stdout.strip().splitlines()[-1])
+      reference = _eval(train, local_reference, f'--checkpoint={checkpoint}', '--beam_size=2')
+      assert scores == json.loads(reference.stdout.strip().splitlines()[-1])
+  written = set(storage.listdir(storage.join(workdir, 'eval')))
+  for label in ('step_6', 'avg2_4-6', 'best_step_6'):
+    assert {f'{label}-validation-beam2_alpha0.6.{ext}' for ext in ('json', 'txt')} <= written
+  assert 'references-validation.txt' in written
+
+  # 4. compare.py reads two of those results from the bucket and writes to another (s3://).
+  output = storage.join(object_stores.bucket('s3'), 'comparisons', 'avg_vs_last.json')
+  results = [
+    storage.join(workdir, 'eval', f'{label}-validation-beam2_alpha0.6.json')
+    for label in ('step_6', 'avg2_4-6')
+  ]
+  _python(train.env, 'compare.py', *results, '--n_samples=100', f'--output={output}')
+  comparison = json.loads(storage.read_text(output))
+  assert [system['result'] for system in comparison['systems']] == results
+  assert comparison['references'] == storage.join(workdir, 'eval', 'references-validation.txt')
+
+  # 5. curves draws the bucket's metrics into the bucket.
+  figure = storage.join(storage.dirname(workdir), 'figures', 'loss.png')
+  curves = ('-m', 'transformer.tools.curves', f'--run=gs={workdir}', '--x=step', '--y=train_loss')
+  _python(train.env, *curves, f'--output={figure}')
+  assert storage.read_bytes(figure).startswith(b'\x89PNG')
+
+  # 6. eval.py --watch follows it: every kept checkpoint, to the final step.
+  _eval(train, workdir, '--watch', '--poll_seconds=0.1', '--beam_size=1')
+  rows = storage.read_text(storage.join(workdir, 'eval', 'metrics.jsonl')).splitlines()
+  assert [json.loads(row)['step'] for row in rows] == [2, 4, 6]
+
+
+def test_second_run_on_a_bucket_workdir_is_refused(train, object_stores):  # noqa: F811
+  workdir = storage.join(object_stores.bucket('gs'), 'busy')
+  holder = {
+    'host': 'tpu-host-0',
+    'pid': 17,
+    'command': 'python train.py --workdir=' + workdir,
+    'token': 'x',
+    'lease_seconds': 120.0,
+    'renewed': time.time(),
+  }
+  storage.write_json(workdir_lock.lock_path(workdir), holder)
+  result = train(workdir, **RUN)
+  assert result.returncode != 0
+  assert 'is in use by another training run: pid 17 on host tpu-host-0' in result.stderr
+  assert storage.listdir(workdir) == [workdir_lock.LOCK_FILE]  # Nothing else was written.
+
+
+@pytest.mark.parametrize(
+  'workdir, expected',
+  [
+    ('s3://{bucket}/run', 'checkpoints cannot live on s3:// yet'),
+    ('gs://no-such-bucket-anywhere/run', 'the bucket gs://no-such-bucket-anywhere does not exist'),
+    ('hdfs://namenode/run', 'the scheme hdfs:// is not handled'),
+    ('gs:/bucket/run', 'gs:// takes two slashes'),
+  ],
+)
+def test_bad_bucket_workdirs_are_refused_before_anything(
+  train,  # noqa: F811
+  object_stores,
+  workdir,
+  expected,
+):
+  workdir = workdir.format(bucket=object_stores.bucket('s3').split('://')[1])
+  result = train(workdir, **RUN)
+  assert result.returncode != 0
+  assert expected in result.stderr, result.stderr[-2000:]
+  for leftover in ('gs:', 's3:', 'hdfs:'):
+    assert not os.path.exists(os.path.join(REPO, leftover))  # No URL became a local folder.
+
+
+def test_sweep_with_its_root_in_a_bucket(object_stores, synthetic_corpus, sweep_env, tmp_path):  # noqa: F811
+  """Two trials trained and evaluated into gs://, their summary there; compare.py reads them."""
+  env = {**os.environ, **{k: v for k, v in sweep_env.items() if k.startswith(('JAX', 'XLA'))}}
+  sweep_file = _write_sweep(tmp_path / 'two.py', "sweeps.grid({'lr_scale': [1.0, 2.0]})")
+  root = storage.join(object_stores.bucket('gs'), 'sweeps', 'two')
+  run = lambda *flags: _sweep_py(
+    sweep_file,
+    root,
+    synthetic_corpus,
+    env,
+    '--config.data.dataset=parallel_text',
+    '--eval',
+    '--eval_flags=--split=validation --decoder=greedy --n_bootstrap=100',
+    *flags,
+  )
+  result = run()
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = list(csv.DictReader(io.StringIO(storage.read_text(storage.join(root, 'summary.csv')))))
+  assert sorted(row['status'] for row in rows) == ['finished', 'finished']
+  assert {'summary.csv', 'summary.md', 'summary.png'} <= set(storage.listdir(root))
+  results = []
+  for row in rows:
+    trial = storage.join(root, row['trial'])
+    state = json.loads(storage.read_text(storage.join(trial, 'trial.json')))
+    assert state['status'] == 'finished'
+    assert 'Restored checkpoint' in storage.read_text(storage.join(trial, 'eval.log'))
+    results.append(storage.join(trial, state['stages']['eval']['result']))
+
+  # Run again: every trial is done, nothing trains or evaluates again.
+  again = run()
+  assert again.returncode == 0, again.stderr[-3000:]
+  for row in rows:
+    state = json.loads(storage.read_text(storage.join(root, row['trial'], 'trial.json')))
+    assert [stage['attempts'] for stage in state['stages'].values()] == [1, 1]
+
+  _python(env, 'compare.py', *results, '--n_samples=100')

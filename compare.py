@@ -24,12 +24,9 @@ SACREBLEU_SEED (default 12345) seeds the test, as it does sacreBLEU's own
 `sacrebleu REFERENCES -i A.txt B.txt --paired-bs`, which gives the same p-values.
 """
 
-import json
-import os
-
 from absl import app, flags
 
-from transformer import path_checks
+from transformer import path_checks, storage
 from transformer.tools import significance
 
 _SPLIT = flags.DEFINE_string('split', None, 'Pick the result of this split in a workdir.')
@@ -52,7 +49,7 @@ _OUTPUT = flags.DEFINE_string('output', None, 'Also write the comparison to this
 
 def _seed_results(arg: str) -> list[str]:
   """The results one argument names: itself if it exists, else its comma-separated seeds'."""
-  return [arg] if os.path.exists(arg) else arg.split(',')
+  return [arg] if storage.exists(arg) else arg.split(',')
 
 
 def main(argv):
@@ -92,8 +89,7 @@ def main(argv):
     text += '\n' + significance.seeds_to_text(comparison['across_seeds'])
   print(text, end='')
   if _OUTPUT.value:
-    with open(_OUTPUT.value, 'w') as f:
-      json.dump(comparison, f, indent=2)
+    storage.write_json(_OUTPUT.value, comparison, indent=2)
 
 
 if __name__ == '__main__':

@@ -35,7 +35,7 @@ from absl import app, flags
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from transformer import evaluation, metrics, path_checks
+from transformer import evaluation, metrics, path_checks, storage
 
 X_KEYS = ('step', metrics.WALL_SECONDS)
 _LINE_STYLES = ('--', ':', '-.')  # Of the --hline and --vline lines, in turn.
@@ -95,19 +95,18 @@ def _parse_line(spec: str, flag: str, minimum: float) -> tuple[str, float]:
 def _read_rows(path: str) -> list[dict]:
   """The rows of a JSON-lines file; a broken line is an error naming its number."""
   rows = []
-  with open(path) as f:
-    for number, line in enumerate(f, start=1):
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}, line {number}: not JSON ({e.msg}).') from None
+  for number, line in enumerate(storage.read_text(path).splitlines(keepends=True), start=1):
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      raise ValueError(f'{path}, line {number}: not JSON ({e.msg}).') from None
   return rows
 
 
 def read_curve(workdir: str, x: str, y: str) -> list[tuple[float, float]]:
   """(x, y) of every row of WORKDIR/metrics.jsonl that has `y`, in file order."""
-  path = os.path.join(workdir, metrics.FILENAME)
-  if not os.path.isfile(path):
+  path = storage.join(workdir, metrics.FILENAME)
+  if not storage.isfile(path):
     raise ValueError(f'{path}: no such file (is {workdir} a directory written by train.py?).')
   points, with_y = [], 0
   for row in _read_rows(path):
@@ -137,26 +136,28 @@ def read_eval_curves(
   whose file name is not eval.py's `<checkpoint>-<split>[-<decoding>]` has no decoding
   to read from it: both are returned as left out, with the reason.
   """
-  paths = sorted(glob.glob(os.path.join(glob.escape(os.path.join(workdir, 'eval')), '*.json')))
+  if storage.is_url(workdir):
+    paths = storage.glob(storage.join(workdir, 'eval'), '*.json')
+  else:
+    paths = sorted(glob.glob(os.path.join(glob.escape(os.path.join(workdir, 'eval')), '*.json')))
   wall = {}
   if x == metrics.WALL_SECONDS:
-    metrics_path = os.path.join(workdir, metrics.FILENAME)
-    if not os.path.isfile(metrics_path):
+    metrics_path = storage.join(workdir, metrics.FILENAME)
+    if not storage.isfile(metrics_path):
       raise ValueError(f'{metrics_path}: no such file, so no wall time (use --x=step).')
     for row in _read_rows(metrics_path):
       if 'step' in row and x in row:
         wall[int(row['step'])] = max(float(row[x]), wall.get(int(row['step']), 0.0))
   lines, left_out = {}, []
   for path in paths:
-    with open(path) as f:
-      try:
-        result = json.load(f)
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}: not JSON ({e.msg}).') from None
+    try:
+      result = json.loads(storage.read_text(path))
+    except json.JSONDecodeError as e:
+      raise ValueError(f'{path}: not JSON ({e.msg}).') from None
     if not isinstance(result, dict) or result.get('split') != split:
       continue
     label = str(result.get('checkpoint', ''))
-    stem = os.path.basename(path)[: -len('.json')]
+    stem = storage.basename(path)[: -len('.json')]
     prefix = f'{label}-{split}'
     if stem != prefix and not stem.startswith(prefix + '-'):
       left_out.append((path, f"its name is not eval.py's {prefix}[-<decoding>].json"))
@@ -215,7 +216,11 @@ def plot(
   ax.legend(fontsize='small')
   if title:
     ax.set_title(title)
-  fig.savefig(path, dpi=90)
+  if storage.is_url(path):  # Drawn into a local file, then one PUT.
+    with storage.replacing(path) as tmp:
+      fig.savefig(tmp, dpi=90, format='png')
+  else:
+    fig.savefig(path, dpi=90)
   return fig
 
 

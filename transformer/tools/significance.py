@@ -20,7 +20,6 @@ Importing this module imports no JAX: comparing result files takes seconds.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import math
 import os
@@ -31,7 +30,7 @@ import sacrebleu
 import scipy.stats
 from sacrebleu.significance import PairedTest
 
-from transformer import scoring
+from transformer import scoring, storage
 
 ALPHA = 0.05  # Significance level of the verdicts.
 # What `compare` can test (sacreBLEU's defaults of each; bleu_lc: BLEU lowercased, `-lc`) and
@@ -60,8 +59,7 @@ class System:
 
 
 def _read_lines(path: str) -> list[str]:
-  with open(path, encoding='utf-8') as f:
-    text = f.read()
+  text = storage.read_text(path)
   return text.split('\n')[:-1] if text.endswith('\n') else text.split('\n') if text else []
 
 
@@ -69,21 +67,20 @@ def _result_in_workdir(workdir: str, split: str | None) -> str:
   """The one translation result of `split` (any split if None) in WORKDIR/eval/."""
   paths = sorted(
     p
-    for p in glob.glob(os.path.join(workdir, 'eval', '*.json'))
+    for p in storage.glob(storage.join(workdir, 'eval'), '*.json')
     if not p.endswith(_RESULT_SUFFIXES)
   )
   candidates = []
   for path in paths:
-    with open(path) as f:
-      results = json.load(f)
+    results = json.loads(storage.read_text(path))
     if 'bleu' in results and (split is None or results.get('split') == split):
       candidates.append(path)
   if len(candidates) != 1:
     what = f' of split {split!r}' if split else ''
-    found = ': ' + ', '.join(os.path.basename(p) for p in candidates) if candidates else ''
+    found = ': ' + ', '.join(storage.basename(p) for p in candidates) if candidates else ''
     raise ValueError(
       f'{workdir} holds {len(candidates)} eval.py translation results{what} '
-      f'(in {os.path.join(workdir, "eval")}{found}); name the .json file to '
+      f'(in {storage.join(workdir, "eval")}{found}); name the .json file to '
       'compare' + (' or pass --split.' if not split else '.')
     )
   return candidates[0]
@@ -92,24 +89,25 @@ def _result_in_workdir(workdir: str, split: str | None) -> str:
 def load_system(path: str, split: str | None = None) -> System:
   """The eval.py result at `path`: a result .json, or a workdir holding exactly one of `split`."""
   name = path
+  if errors := storage.path_errors(path, 'a result'):
+    raise ValueError(errors[0])
   path = os.path.expanduser(path)
-  if os.path.isdir(path):
+  if storage.isdir(path):
     path = _result_in_workdir(path, split)
-  if not os.path.isfile(path):
+  if not storage.isfile(path):
     raise FileNotFoundError(f'No eval.py result at {path}.')
-  with open(path) as f:
-    try:
-      results = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f'{path} is not JSON ({e}).') from None
+  try:
+    results = json.loads(storage.read_text(path))
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{path} is not JSON ({e}).') from None
   if not isinstance(results, dict) or 'bleu' not in results or 'split' not in results:
     raise ValueError(f'{path} is not an eval.py translation result (no bleu and split).')
   if split is not None and results['split'] != split:
     raise ValueError(f'{path} scores split {results["split"]!r}, not {split!r}.')
   hypotheses_path = path[: -len('.json')] + '.txt'
-  references_path = os.path.join(os.path.dirname(path), f'references-{results["split"]}.txt')
+  references_path = storage.join(storage.dirname(path), f'references-{results["split"]}.txt')
   for needed in (hypotheses_path, references_path):
-    if not os.path.isfile(needed):
+    if not storage.isfile(needed):
       raise FileNotFoundError(
         f'{needed} is missing: {path} cannot be compared (eval.py writes '
         'both next to its results; run it again).'

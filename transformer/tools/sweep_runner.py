@@ -10,8 +10,8 @@ latest checkpoint. `write_slurm` runs the same trials as a Slurm job array.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime
-import glob
 import itertools
 import json
 import os
@@ -20,6 +20,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,7 @@ from typing import Any
 
 from absl import logging
 
-from transformer import atomic, runs, workdir_lock
+from transformer import runs, storage, workdir_lock
 from transformer.tools.sweeps import REPO_DIR, Sweep, Trial, flag_value
 
 STATE_FILE = 'trial.json'
@@ -81,15 +82,14 @@ def check_parallel(parallel: int, slurm: bool = False) -> None:
 
 
 def read_state(workdir: str) -> dict[str, Any] | None:
-  path = os.path.join(workdir, STATE_FILE)
-  if not os.path.exists(path):
+  path = storage.join(workdir, STATE_FILE)
+  if not storage.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(storage.read_text(path))
 
 
 def _write_state(workdir: str, state: dict[str, Any]) -> None:
-  atomic.write_json(os.path.join(workdir, STATE_FILE), state, indent=2, sort_keys=True)
+  storage.write_json(storage.join(workdir, STATE_FILE), state, indent=2, sort_keys=True)
 
 
 def _process_alive(state: Mapping[str, Any], workdir: str) -> bool | None:
@@ -204,7 +204,7 @@ class _Runner:
     )
     if first is None:
       return 'skipped'
-    os.makedirs(workdir, exist_ok=True)
+    storage.makedirs(workdir)
     state = state or {'stages': {}}
     state.update(name=trial.name, overrides=trial.overrides)
     for stage, command in commands[first:]:
@@ -219,17 +219,17 @@ class _Runner:
 
   def _run_stage(self, trial: Trial, state: dict[str, Any], stage: str, command: list[str]) -> str:
     workdir = self.sweep.workdir(trial)
-    log_path = os.path.join(workdir, f'{stage}.log')
+    log_path = storage.join(workdir, f'{stage}.log')
     previous = state['stages'].get(stage, {})
     record = {
       'command': command,
       'status': 'running',
       'started': _now(),
       'attempts': previous.get('attempts', 0) + 1,
-      'log': os.path.basename(log_path),
+      'log': storage.basename(log_path),
     }
     started = time.time()
-    with open(log_path, 'a') as log:
+    with _stage_log(log_path) as local_log, open(local_log, 'a') as log:
       log.write(f'\n=== {record["started"]} attempt {record["attempts"]}: {shlex.join(command)}\n')
       log.flush()
       offset = log.tell()
@@ -268,7 +268,7 @@ class _Runner:
       status = 'finished'
     record.update(status=status, returncode=returncode, seconds=round(time.time() - started, 1))
     if status == 'failed':
-      record['error'] = _error_line(log_path, offset)
+      record['error'] = _error_line(local_log, offset)
     if stage == 'eval' and status == 'finished':
       record['result'] = _newest_eval_result(workdir, started)
     eval_follows = stage == 'train' and self.sweep.eval_flags is not None
@@ -286,14 +286,31 @@ class _Runner:
       process.terminate()
 
 
+@contextlib.contextmanager
+def _stage_log(log_path: str):
+  """A local file for a stage's output: `log_path`, or on a bucket a copy uploaded at the end.
+
+  An object cannot be appended to while a process writes it: on a bucket the stage writes a
+  local temporary file, added to the log object when the stage ends (however it ends).
+  """
+  if not storage.is_url(log_path):
+    yield log_path
+    return
+  with tempfile.TemporaryDirectory(prefix='sweep-log-') as folder:
+    local = os.path.join(folder, storage.basename(log_path))
+    try:
+      yield local
+    finally:
+      if os.path.exists(local):
+        with open(local, encoding='utf-8', errors='replace') as f:
+          storage.append_text(log_path, f.read())
+
+
 def _newest_eval_result(workdir: str, since: float) -> str | None:
   """The eval/*.json that eval.py wrote (relative to the workdir), or None."""
-  paths = [
-    p
-    for p in glob.glob(os.path.join(workdir, 'eval', '*.json'))
-    if os.path.getmtime(p) >= since - 1
-  ]
-  return os.path.relpath(max(paths, key=os.path.getmtime), workdir) if paths else None
+  times = {p: storage.mtime(p) for p in storage.glob(storage.join(workdir, 'eval'), '*.json')}
+  paths = [p for p, written in times.items() if written >= since - 1]
+  return max(paths, key=times.get)[len(workdir) :].lstrip('/' + os.sep) if paths else None
 
 
 def run(sweep: Sweep, parallel: int = 1, only: str | None = None) -> dict[str, str]:
@@ -397,6 +414,12 @@ def write_slurm(sweep: Sweep, parallel: int = 0, options: Sequence[str] = ()) ->
   `parallel` > 0 caps the tasks running at once; `options` are extra `#SBATCH`
   lines (e.g. '--gres=gpu:1', '--time=4:00:00').
   """
+  if storage.is_url(sweep.root):
+    raise ValueError(
+      f"--emit=slurm writes its script and the tasks' Slurm logs into the sweep root, which "
+      f'must then be a shared file system, not {sweep.root}. Run the sweep locally '
+      '(sweep.py without --emit), or give --emit=slurm a shared folder.'
+    )
   os.makedirs(sweep.root, exist_ok=True)
   throttle = f'%{parallel}' if parallel > 0 else ''
   names = '\n'.join(f'  {shlex.quote(t.name)}' for t in sweep.trials)

@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from transformer import atomic
+from transformer import storage
 from transformer.tools import significance, sweep_plots, sweep_runner, sweep_tests, sweeps
 
 COLUMNS = (
@@ -70,16 +70,15 @@ class TrialResult:
 
 
 def _read_metrics(workdir: str) -> list[dict[str, float]]:
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
+  path = storage.join(workdir, 'metrics.jsonl')
+  if not storage.exists(path):
     return []
   rows = []
-  with open(path) as f:
-    for line in f:
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError:
-        break  # A line being written by a running trial.
+  for line in storage.read_text(path).splitlines(keepends=True):
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      break  # A line being written by a running trial.
   return rows
 
 
@@ -110,9 +109,8 @@ def collect(sweep: sweeps.Sweep, trial: sweeps.Trial) -> TrialResult:
   errors = [r['error'] for r in stages.values() if r['status'] == 'failed' and r.get('error')]
   result.error = errors[-1] if errors and result.status == 'failed' else None
   decode_result = stages.get('eval', {}).get('result')
-  if decode_result and os.path.exists(os.path.join(workdir, decode_result)):
-    with open(os.path.join(workdir, decode_result)) as f:
-      scores = json.load(f)
+  if decode_result and storage.exists(storage.join(workdir, decode_result)):
+    scores = json.loads(storage.read_text(storage.join(workdir, decode_result)))
     result.decode_bleu, result.decode_bleu_lc = scores.get('bleu'), scores.get('bleu_lc')
     result.decode_result = decode_result
   return result
@@ -434,18 +432,18 @@ def write(sweep: sweeps.Sweep) -> list[TrialResult] | list[GroupResult]:
   target_metric = sweep.config.target_metric
   swept_keys = sweep.swept_keys()
   results = rank([collect(sweep, trial) for trial in sweep.trials], target_metric)
-  os.makedirs(sweep.root, exist_ok=True)
+  storage.makedirs(sweep.root)
   if sweep.seeds > 1:
     return _write_groups(sweep, results, target_metric)
   title = (
     f'Sweep {os.path.basename(sweep.sweep_file)} over '
     f'{os.path.basename(sweep.config_file)}: {len(results)} trials'
   )
-  atomic.write_text(os.path.join(sweep.root, 'summary.csv'), to_csv(results, swept_keys))
-  atomic.write_text(
-    os.path.join(sweep.root, 'summary.md'), to_markdown(results, swept_keys, target_metric, title)
+  storage.write_text(storage.join(sweep.root, 'summary.csv'), to_csv(results, swept_keys))
+  storage.write_text(
+    storage.join(sweep.root, 'summary.md'), to_markdown(results, swept_keys, target_metric, title)
   )
-  with atomic.replacing(os.path.join(sweep.root, 'summary.png')) as tmp:
+  with storage.replacing(storage.join(sweep.root, 'summary.png')) as tmp:
     sweep_plots.plot(results, swept_keys, target_metric, tmp)
   return results
 
@@ -463,14 +461,14 @@ def _write_groups(
   )
   # Trials in the order of their configurations, each ranked as its configuration.
   trials = [dataclasses.replace(t, rank=g.rank) for g in groups for t in g.trials]
-  atomic.write_text(os.path.join(sweep.root, 'trials.csv'), to_csv(trials, [*swept_keys, 'seed']))
-  atomic.write_text(os.path.join(sweep.root, 'summary.csv'), groups_to_csv(groups, swept_keys))
-  atomic.write_text(
-    os.path.join(sweep.root, 'summary.md'),
+  storage.write_text(storage.join(sweep.root, 'trials.csv'), to_csv(trials, [*swept_keys, 'seed']))
+  storage.write_text(storage.join(sweep.root, 'summary.csv'), groups_to_csv(groups, swept_keys))
+  storage.write_text(
+    storage.join(sweep.root, 'summary.md'),
     groups_to_markdown(
       groups, trials, swept_keys, target_metric, title, sweep.seeds, sweep.compare_to
     ),
   )
-  with atomic.replacing(os.path.join(sweep.root, 'summary.png')) as tmp:
+  with storage.replacing(storage.join(sweep.root, 'summary.png')) as tmp:
     sweep_plots.plot_groups(groups, swept_keys, target_metric, tmp, sweep.compare_to)
   return groups

@@ -8,10 +8,10 @@ runs differ. `sweep_summary` sets their tables side by side.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from transformer import storage
 from transformer.tools import significance
 
 if TYPE_CHECKING:  # Only for annotations: sweep_summary imports this module.
@@ -42,7 +42,7 @@ def paired_tests(
     return None, 'Fewer than two ranked configurations: nothing to test.'
   pooled, missing = [], {}
   for result in ranked:
-    paths = [os.path.join(t.workdir, t.decode_result) for t in result.trials if t.decode_result]
+    paths = [storage.join(t.workdir, t.decode_result) for t in result.trials if t.decode_result]
     if len(paths) < len(result.trials):
       missing[result.name] = f'`{result.name}` ({len(paths)} of {len(result.trials)} seeds)'
       continue

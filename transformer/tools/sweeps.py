@@ -33,7 +33,7 @@ import ml_collections
 import numpy as np
 
 from transformer import config as config_lib
-from transformer import path_checks
+from transformer import path_checks, storage
 
 Overrides = dict[str, Any]
 # The repository root, where train.py and eval.py live.
@@ -399,7 +399,7 @@ class Sweep:
   compare_to: str | None = None  # With seeds: the paired tests' reference configuration (best).
 
   def workdir(self, trial: Trial) -> str:
-    return os.path.join(self.root, trial.name)
+    return storage.join(self.root, trial.name)
 
   def swept_keys(self) -> list[str]:
     """Keys set by any trial, in order of first appearance."""
@@ -493,7 +493,7 @@ def create(
     config=config,
     shared_overrides=shared_overrides,
     sweep_file=os.path.abspath(os.path.expanduser(sweep_file)),
-    root=os.path.abspath(os.path.expanduser(root)),
+    root=storage.resolve(root),
     trials=tuple(trials),
     eval_flags=None if eval_flags is None else tuple(eval_flags),
     cwd=os.getcwd(),
@@ -504,9 +504,13 @@ def create(
 
 def root_errors(config: ml_collections.ConfigDict, root: str) -> list[str]:
   """Errors of the sweep root `root`: a folder of its own, not a run, its files or its inputs."""
-  if root and os.path.isdir(root) and path_checks.is_run(root):
+  if errors := storage.path_errors(root, '--workdir') or storage.checkpoint_errors(
+    root, '--workdir'
+  ):
+    return errors
+  if root and storage.isdir(root) and path_checks.is_run(root):
     return [f'--workdir={root} is the workdir of a training run; give the sweep its own folder.']
-  if root and os.path.exists(root) and not os.path.isdir(root):
+  if root and storage.isfile(root):
     return [f'--workdir={root} is a file, not a folder.']
   inputs = {
     'the raw data (config.data.manual_dir)': config.data.manual_dir,

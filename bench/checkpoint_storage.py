@@ -9,6 +9,13 @@ gs:// bucket on a fake-gcs-server started on 127.0.0.1 (tests/object_stores.py; 
 the machine). The rows alternate (local, gs, local, gs, ...) so that both see the same load.
 s3:// is not measured: Orbax cannot write checkpoints there (`storage.CHECKPOINT_SCHEMES`).
 
+With `--train_steps=N` it also trains configs/tiny.py's model N steps with train.py into each
+target, a checkpoint every `--checkpoint_every` steps (asynchronous saves, beside the steps),
+and compares the median steps/s of the logged windows after the first (compile):
+
+  python bench/checkpoint_storage.py --config=configs/wmt14_ende_base.py --train_steps=300 \
+      --manual_dir=../shared/data/multi30k
+
 Reports per target the median seconds of: the blocking part of a save (what the train loop
 waits for), the whole save until committed, and a restore (checksums verified); and the
 state's size. The emulator keeps objects in memory on this machine: its figures are an upper
@@ -17,6 +24,7 @@ bound on the client's own cost (HTTP, JSON, TensorStore's gcs driver), not a clo
 
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +45,10 @@ from transformer.config import ModelConfig  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Saves and restores per target (>= 1).')
 _OUT = flags.DEFINE_string('out', None, 'Also write the figures to this JSON file.')
+_TRAIN_STEPS = flags.DEFINE_integer('train_steps', 0, 'Also train this many steps per target.')
+_CHECKPOINT_EVERY = flags.DEFINE_integer('checkpoint_every', 10, 'With --train_steps: steps.')
+_MANUAL_DIR = flags.DEFINE_string('manual_dir', None, 'With --train_steps: the Multi30k files.')
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _state(config):
@@ -76,10 +88,39 @@ def _measure(workdir: str, step: int, abstract, state) -> dict[str, float]:
   return {'save_blocking_s': blocking, 'save_s': saved, 'restore_s': restored}
 
 
+def _train_rate(workdir: str, data_dir: str) -> float:
+  """Median steps/s of train.py's logged windows after the first, training into `workdir`."""
+  every = _CHECKPOINT_EVERY.value
+  subprocess.run(
+    [
+      sys.executable,
+      'train.py',
+      '--config=configs/tiny.py',
+      f'--workdir={workdir}',
+      f'--config.data.manual_dir={_MANUAL_DIR.value}',
+      f'--config.data.data_dir={data_dir}',
+      f'--config.num_train_steps={_TRAIN_STEPS.value}',
+      f'--config.checkpoint_every_steps={every}',
+      f'--config.log_every_steps={every}',
+      f'--config.eval_every_steps={_TRAIN_STEPS.value}',
+      '--config.eval_bleu_sentences=0',
+    ],
+    cwd=REPO,
+    check=True,
+    capture_output=True,
+  )
+  rows = [json.loads(line) for line in storage.read_text(f'{workdir}/metrics.jsonl').splitlines()]
+  return statistics.median([r['steps_per_sec'] for r in rows if 'steps_per_sec' in r][1:])
+
+
 def main(argv):
   del argv
   if _REPEATS.value < 1:
     raise app.UsageError(f'--repeats={_REPEATS.value} must be >= 1.')
+  if _TRAIN_STEPS.value < 0 or _CHECKPOINT_EVERY.value < 1:
+    raise app.UsageError('--train_steps must be >= 0 and --checkpoint_every >= 1.')
+  if _TRAIN_STEPS.value and not _MANUAL_DIR.value:
+    raise app.UsageError('--train_steps needs --manual_dir (the Multi30k files).')
   if _OUT.value and (errors := storage.path_errors(_OUT.value, '--out')):
     raise app.UsageError(errors[0])
   import object_stores  # pylint: disable=g-import-not-at-top  (tests/object_stores.py)
@@ -107,6 +148,18 @@ def main(argv):
     report['gs_over_local'] = {
       key: report['gs'][key] / report['local'][key] for key in report['local']
     }
+    if _TRAIN_STEPS.value:
+      data_dir = tempfile.mkdtemp(prefix='bench-ckpt-data-')
+      rates = {name: [] for name in targets}
+      for repeat in range(_REPEATS.value):
+        for name, root in targets.items():
+          rate = _train_rate(f'{root}/train_{repeat}', data_dir)
+          rates[name].append(rate)
+          print(f'{name} training {repeat}: {rate:.2f} steps/s')
+      report['train_steps_per_sec'] = {name: statistics.median(r) for name, r in rates.items()}
+      report['train_steps_per_sec']['gs_over_local'] = (
+        report['train_steps_per_sec']['gs'] / report['train_steps_per_sec']['local']
+      )
     print(json.dumps(report, indent=2))
     if _OUT.value:
       storage.write_json(_OUT.value, report, indent=2)

@@ -5,10 +5,14 @@ network guard (tests/netguard) fails any connection elsewhere.
 """
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
+import boto3
 import pytest
 
 from transformer import storage, workdir_lock
@@ -172,3 +176,39 @@ def test_bucket_lock_race_has_one_winner(object_stores):
   assert sorted(results) == ['refused'] * 3 + ['won']
   locks[0].release()
   assert workdir_lock.read_holder(workdir) is None
+
+
+def test_refused_credentials_are_named_before_any_work(object_stores, tmp_path):
+  """An S3 server that checks credentials (moto with IAM on) refuses the tests' fake keys."""
+  with socket.socket() as sock:
+    sock.bind(('127.0.0.1', 0))
+    port = sock.getsockname()[1]
+  server = subprocess.Popen(
+    [sys.executable, '-m', 'moto.server', '-H', '127.0.0.1', '-p', str(port)],
+    env={**os.environ, 'INITIAL_NO_AUTH_ACTION_COUNT': '1'},  # Creating the bucket, then IAM.
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  try:
+    endpoint = f'http://127.0.0.1:{port}'
+    for _ in range(100):
+      try:
+        boto3.client('s3', endpoint_url=endpoint).create_bucket(Bucket='locked')
+        break
+      except Exception:  # Not listening yet.
+        time.sleep(0.1)
+    env = {**os.environ, 'AWS_ENDPOINT_URL': endpoint, 'AWS_ENDPOINT_URL_S3': endpoint}
+    results = [str(tmp_path / 'a.json'), str(tmp_path / 'b.json')]
+    result = subprocess.run(
+      [sys.executable, 'compare.py', *results, '--output=s3://locked/comparison.json'],
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
+  finally:
+    server.terminate()
+    server.wait(timeout=10)
+  assert result.returncode != 0
+  assert 's3://locked refuses to be looked up with these credentials' in result.stderr

@@ -174,6 +174,8 @@ def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]
     return url_errors
   raw = {'the raw data (config.data.manual_dir)': data.manual_dir}
   path = absolute(workdir)
+  if errors := storage.bucket_errors(path, '--workdir'):  # First: every look below needs it.
+    return errors
   if storage.isfile(path):
     return [f'--workdir={path} is a file, not a folder: name a new folder, or a run to resume.']
   errors = protected_path_errors(
@@ -182,7 +184,9 @@ def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]
   errors += protected_path_errors(data.data_dir, 'config.data.data_dir', raw)
   if data.vocab_path and not storage.exists(absolute(data.vocab_path)):  # Trained, then written.
     errors += protected_path_errors(data.vocab_path, 'config.data.vocab_path', raw)
-  return errors or writable_dir_errors(path, '--workdir')
+  if errors or storage.is_url(path):  # A bucket's writes were probed above.
+    return errors
+  return writable_dir_errors(path, '--workdir')
 
 
 def writable_file_errors(path: str, flag: str) -> list[str]:
@@ -193,11 +197,13 @@ def writable_file_errors(path: str, flag: str) -> list[str]:
   if path == '-':
     return []
   if storage.is_url(path) or storage.path_errors(path, flag):
-    if errors := storage.path_errors(path, flag):
+    if errors := storage.path_errors(path, flag) or storage.bucket_errors(
+      storage.dirname(path), flag
+    ):
       return errors
     if storage.isdir(path):
       return [f'{flag}={path} is a directory, not a file.']
-    return storage.bucket_errors(storage.dirname(path), flag)
+    return []
   path = os.path.abspath(os.path.expanduser(path))
   folder = os.path.dirname(path)
   if os.path.isdir(path):

@@ -322,31 +322,34 @@ def create_exclusive(path: str, data: bytes) -> None:
 def bucket_errors(path: str, name: str) -> list[str]:
   """For a URL `path` to be written: that its bucket exists and takes writes (before any work).
 
-  Writes and removes one empty object under `path` (`.write-probe-*`); local paths: [].
-  Credentials that are missing or refused are named as such.
+  Looks the bucket up, then writes and removes one empty object under `path`
+  (`.write-probe-*`); local paths: []. Credentials that are missing or refused, and a
+  bucket that refuses writes, are named as such.
   """
   if not is_url(path) or path_errors(path, name):
     return []
   import uuid  # pylint: disable=g-import-not-at-top
 
   root = bucket(path)
-  probe = join(path, f'.write-probe-{uuid.uuid4().hex}')
+  filesystem, key = _filesystem(join(path, f'.write-probe-{uuid.uuid4().hex}'))
+  looking = 'looked up'
   try:
-    if not epath_of(root).exists():
-      return [
-        f'{name}={path}: the bucket {root} does not exist (or these credentials may not see '
-        'it). Create it, or name another.'
-      ]
-    epath_of(probe).write_bytes(b'')
-    epath_of(probe).unlink()
-  except PermissionError as e:
-    return [f'{name}={path}: the bucket {root} refuses writes with these credentials ({e}).']
+    filesystem.info(key.split('/', 1)[0])  # The bucket: FileNotFoundError if there is none.
+    looking = 'written'
+    filesystem.pipe_file(key, b'')
+    filesystem.rm_file(key)
   except FileNotFoundError:
     return [f'{name}={path}: the bucket {root} does not exist. Create it, or name another.']
-  except Exception as e:  # Credentials, endpoints, the network: the client's own words.
+  except PermissionError as e:
+    return [
+      f'{name}={path}: {root} refuses to be {looking} with these credentials ({e}). Check '
+      'them (gcloud auth application-default login; AWS_PROFILE or AWS_ACCESS_KEY_ID) and '
+      "the bucket's permissions."
+    ]
+  except Exception as e:  # Endpoints, the network: the client's own words.
     first = str(e).splitlines()[0][:300] if str(e) else ''
     return [
-      f'{name}={path}: {root} cannot be written ({type(e).__name__}: {first}). Check the '
+      f'{name}={path}: {root} cannot be {looking} ({type(e).__name__}: {first}). Check the '
       'credentials (gcloud auth application-default login; AWS_PROFILE or AWS_ACCESS_KEY_ID) '
       'and the endpoint (STORAGE_EMULATOR_HOST, AWS_ENDPOINT_URL).'
     ]

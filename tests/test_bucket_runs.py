@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -231,3 +232,24 @@ def test_sweep_with_its_root_in_a_bucket(object_stores, synthetic_corpus, sweep_
     assert [stage['attempts'] for stage in state['stages'].values()] == [1, 1]
 
   _python(env, 'compare.py', *results, '--n_samples=100')
+
+
+def test_prepared_data_in_a_bucket_is_shared_between_hosts(train, object_stores, tmp_path):  # noqa: F811
+  """The first host prepares the data and vocabulary into gs://; a second copies, not prepares."""
+  data_dir = storage.join(object_stores.bucket('gs'), 'tfds')
+  rows = []
+  for host in ('first', 'second'):
+    env = {**train.env, 'TRANSFORMER_DATA_CACHE': str(tmp_path / host / 'cache')}
+    workdir = str(tmp_path / host / 'run')
+    command = train.command(workdir, **{**RUN, 'data.data_dir': data_dir})
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    prepared = 'Downloading and preparing dataset' in result.stdout + result.stderr
+    copied = re.search(rf'Copying \d+ files of {data_dir}/\S+ to this host', result.stderr)
+    assert prepared == (host == 'first'), host
+    assert host == 'first' or copied, result.stderr[-3000:]
+    rows.append(_rows(workdir))
+  assert rows[0] == rows[1]  # The same data and vocabulary: the same run.
+  (dataset,) = storage.listdir(data_dir)
+  names = storage.listdir(storage.join(data_dir, dataset))
+  assert any(name.endswith('.model') for name in names), names  # The vocabulary, once.

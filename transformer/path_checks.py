@@ -160,16 +160,13 @@ def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]
     for error in storage.path_errors(value, name)
   ]
   url_errors = url_errors or storage.checkpoint_errors(workdir, '--workdir')
-  for value, name in (
-    (data.manual_dir, 'config.data.manual_dir'),
-    (data.data_dir, 'config.data.data_dir'),
-  ):
-    if not url_errors and value and storage.is_url(value):
-      url_errors.append(
-        f'{name}={value}: the raw and prepared data are read from local or shared file systems '
-        'only (TFDS prepares, and Grain reads, ArrayRecord files by local path). Copy them to '
-        'each host (gcloud storage cp -r / aws s3 sync) and name that folder.'
-      )
+  if not url_errors and data.manual_dir and storage.is_url(data.manual_dir):
+    url_errors.append(
+      f'config.data.manual_dir={data.manual_dir}: the raw files are read by local path (TFDS '
+      'builders and their fingerprint read them). Copy them to this host (gcloud storage cp '
+      '-r / aws s3 sync) and name that folder; the prepared data (config.data.data_dir) may '
+      'be in a bucket.'
+    )
   if url_errors:
     return url_errors
   raw = {'the raw data (config.data.manual_dir)': data.manual_dir}

@@ -87,7 +87,7 @@ def vocabulary_hash(tokenizer: tokenizer_lib.Tokenizer) -> str:
 
 def ids_dir(config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, key: str) -> str:
   """Directory of the ids of `config.data.dataset` under this vocabulary and `key`."""
-  root = datasets.dataset_dir(config.data)
+  root = datasets.local_dataset_dir(config.data)  # Read by local path (array_record).
   return os.path.join(root, f'ids-{vocabulary_hash(tokenizer)[:16]}', key)
 
 

@@ -182,6 +182,28 @@ def rmtree(path: str) -> None:
   epath_of(path).rmtree()
 
 
+def sizes(root: str) -> dict[str, int]:
+  """{path relative to `root`, '/'-separated: bytes} of every file under folder `root`.
+
+  On a bucket one listing (pages of 1,000 objects), not a request per file; {} if absent.
+  """
+  if not is_url(root):
+    found = {}
+    for folder, _, names in os.walk(root):
+      for name in names:
+        path = os.path.join(folder, name)
+        found[os.path.relpath(path, root).replace(os.sep, '/')] = os.path.getsize(path)
+    return found
+  filesystem, key = _filesystem(root)
+  prefix = key.rstrip('/') + '/'
+  listed = filesystem.find(prefix, detail=True)
+  return {
+    name[len(prefix) :]: int(info['size'])
+    for name, info in listed.items()
+    if name.startswith(prefix) and info.get('type') != 'directory'
+  }
+
+
 def copytree(source: str, target: str) -> None:
   """Copies every file under folder `source` to the same place under `target` (any of them URLs)."""
   source_path = epath_of(source)

@@ -24,12 +24,14 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import ml_collections
 import tensorflow_datasets as tfds
 from absl import logging
 from tensorflow_datasets.proto import tf_example_pb2
 
-from transformer.datasets import registry
+from transformer import storage
+from transformer.datasets import bucket_mirror, registry
 
 FILE_FORMAT = 'array_record'
 # Seconds to wait for a server to answer before the download is given up as offline.
@@ -42,7 +44,14 @@ def _manual_dir(data_config: ml_collections.ConfigDict) -> str | None:
 
 
 def _data_root(data_config: ml_collections.ConfigDict) -> str:
-  return os.path.abspath(os.path.expanduser(data_config.data_dir))
+  """`config.data.data_dir`: absolute, or a bucket URL as it is."""
+  return storage.resolve(data_config.data_dir)
+
+
+def local_dataset_dir(data_config: ml_collections.ConfigDict) -> str:
+  """`dataset_dir` on this host's disk: itself, or for a bucket its local mirror."""
+  path = dataset_dir(data_config)
+  return bucket_mirror.local_path(path) if storage.is_url(path) else path
 
 
 def is_monolingual(data_config: ml_collections.ConfigDict) -> bool:
@@ -79,8 +88,8 @@ def dataset_dir(data_config: ml_collections.ConfigDict) -> str:
   """
   key = fingerprint(data_config)
   if registry.get(data_config).catalog:
-    return os.path.join(_data_root(data_config), key)
-  return os.path.join(_data_root(data_config), f'{data_config.dataset}-{key[:16]}')
+    return storage.join(_data_root(data_config), key)
+  return storage.join(_data_root(data_config), f'{data_config.dataset}-{key[:16]}')
 
 
 def prepare(data_config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
@@ -103,10 +112,21 @@ def prepare(data_config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
   """
   entry, name = registry.get(data_config), data_config.dataset
   manual_dir = _manual_dir(data_config)
+  # A bucket's prepared data is read from this host's copy (`bucket_mirror`): the catalog
+  # builders' TFDS folder (<data_dir>/<tfds name>), the others' dataset_dir.
+  root, remote = _data_root(data_config), None
+  if storage.is_url(root):
+    config_name = entry.builder_options.get('config')
+    remote = (
+      storage.join(root, entry.builder.name, *([config_name] if config_name else []))
+      if entry.catalog
+      else dataset_dir(data_config)
+    )
+    bucket_mirror.pull(remote)
   if entry.catalog:
     builder = entry.builder(
       manual_dir=manual_dir,
-      data_dir=_data_root(data_config),
+      data_dir=bucket_mirror.local_path(root) if remote else root,
       file_format=FILE_FORMAT,
       **entry.builder_options,
     )
@@ -114,7 +134,7 @@ def prepare(data_config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
     builder = entry.builder(
       manual_dir=manual_dir,
       languages=entry.required_languages(data_config),
-      data_dir=dataset_dir(data_config),
+      data_dir=local_dataset_dir(data_config),
       file_format=FILE_FORMAT,
       **entry.builder_options,
     )
@@ -125,6 +145,8 @@ def prepare(data_config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
   builder.download_and_prepare(
     download_config=tfds.download.DownloadConfig(manual_dir=manual_dir, try_download_gcs=False)
   )
+  if remote is not None and jax.process_index() == 0:
+    bucket_mirror.push(remote)  # Prepared here first: the other hosts copy it.
   logging.info('Dataset %s ready in %s.', name, builder.data_dir)
   return builder
 

@@ -245,7 +245,8 @@ def test_prepared_data_in_a_bucket_is_shared_between_hosts(train, object_stores,
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     prepared = 'Downloading and preparing dataset' in result.stdout + result.stderr
-    copied = re.search(rf'Copying \d+ files of {data_dir}/\S+ to this host', result.stderr)
+    pulled = rf'Copying \d+ files of {data_dir}/\S+ to \S+ \(this host reads them locally\)'
+    copied = re.search(pulled, result.stderr)
     assert prepared == (host == 'first'), host
     assert host == 'first' or copied, result.stderr[-3000:]
     rows.append(_rows(workdir))

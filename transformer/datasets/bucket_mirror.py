@@ -41,29 +41,26 @@ def _files(root: str) -> dict[str, int]:
   }
 
 
-def _copy(source_root: str, target_root: str, names: list[str]) -> None:
-  for name in names:
-    target = storage.join(target_root, *name.split('/'))
-    storage.makedirs(storage.dirname(target))
-    storage.write_bytes(target, storage.read_bytes(storage.join(source_root, *name.split('/'))))
+def _copy_missing(source: str, target: str, why: str) -> None:
+  """Copies to `target` the files of `source` it lacks or holds at another size."""
+  have = _files(target)
+  missing = sorted(name for name, size in _files(source).items() if have.get(name) != size)
+  if not missing:
+    return
+  logging.info('Copying %d files of %s to %s (%s).', len(missing), source, target, why)
+  for name in missing:
+    path = storage.join(target, *name.split('/'))
+    storage.makedirs(storage.dirname(path))
+    storage.write_bytes(path, storage.read_bytes(storage.join(source, *name.split('/'))))
 
 
 def pull(url: str) -> str:
-  """Copies into `local_path(url)` the files of `url` it lacks or holds at another size."""
+  """Brings `local_path(url)` up to `url`; returns `local_path(url)`."""
   local = local_path(url)
-  have = _files(local)
-  missing = sorted(name for name, size in _files(url).items() if have.get(name) != size)
-  if missing:
-    logging.info('Copying %d files of %s to this host (%s).', len(missing), url, local)
-    _copy(url, local, missing)
+  _copy_missing(url, local, 'this host reads them locally')
   return local
 
 
 def push(url: str) -> None:
-  """Uploads to `url` the files of `local_path(url)` the bucket lacks or holds at another size."""
-  local = local_path(url)
-  have = _files(url)
-  missing = sorted(name for name, size in _files(local).items() if have.get(name) != size)
-  if missing:
-    logging.info('Copying %d files of %s to %s for the other hosts.', len(missing), local, url)
-    _copy(local, url, missing)
+  """Uploads to `url` what `local_path(url)` holds and the bucket lacks."""
+  _copy_missing(local_path(url), url, 'for the other hosts')

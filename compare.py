@@ -26,7 +26,7 @@ SACREBLEU_SEED (default 12345) seeds the test, as it does sacreBLEU's own
 
 from absl import app, flags
 
-from transformer import path_checks, storage
+from transformer import errors, path_checks, storage
 from transformer.tools import significance
 
 _SPLIT = flags.DEFINE_string('split', None, 'Pick the result of this split in a workdir.')
@@ -93,4 +93,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  errors.run(main)

@@ -32,6 +32,7 @@ from absl import app, flags, logging  # noqa: E402
 from transformer import config as config_lib  # noqa: E402
 from transformer import (  # noqa: E402
   domains,
+  errors,
   evaluation,
   inference,
   path_checks,
@@ -115,10 +116,10 @@ def main(argv):
     raise app.UsageError('--workdir is required.')
   if _ATTENTION_PLOT.value and not _INPUT_TEXT.value:
     raise app.UsageError('--attention_plot needs --input_text.')
-  if errors := storage.path_errors(_WORKDIR.value, '--workdir') or storage.checkpoint_errors(
+  if problems := storage.path_errors(_WORKDIR.value, '--workdir') or storage.checkpoint_errors(
     _WORKDIR.value, '--workdir'
   ):
-    raise app.UsageError(errors[0])
+    raise app.UsageError(problems[0])
   config = None
   if not _DRY_RUN.value or storage.exists(storage.join(_WORKDIR.value, 'config.json')):
     config = evaluation.load_run_config(_WORKDIR.value)
@@ -238,4 +239,4 @@ def _write_output(lines) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  errors.run(main)

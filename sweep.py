@@ -27,6 +27,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer import config as config_lib  # noqa: E402
+from transformer import errors  # noqa: E402
 from transformer.tools import sweep_runner, sweep_summary, sweeps  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -134,4 +135,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'sweep', 'workdir'])
-  app.run(main, flags_parser=config_lib.parse_flags)
+  errors.run(main, flags_parser=config_lib.parse_flags)

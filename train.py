@@ -22,7 +22,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer import config as config_lib  # noqa: E402
-from transformer import distributed, dry_run, preemption, training  # noqa: E402
+from transformer import distributed, dry_run, errors, preemption, training  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
@@ -82,4 +82,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main, flags_parser=config_lib.parse_flags)
+  errors.run(main, flags_parser=config_lib.parse_flags)

@@ -51,6 +51,7 @@ from absl import app, flags, logging  # noqa: E402
 from configs import tiny, wmt14_ende_base, wmt14_ende_big  # noqa: E402
 from transformer import (  # noqa: E402
   datasets,
+  errors,
   evaluation,
   inference,
   losses,
@@ -339,4 +340,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  errors.run(main)

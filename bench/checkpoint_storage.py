@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer import checkpoints, optim, sharding, storage, tasks, training  # noqa: E402
+from transformer import checkpoints, errors, optim, sharding, storage, tasks, training  # noqa: E402
 from transformer.config import ModelConfig  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.')
@@ -169,4 +169,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  errors.run(main)

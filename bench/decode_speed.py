@@ -43,6 +43,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer import (  # noqa: E402
+  errors,
   evaluation,
   inference,
   tokenizer,
@@ -225,4 +226,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  errors.run(main)

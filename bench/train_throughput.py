@@ -49,6 +49,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from transformer import config as config_lib  # noqa: E402
 from transformer import (  # noqa: E402
+  errors,
   optim,
   sharding,
   summary,
@@ -292,4 +293,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  errors.run(main)

@@ -812,7 +812,7 @@ def test_failing_trial_is_recorded_and_the_others_finish(
   assert message in (root / 'data=3' / 'train.log').read_text()
   markdown = (root / 'summary.md').read_text()
   [line] = [line for line in markdown.splitlines() if line.startswith('* `data=3`: ')]
-  assert 'Error: ' in line and message in line and line.endswith('(data=3/train.log)')
+  assert 'train.py: error: ' in line and message in line and line.endswith('(data=3/train.log)')
 
 
 @pytest.mark.parametrize(

@@ -35,16 +35,17 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer import storage
+from transformer.errors import InvalidInput, MissingInput, Refusal
 
 # custom_metadata key of each checkpoint: {array path: checksum} (`array_checksums`).
 _CHECKSUMS_KEY = 'array_checksums'
 
 
-class CorruptCheckpointError(RuntimeError):
+class CorruptCheckpointError(Refusal, RuntimeError):
   """A committed checkpoint cannot be read back (truncated or corrupted files)."""
 
 
-class CheckpointSaveError(RuntimeError):
+class CheckpointSaveError(Refusal, RuntimeError):
   """Writing a checkpoint failed (e.g. the disk is full); committed ones are untouched."""
 
 
@@ -155,7 +156,7 @@ class Checkpointer:
     self.directory = storage.join(workdir, 'checkpoints')
     self.corrupt_directory = storage.join(workdir, 'corrupt_checkpoints')
     if read_only and not storage.isdir(self.directory):
-      raise FileNotFoundError(f'No checkpoints directory at {self.directory}.')
+      raise MissingInput(f'No checkpoints directory at {self.directory}.')
     if not read_only and jax.process_index() == 0:  # Orbax removes them on process 0.
       for path in uncommitted(self.directory):
         logging.warning(
@@ -261,7 +262,7 @@ class Checkpointer:
     if problems:
       shown = '\n  '.join(problems[:20])
       more = f'\n  ... and {len(problems) - 20} more' if len(problems) > 20 else ''
-      raise ValueError(
+      raise InvalidInput(
         f'The checkpoint at {self.directory}/{step} was written by an incompatible model '
         f'({len(problems)} arrays differ); it is left untouched. Use another --workdir or '
         f'the config that wrote it.\n  {shown}{more}'
@@ -426,11 +427,11 @@ class BestCheckpoints:
     read_only: bool = False,
   ):
     if metric not in BEST_METRICS:
-      raise ValueError(f'metric={metric!r} is not one of {BEST_METRICS}.')
+      raise InvalidInput(f'metric={metric!r} is not one of {BEST_METRICS}.')
     self.directory = storage.join(storage.resolve(workdir), BEST_DIRECTORY)
     self.metric = metric
     if read_only and not storage.isdir(self.directory):
-      raise FileNotFoundError(
+      raise MissingInput(
         f'No best checkpoints at {self.directory}: the run kept none '
         "(config.keep_best_checkpoints=0). Use 'latest', a step or 'avg:N'."
       )
@@ -450,7 +451,7 @@ class BestCheckpoints:
     unscored = [s for s in self._manager.all_steps() if metric not in self._metrics(s)]
     if unscored:
       self._manager.close()
-      raise ValueError(
+      raise InvalidInput(
         f'Best checkpoints {unscored} in {self.directory} carry no {metric} (they store '
         f'{sorted(self._metrics(unscored[0]))}): they were selected by another metric, so they '
         f"cannot be ranked by {metric}. Nothing was changed. Keep the run's "

@@ -47,6 +47,7 @@ from transformer.domains import (
   one_of,
   real,
 )
+from transformer.errors import InvalidInput
 
 # The choices of each model switch; the first is the paper's.
 ARCHITECTURES = ('encoder_decoder', 'decoder_only')
@@ -379,7 +380,7 @@ def model_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors or _model_errors(config)
 
 
-class ConfigError(ValueError):
+class ConfigError(InvalidInput):
   """A config value or flag outside its domain; the message lists every one."""
 
 

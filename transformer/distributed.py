@@ -18,6 +18,8 @@ from collections.abc import Mapping
 import jax
 from absl import flags, logging
 
+from transformer.errors import InvalidInput
+
 COORDINATOR_ADDRESS = flags.DEFINE_string(
   'coordinator_address',
   None,
@@ -83,10 +85,10 @@ def initialize() -> None:
   coordinator, count, index = (COORDINATOR_ADDRESS.value, NUM_PROCESSES.value, PROCESS_ID.value)
   if not is_multi_process(coordinator, count, os.environ):
     if index not in (None, 0):
-      raise ValueError(f'--process_id={index} needs --num_processes > {index}.')
+      raise InvalidInput(f'--process_id={index} needs --num_processes > {index}.')
     return
   if count is not None and index is not None and not 0 <= index < count:
-    raise ValueError(f'--process_id={index} is not in [0, --num_processes={count}).')
+    raise InvalidInput(f'--process_id={index} is not in [0, --num_processes={count}).')
   jax.distributed.initialize(coordinator_address=coordinator, num_processes=count, process_id=index)
   logging.info(
     'Process %d of %d; %d local of %d devices.',

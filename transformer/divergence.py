@@ -18,11 +18,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from transformer.errors import Refusal
+
 # The per-step metric counting non-finite steps (0 or 1), summed over log windows.
 NONFINITE_KEY = 'nonfinite_steps'
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(Refusal, FloatingPointError):
   """The loss or the gradient norm of a step was NaN or infinite."""
 
 

@@ -39,6 +39,7 @@ from transformer import (
 )
 from transformer import config as config_lib
 from transformer.config import ModelConfig
+from transformer.errors import InvalidInput, MissingInput
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
@@ -53,7 +54,7 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   config = runs.read_run_config(workdir)
   if config is None:
     path = storage.join(os.path.expanduser(workdir), 'config.json')
-    raise FileNotFoundError(
+    raise MissingInput(
       f'No resolved config at {path}: --workdir must be a directory written by train.py.'
     )
   config_lib.validate(config)
@@ -77,7 +78,7 @@ def _check_vocabulary(config: ml_collections.ConfigDict, workdir: str) -> None:
     {'vocabulary': recorded}, {'vocabulary': provenance.vocabulary_input(config)}
   )
   if changes:
-    raise ValueError(
+    raise InvalidInput(
       f'The run in {workdir} trained with another vocabulary than the one its config names '
       f'now (recorded in {workdir}/{provenance.FILENAME} -> now):\n  {changes[0]}\nIts '
       'checkpoints would translate into other pieces. Put the original vocabulary back at '
@@ -140,12 +141,12 @@ def select_best_steps(scores: dict[int, float], checkpoint: str) -> list[int]:
   """
   kept = ', '.join(f'{step} (BLEU {bleu:.2f})' for step, bleu in scores.items())
   if not scores:
-    raise ValueError('There are no best checkpoints.')
+    raise InvalidInput('There are no best checkpoints.')
   count = '1' if checkpoint == 'best' else checkpoint[len('avg_best:') :]
   if not count.isdigit() or int(count) < 1:
-    raise ValueError(f'checkpoint={checkpoint!r}: expected avg_best:N with N a positive integer.')
+    raise InvalidInput(f'checkpoint={checkpoint!r}: expected avg_best:N with N a positive integer.')
   if int(count) > len(scores):
-    raise ValueError(
+    raise InvalidInput(
       f'checkpoint={checkpoint!r} needs {count} best checkpoints, but the run kept '
       f'{len(scores)} (config.keep_best_checkpoints): {kept}.'
     )
@@ -162,31 +163,31 @@ def select_steps(available: list[int], checkpoint: str) -> list[int]:
   """
   available = sorted(available)
   if not available:
-    raise ValueError('There are no checkpoints.')
+    raise InvalidInput('There are no checkpoints.')
   if checkpoint == 'latest':
     return available[-1:]
   if checkpoint.startswith('avg:'):
     if error := domains.checkpoint_spec_error(checkpoint):
-      raise ValueError(error)
+      raise InvalidInput(error)
     count = domains.averaged_count(checkpoint)
     last_step = domains.averaged_last_step(checkpoint)
     if last_step is not None:
       if last_step not in available:
-        raise ValueError(
+        raise InvalidInput(
           f'checkpoint={checkpoint!r}: there is no checkpoint at step {last_step}; the '
           f'checkpoints are at steps {available}.'
         )
       available = [step for step in available if step <= last_step]
     if count > len(available):
       upto = '' if last_step is None else f' up to step {last_step}'
-      raise ValueError(
+      raise InvalidInput(
         f'checkpoint={checkpoint!r} needs {count} checkpoints, but there are only '
         f'{len(available)}{upto}: {available}.'
       )
     return available[-count:]
   if checkpoint.isdigit() and int(checkpoint) in available:
     return [int(checkpoint)]
-  raise ValueError(
+  raise InvalidInput(
     f'checkpoint={checkpoint!r} does not exist; the checkpoints are at steps {available} '
     f"(or use 'latest' or 'avg:N')."
   )
@@ -312,7 +313,7 @@ def read_input_lines(path: str) -> list[str]:
     try:
       decoded.append(line.decode('utf-8').rstrip('\r'))
     except UnicodeDecodeError as e:
-      raise ValueError(f'{path}: line {number} is not valid UTF-8 ({e.reason}).') from None
+      raise InvalidInput(f'{path}: line {number} is not valid UTF-8 ({e.reason}).') from None
   return decoded
 
 

@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 from transformer import config as config_lib
 from transformer import decoding, input_pipeline, sharding
 from transformer import tokenizer as tokenizer_lib
+from transformer.errors import InvalidInput
 
 DECODERS = ('beam', 'greedy', 'sample')
 # Default decoding batches (`length_sorted_batches`): source token slots, and most sentences.
@@ -69,7 +70,7 @@ class DecodeOptions:
 
   def __post_init__(self):
     if self.decoder not in DECODERS:
-      raise ValueError(f'decoder={self.decoder!r} is not one of {DECODERS}.')
+      raise InvalidInput(f'decoder={self.decoder!r} is not one of {DECODERS}.')
     config_lib.raise_if(config_lib.decode_errors(vars(self)), 'decode options')
 
 
@@ -209,7 +210,7 @@ def length_sorted_batches(
   Each row's output does not depend on the batch it is decoded in.
   """
   if max_tokens < 1 or max_rows < 1:
-    raise ValueError(f'max_tokens={max_tokens} and max_rows={max_rows} must be positive.')
+    raise InvalidInput(f'max_tokens={max_tokens} and max_rows={max_rows} must be positive.')
   rows, indices = [], []
   for batch in batches:
     for tokens, index, valid in zip(batch[input_key], batch['index'], batch['valid'], strict=True):

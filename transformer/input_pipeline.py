@@ -23,6 +23,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from transformer.errors import InvalidInput
+
 # Read and pack in the consuming thread (a worker process, or the training process with
 # `config.data.num_workers=0`): the packing loop is Python-bound, and reader threads
 # would only contend for the GIL.
@@ -131,13 +133,13 @@ def train_rows(config: ml_collections.ConfigDict, shard_count: int = 1) -> int:
   """
   tokens, max_len = config.data.tokens_per_batch, config.data.max_len
   if max_len < 1 or tokens % max_len:
-    raise ValueError(
+    raise InvalidInput(
       f'config.data.tokens_per_batch={tokens} must be a positive multiple of '
       f'config.data.max_len={max_len}.'
     )
   global_rows = tokens // max_len
   if global_rows < shard_count or global_rows % shard_count:
-    raise ValueError(
+    raise InvalidInput(
       f'config.data.tokens_per_batch // config.data.max_len = {global_rows} '
       f'rows must be a positive multiple of the process count {shard_count}.'
     )
@@ -195,7 +197,7 @@ def bucket_length(length: int, max_length: int) -> int:
 
 def check_shard(shard_index: int, shard_count: int) -> None:
   if not 0 <= shard_index < shard_count:
-    raise ValueError(f'shard_index={shard_index} not in [0, {shard_count}).')
+    raise InvalidInput(f'shard_index={shard_index} not in [0, {shard_count}).')
 
 
 # A task's packing: (row length, rows open for packing) -> a function from a chunk of example

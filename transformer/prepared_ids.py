@@ -40,6 +40,7 @@ from array_record.python import array_record_module
 
 from transformer import atomic, datasets
 from transformer import tokenizer as tokenizer_lib
+from transformer.errors import Refusal
 
 RECORD_DTYPE = np.dtype('<i4')
 # Examples encoded per task; large enough that a task's overhead is small.
@@ -76,7 +77,7 @@ def _malloc_trim() -> Callable[[], None]:
 _release_freed_memory = _malloc_trim()
 
 
-class PreparedIdsError(RuntimeError):
+class PreparedIdsError(Refusal, RuntimeError):
   """A prepared ids file cannot be read: it names the file and how to prepare it again."""
 
 

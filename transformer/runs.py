@@ -32,6 +32,7 @@ from jax.experimental import multihost_utils
 
 from transformer import checkpoints, metrics, provenance, storage, workdir_lock
 from transformer import config as config_lib
+from transformer.errors import InvalidInput
 
 # Config keys that may change when a run is resumed: they alter neither the model
 # nor the optimizer state.
@@ -112,7 +113,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
     if saved is not None and _changes_weight_meaning(key) and saved.get(key) != current.get(key)
   ]
   if changed:
-    raise ValueError(
+    raise InvalidInput(
       f'The checkpoints in {checkpoint_dir} belong to another model: resuming would read their '
       f'weights with a changed meaning. Changed since {workdir}/config.json (saved -> now):\n  '
       + '\n  '.join(changed)
@@ -128,7 +129,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
     and (saved[key] > 0) != (current[key] > 0)
   ]
   if switched:
-    raise ValueError(
+    raise InvalidInput(
       f'The checkpoints in {checkpoint_dir} hold the optimizer state of another optimizer: '
       f"{', '.join(switched)} turns AdamW's weight decay on or off (0: Adam). Nothing was "
       'changed. Resume with the saved value (any value > 0 if it was on), or train in a new '
@@ -140,7 +141,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   selects_by = config_lib.selection_metric(config.target_metric)
   # Also with keep_best_checkpoints=0 now: eval.py's 'best' would rank them by the new metric.
   if best_steps and kept_by not in (None, selects_by):
-    raise ValueError(
+    raise InvalidInput(
       f'The best checkpoints {best_steps} in {workdir}/{checkpoints.BEST_DIRECTORY} were kept '
       f'by {kept_by} (config.target_metric={saved_target!r}); '
       f'config.target_metric={config.target_metric!r} would rank them by {selects_by}, mixing '
@@ -148,7 +149,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
       'train in a new --workdir.'
     )
   if config.num_train_steps < steps[-1]:
-    raise ValueError(
+    raise InvalidInput(
       f'config.num_train_steps={config.num_train_steps} lies below the latest checkpoint, step '
       f'{steps[-1]} of {checkpoint_dir}: this run is past it, and training cannot go back. '
       f'Nothing was changed. To evaluate an earlier checkpoint, run eval.py --workdir={workdir} '
@@ -173,7 +174,7 @@ def check_inputs(
     return current
   changes = provenance.input_changes(provenance.recorded_inputs(workdir), current)
   if changes:
-    raise ValueError(
+    raise InvalidInput(
       f'The checkpoints in {workdir}/checkpoints were trained on other files: resuming would '
       f'read them with a changed meaning. Changed in content since the run recorded them in '
       f'{workdir}/{provenance.FILENAME} (recorded -> now):\n  '
@@ -387,7 +388,7 @@ def read_run_config(workdir: str) -> ml_collections.ConfigDict | None:
   try:
     loaded = json.loads(storage.read_text(path))
     if not isinstance(loaded, dict) or not {'model', 'data'} <= set(loaded):
-      raise ValueError('not a JSON object with the groups model and data')
+      raise InvalidInput('not a JSON object with the groups model and data')
     return upgrade(ml_collections.ConfigDict(loaded))
   except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError and UnicodeError are too.
     raise config_lib.ConfigError(

@@ -17,6 +17,8 @@ import sacrebleu
 from sacrebleu.metrics.base import Metric, Score
 from sacremoses import MosesTokenizer
 
+from transformer.errors import InvalidInput
+
 # tensor2tensor's get_ende_bleu.sh: split hyphenated compounds into three tokens.
 _COMPOUND = re.compile(r'(\S)-(\S)')
 
@@ -27,7 +29,7 @@ DEFAULT_BOOTSTRAP = 1000  # sacreBLEU's default number of bootstrap resamples.
 def check_n_bootstrap(n_bootstrap: int) -> None:
   """Raises a ValueError unless `n_bootstrap` is an int >= 1 (1: no interval)."""
   if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int) or n_bootstrap < 1:
-    raise ValueError(
+    raise InvalidInput(
       f'n_bootstrap={n_bootstrap!r} must be an integer >= 1 (1: no confidence '
       f'interval; sacreBLEU uses {DEFAULT_BOOTSTRAP}).'
     )
@@ -65,7 +67,7 @@ def corpus_scores(
     length_ratio, num_sentences (and the interval keys above).
   """
   if len(hypotheses) != len(references):
-    raise ValueError(f'{len(hypotheses)} hypotheses for {len(references)} references.')
+    raise InvalidInput(f'{len(hypotheses)} hypotheses for {len(references)} references.')
   check_n_bootstrap(n_bootstrap)
   bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
   bleu_lc = sacrebleu.metrics.BLEU(lowercase=True)

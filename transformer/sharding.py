@@ -30,6 +30,8 @@ import numpy as np
 from jax.experimental import mesh_utils, multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from transformer.errors import InvalidInput
+
 MESH_AXES = ('data', 'fsdp', 'tensor')
 LOGICAL_AXES = ('batch', 'length', 'embed', 'heads', 'kv', 'mlp', 'vocab')
 
@@ -42,16 +44,16 @@ def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tupl
   named = dict(zip(MESH_AXES, sizes, strict=True))
   unknown = [axis for axis, size in named.items() if size == -1]
   if any(size == 0 or size < -1 for size in sizes) or len(unknown) > 1:
-    raise ValueError(f'config.mesh: sizes must be positive with at most one -1, got {named}.')
+    raise InvalidInput(f'config.mesh: sizes must be positive with at most one -1, got {named}.')
   known = math.prod(size for size in sizes if size != -1)
   if unknown:
     if num_devices % known:
-      raise ValueError(
+      raise InvalidInput(
         f'config.mesh: {num_devices} devices do not divide by the fixed axes ({known}) of {named}.'
       )
     sizes[MESH_AXES.index(unknown[0])] = num_devices // known
   if math.prod(sizes) != num_devices:
-    raise ValueError(
+    raise InvalidInput(
       f'config.mesh {dict(zip(MESH_AXES, sizes, strict=True))} needs {math.prod(sizes)} '
       f'devices, but {num_devices} are available.'
     )
@@ -83,13 +85,13 @@ def axis_rules(mesh_config: ml_collections.ConfigDict) -> Rules:
   rules = []
   for entry in mesh_config.rules:
     if len(entry) != 2:
-      raise ValueError(f'config.mesh.rules: {entry!r} is not a (logical, mesh axes) pair.')
+      raise InvalidInput(f'config.mesh.rules: {entry!r} is not a (logical, mesh axes) pair.')
     logical, target = entry
     target = tuple(target) if isinstance(target, (list, tuple)) else target
     targets = target if isinstance(target, tuple) else (target,)
     unknown = [t for t in targets if t is not None and t not in MESH_AXES]
     if logical not in LOGICAL_AXES or unknown:
-      raise ValueError(
+      raise InvalidInput(
         f'config.mesh.rules: ({logical!r}, {target!r}) must map one of {LOGICAL_AXES} to '
         f'None or mesh axes among {MESH_AXES}.'
       )
@@ -149,7 +151,7 @@ def check_divisible(abstract_tree, mesh: Mesh) -> None:
           f'does not divide over {names}'
         )
   if problems:
-    raise ValueError('Parameters do not fit the mesh:\n  ' + '\n  '.join(problems[:20]))
+    raise InvalidInput('Parameters do not fit the mesh:\n  ' + '\n  '.join(problems[:20]))
 
 
 def global_batch(batch: dict[str, np.ndarray], mesh: Mesh, rules: Rules) -> dict[str, jax.Array]:

@@ -28,6 +28,7 @@ from sentencepiece import sentencepiece_model_pb2
 
 from transformer import datasets, storage
 from transformer.datasets import registry
+from transformer.errors import InvalidInput
 
 PAD_ID = 0
 EOS_ID = 1
@@ -52,7 +53,7 @@ class Tokenizer:
     }
     for name, (got, want) in specials.items():
       if got != want:
-        raise ValueError(f'SentencePiece model has {name} id {got}, expected {want}.')
+        raise InvalidInput(f'SentencePiece model has {name} id {got}, expected {want}.')
 
   @classmethod
   def load(cls, path: str) -> 'Tokenizer':
@@ -161,7 +162,7 @@ def train_tokenizer(
   except RuntimeError as e:
     if source.error is not None:  # SentencePiece reports it as its own; raise it as it was.
       raise source.error from None
-    raise ValueError(f'SentencePiece training with vocab_size={vocab_size} failed: {e}') from e
+    raise InvalidInput(f'SentencePiece training with vocab_size={vocab_size} failed: {e}') from e
   tokenizer = Tokenizer(model.data)
   if model_path:
     _write_atomically(model_path, model.data)
@@ -220,23 +221,23 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
           f'it aside (mv {path} {path}.bad) to have a new one trained.'
         )
       reason = str(e).strip().rstrip('.')
-      raise ValueError(
+      raise InvalidInput(
         f'{path} ({key}) is not a usable SentencePiece model: {reason}. It was left as it is. {fix}'
       ) from e
     if tokenizer.vocab_size != config.vocab_size:
-      raise ValueError(
+      raise InvalidInput(
         f'SentencePiece model {path} has vocab size {tokenizer.vocab_size} but '
         f'config.vocab_size is {config.vocab_size}; use a matching '
         'config.vocab_size or another config.data.vocab_path.'
       )
     if tokenizer.model_type != config.data.spm_model_type:
-      raise ValueError(
+      raise InvalidInput(
         f'SentencePiece model {path} is a {tokenizer.model_type} model but '
         f'config.data.spm_model_type is {config.data.spm_model_type!r}; use a matching '
         'config.data.spm_model_type or another config.data.vocab_path.'
       )
     if tokenizer.normalization != config.data.spm_normalization:
-      raise ValueError(
+      raise InvalidInput(
         f'SentencePiece model {path} normalizes text by {tokenizer.normalization!r} but '
         f'config.data.spm_normalization is {config.data.spm_normalization!r}; use a matching '
         'config.data.spm_normalization or another config.data.vocab_path.'

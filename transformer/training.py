@@ -39,6 +39,7 @@ from transformer import (
 )
 from transformer import config as config_lib
 from transformer.config import ModelConfig
+from transformer.errors import InvalidInput
 from transformer.model import Transformer
 
 Batch = dict[str, jax.Array]
@@ -238,7 +239,7 @@ def evaluate(eval_fn, params, batches: Iterable[dict[str, np.ndarray]], mesh: Me
     sums = distributed.ordered(eval_fn(params, sharding.global_batch(batch, mesh, rules)))
     total = sums if total is None else jax.tree.map(jnp.add, total, sums)
   if total is None:
-    raise ValueError('The evaluation split is empty.')
+    raise InvalidInput('The evaluation split is empty.')
   return jax.device_get(total)
 
 
@@ -302,7 +303,7 @@ def train_and_evaluate(
   """
   started = time.time()  # The run's clock (metrics.jsonl's wall_seconds).
   if profile_steps < 0:
-    raise ValueError(f'profile_steps={profile_steps} must be >= 0.')
+    raise InvalidInput(f'profile_steps={profile_steps} must be >= 0.')
   devices = jax.devices() if devices is None else devices
   config_lib.validate(config, len(devices))
   config_lib.raise_if(path_checks.workdir_errors(config, workdir), 'paths')

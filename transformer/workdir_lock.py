@@ -43,6 +43,7 @@ from typing import Any
 from absl import logging
 
 from transformer import storage
+from transformer.errors import Refusal
 
 LOCK_FILE = 'train.lock'
 # A bucket lock's lease: a holder that has not renewed it for this long is taken as dead.
@@ -51,7 +52,7 @@ LEASE_SECONDS = 120.0
 _WRITE_GRACE_SECONDS = 0.5
 
 
-class WorkdirLockedError(RuntimeError):
+class WorkdirLockedError(Refusal, RuntimeError):
   """Another run holds the workdir."""
 
 

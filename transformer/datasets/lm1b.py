@@ -18,6 +18,8 @@ import tensorflow_datasets as tfds
 from etils import epath
 from tensorflow_datasets.datasets.lm1b import lm1b_dataset_builder as catalog
 
+from transformer.errors import InvalidInput
+
 # The catalog's release layout (its module-level constants).
 DOWNLOAD_URL = catalog._DOWNLOAD_URL
 TOP_LEVEL_DIR = catalog._TOP_LEVEL_DIR
@@ -52,7 +54,7 @@ class Lm1b(catalog.Builder, skip_registration=True):
         return local
       if (local / ARCHIVE).exists():
         return epath.Path(dl_manager.extract(local / ARCHIVE))
-      raise ValueError(
+      raise InvalidInput(
         f'config.data.manual_dir={self._source_dir} holds neither {TOP_LEVEL_DIR}/ nor '
         f'{ARCHIVE} ({DOWNLOAD_URL}); put one of them there, or unset it to download lm1b.'
       )
@@ -64,6 +66,6 @@ class Lm1b(catalog.Builder, skip_registration=True):
     for split, pattern in (('train', TRAIN_GLOB), ('test', TEST_GLOB)):
       paths = sorted(str(path) for path in root.glob(pattern))
       if not paths:
-        raise ValueError(f'lm1b: no {split} files match {root / pattern}.')
+        raise InvalidInput(f'lm1b: no {split} files match {root / pattern}.')
       generators.append(tfds.core.SplitGenerator(name=split, gen_kwargs={'files': paths}))
     return generators

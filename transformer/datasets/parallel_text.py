@@ -23,6 +23,7 @@ from absl import logging
 from etils import epath
 
 from transformer.datasets import text_files
+from transformer.errors import InvalidInput
 
 
 class ParallelText(tfds.core.GeneratorBasedBuilder):
@@ -96,7 +97,7 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
         of them are listed), or fewer than two languages are found.
     """
     if manual_dir is None:
-      raise ValueError(
+      raise InvalidInput(
         f'{cls.name} reads local files: set config.data.manual_dir to a '
         'directory of SPLIT.LANG or SPLIT.LANG.gz files.'
       )
@@ -109,12 +110,12 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
     required = list(languages) if languages else feature_languages
     missing = text_files.missing_files(files, cls.REQUIRED_SPLITS, required)
     if missing:
-      raise ValueError(
+      raise InvalidInput(
         f'{manual_dir} (config.data.manual_dir) lacks required files: '
         f'{", ".join(missing)} (each may also be gzipped, with a .gz suffix).'
       )
     if len(feature_languages) < 2:
-      raise ValueError(
+      raise InvalidInput(
         f'{manual_dir}: need train files for at least two languages, found '
         f'{feature_languages} (files are named SPLIT.LANG or SPLIT.LANG.gz).'
       )
@@ -206,7 +207,7 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
       stats = self._stats[split] = text_files.check_split(split, paths)
       text_files.log_split_stats(self.name, split, stats)
       if split in self.REQUIRED_SPLITS and stats.num_lines == stats.num_dropped:
-        raise ValueError(f'{self.name}: split {split!r} has no non-empty lines: {dict(paths)}.')
+        raise InvalidInput(f'{self.name}: split {split!r} has no non-empty lines: {dict(paths)}.')
 
   def _source_files(self, dl_manager: tfds.download.DownloadManager) -> text_files.SplitFiles:
     """Returns {split: {lang: path}} to prepare (subclasses may download)."""

@@ -20,6 +20,7 @@ import ml_collections
 import tensorflow_datasets as tfds
 
 from transformer.datasets import lm1b, multi30k, parallel_text, text_lines, wmt14
+from transformer.errors import InvalidInput
 
 DataConfig = ml_collections.ConfigDict  # `config.data`.
 
@@ -104,7 +105,7 @@ DATASETS: dict[str, Dataset] = {
 def get(data: DataConfig) -> Dataset:
   """The entry of `config.data.dataset`; an unknown name is an error listing the known ones."""
   if data.dataset not in DATASETS:
-    raise ValueError(
+    raise InvalidInput(
       f'config.data.dataset={data.dataset!r} is not supported; use one of {tuple(DATASETS)}.'
     )
   return DATASETS[data.dataset]

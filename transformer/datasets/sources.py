@@ -32,6 +32,7 @@ from tensorflow_datasets.proto import tf_example_pb2
 
 from transformer import storage
 from transformer.datasets import bucket_mirror, registry
+from transformer.errors import InvalidInput
 
 FILE_FORMAT = 'array_record'
 # Seconds to wait for a server to answer before the download is given up as offline.
@@ -202,12 +203,12 @@ def _check_languages(
   for key in ('source_lang', 'target_lang'):
     lang = data_config[key]
     if lang not in available:
-      raise ValueError(
+      raise InvalidInput(
         f'config.data.{key}={lang!r} is not a language of dataset '
         f'{data_config.dataset!r}{where}; available: {sorted(available)}.'
       )
   if data_config.source_lang == data_config.target_lang:
-    raise ValueError(
+    raise InvalidInput(
       f'config.data.source_lang and config.data.target_lang are both {data_config.source_lang!r}.'
     )
 
@@ -252,7 +253,7 @@ def get_data_source(data_config: ml_collections.ConfigDict, split: str) -> Any:
   """
   builder = prepare(data_config)
   if split not in builder.info.splits:
-    raise ValueError(
+    raise InvalidInput(
       f'Split {split!r} is not in dataset {data_config.dataset!r}; '
       f'available: {sorted(builder.info.splits)}.'
     )

@@ -21,6 +21,8 @@ from typing import BinaryIO
 
 from absl import logging
 
+from transformer.errors import InvalidInput
+
 # Raw split names mapped to TFDS split names (the Multi30k release says `val`).
 SPLIT_ALIASES = {'val': 'validation'}
 
@@ -73,7 +75,7 @@ def discover_files(directory: str) -> SplitFiles:
       `validation.en`).
   """
   if not os.path.isdir(directory):
-    raise ValueError(
+    raise InvalidInput(
       f'Parallel text directory {directory!r} (config.data.manual_dir) does not exist.'
     )
   files: SplitFiles = {}
@@ -85,7 +87,7 @@ def discover_files(directory: str) -> SplitFiles:
     split, lang = split_name(match['split']), match['lang']
     previous = files.setdefault(split, {}).get(lang)
     if previous is not None:
-      raise ValueError(
+      raise InvalidInput(
         f'Both {previous} and {path} give split {split!r}, language '
         f'{lang!r}; keep only one of them.'
       )
@@ -119,7 +121,7 @@ def _lines_of_gzip_or_plain(path: str, f: BinaryIO) -> Iterator[bytes]:
     try:
       raw = f.readline()
     except (EOFError, OSError, zlib.error) as e:  # BadGzipFile is an OSError.
-      raise ValueError(
+      raise InvalidInput(
         f'{path}: corrupt or truncated gzip data at line {line_number + 1} '
         f'({type(e).__name__}: {e}); lines 1-{line_number} read. Replace the file.'
       ) from e
@@ -149,7 +151,7 @@ def read_lines(path: str) -> Iterator[str]:
       try:
         text = raw.decode('utf-8')
       except UnicodeDecodeError as e:
-        raise ValueError(
+        raise InvalidInput(
           f'{path}: line {line_number} is not valid UTF-8 ({e.reason} at '
           f'byte {e.start} of the line).'
         ) from e
@@ -189,7 +191,7 @@ def check_split(split: str, paths: Mapping[str, str]) -> SplitStats:
   first = langs[0]
   for lang in langs[1:]:
     if counts[lang] != counts[first]:
-      raise ValueError(
+      raise InvalidInput(
         f'Parallel files of split {split!r} have different line counts: '
         f'{paths[first]} has {counts[first]} lines but {paths[lang]} has '
         f'{counts[lang]} lines.'

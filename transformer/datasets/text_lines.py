@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from transformer.datasets import parallel_text, text_files
+from transformer.errors import InvalidInput
 
 
 class TextLines(parallel_text.ParallelText):
@@ -48,11 +49,11 @@ class TextLines(parallel_text.ParallelText):
         missing, or the train or validation file of the language is absent.
     """
     if languages is None or len(languages) != 1:
-      raise ValueError(
+      raise InvalidInput(
         f'{cls.name} reads the files of one language, got {languages}: set config.data.target_lang.'
       )
     if manual_dir is None:
-      raise ValueError(
+      raise InvalidInput(
         f'{cls.name} reads local files: set config.data.manual_dir to a '
         'directory of SPLIT.LANG or SPLIT.LANG.gz files.'
       )
@@ -60,7 +61,7 @@ class TextLines(parallel_text.ParallelText):
     found = text_files.discover_files(manual_dir)
     missing = text_files.missing_files(found, cls.REQUIRED_SPLITS, languages)
     if missing:
-      raise ValueError(
+      raise InvalidInput(
         f'{manual_dir} (config.data.manual_dir) lacks required files: '
         f'{", ".join(missing)} (each may also be gzipped, with a .gz suffix).'
       )

@@ -29,6 +29,8 @@ from absl import logging
 from etils import epath
 from tensorflow_datasets.translate import wmt, wmt14
 
+from transformer.errors import InvalidInput
+
 
 def archive_urls(pair: str) -> dict[str, str]:
   """{statmt.org file name: URL} of the release archives `pair` (e.g. 'de-en') is built from."""
@@ -63,7 +65,7 @@ class _LocalArchives:
     name = os.path.basename(url)
     archive = os.path.join(self.manual_dir, name)
     if not os.path.exists(archive):
-      raise ValueError(
+      raise InvalidInput(
         f'config.data.manual_dir={self.manual_dir} lacks {name} (the file at {url}); '
         'unset config.data.manual_dir to download WMT14.'
       )
@@ -113,7 +115,7 @@ class Wmt14Translate(wmt14.Wmt14Translate, skip_registration=True):
         if not os.path.exists(os.path.join(self._source_dir, name))
       }
       if missing:
-        raise ValueError(
+        raise InvalidInput(
           f'config.data.manual_dir={self._source_dir} lacks {len(missing)} of the '
           f'{len(archive_urls(pair))} release archives of wmt14_translate/{pair}; put them '
           'there (or unset config.data.manual_dir to download them):\n'

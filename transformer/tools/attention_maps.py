@@ -34,6 +34,7 @@ from matplotlib.figure import Figure
 from transformer import inference
 from transformer import tokenizer as tokenizer_lib
 from transformer.config import ModelConfig
+from transformer.errors import InvalidInput
 from transformer.model import Transformer
 from transformer.tasks import translation
 
@@ -65,14 +66,14 @@ def _strip(tokens, name: str, *, cut_after_eos: bool) -> np.ndarray:
   if tokens.ndim == 2 and tokens.shape[0] == 1:
     tokens = tokens[0]
   if tokens.ndim != 1:
-    raise ValueError(f'{name} must be one sequence [N] (or [1, N]), got shape {tokens.shape}.')
+    raise InvalidInput(f'{name} must be one sequence [N] (or [1, N]), got shape {tokens.shape}.')
   tokens = tokens[tokens != tokenizer_lib.PAD_ID].astype(np.int32)
   if cut_after_eos:
     eos = np.flatnonzero(tokens == tokenizer_lib.EOS_ID)
     if eos.size:
       tokens = tokens[: eos[0] + 1]
   if tokens.size == 0:
-    raise ValueError(f'{name} has no tokens besides padding.')
+    raise InvalidInput(f'{name} has no tokens besides padding.')
   return tokens
 
 
@@ -119,7 +120,7 @@ def collect_attention(
   tgt_L = _strip(tgt_tokens_L, 'tgt_tokens_L', cut_after_eos=True)
   longest = max(src_S.size, tgt_L.size)
   if longest > model_config.max_len:
-    raise ValueError(
+    raise InvalidInput(
       f'A sequence of {longest} tokens exceeds the model max_len={model_config.max_len}.'
     )
   sown = _forward_with_intermediates(model_config)(
@@ -163,7 +164,7 @@ def attention_figure(
   """
   heads, rows, columns = weights_HQK.shape
   if len(row_labels) != rows or len(column_labels) != columns:
-    raise ValueError(
+    raise InvalidInput(
       f'{title}: weights are [{heads}, {rows}, {columns}] but there are {len(row_labels)} '
       f'row labels and {len(column_labels)} column labels.'
     )
@@ -218,7 +219,7 @@ def plot_attention(
   """
   unknown = set(weights) - set(KINDS)
   if unknown:
-    raise ValueError(f'Unknown attention kinds {sorted(unknown)}; expected some of {KINDS}.')
+    raise InvalidInput(f'Unknown attention kinds {sorted(unknown)}; expected some of {KINDS}.')
   tgt_labels = list(tgt_labels)
   axes_of = {
     ENCODER_SELF_ATTENTION: (list(src_labels), list(src_labels), 'source', 'source'),

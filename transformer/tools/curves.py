@@ -35,7 +35,8 @@ from absl import app, flags
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from transformer import evaluation, metrics, path_checks, storage
+from transformer import errors, evaluation, metrics, path_checks, storage
+from transformer.errors import InvalidInput
 
 X_KEYS = ('step', metrics.WALL_SECONDS)
 _LINE_STYLES = ('--', ':', '-.')  # Of the --hline and --vline lines, in turn.
@@ -66,7 +67,7 @@ def parse_run(spec: str) -> tuple[str, str]:
   """(label, workdir) of 'LABEL=WORKDIR'."""
   label, sep, workdir = spec.partition('=')
   if not sep or not label or not workdir:
-    raise ValueError(f'--run={spec!r}: expected LABEL=WORKDIR.')
+    raise InvalidInput(f'--run={spec!r}: expected LABEL=WORKDIR.')
   return label, workdir
 
 
@@ -88,7 +89,7 @@ def _parse_line(spec: str, flag: str, minimum: float) -> tuple[str, float]:
   except ValueError:
     at = math.nan
   if not sep or not label or not math.isfinite(at) or at < minimum:
-    raise ValueError(f'{flag}={spec!r}: expected LABEL=VALUE with VALUE {domain}.')
+    raise InvalidInput(f'{flag}={spec!r}: expected LABEL=VALUE with VALUE {domain}.')
   return label, at
 
 
@@ -99,7 +100,7 @@ def _read_rows(path: str) -> list[dict]:
     try:
       rows.append(json.loads(line))
     except json.JSONDecodeError as e:
-      raise ValueError(f'{path}, line {number}: not JSON ({e.msg}).') from None
+      raise InvalidInput(f'{path}, line {number}: not JSON ({e.msg}).') from None
   return rows
 
 
@@ -107,7 +108,7 @@ def read_curve(workdir: str, x: str, y: str) -> list[tuple[float, float]]:
   """(x, y) of every row of WORKDIR/metrics.jsonl that has `y`, in file order."""
   path = storage.join(workdir, metrics.FILENAME)
   if not storage.isfile(path):
-    raise ValueError(f'{path}: no such file (is {workdir} a directory written by train.py?).')
+    raise InvalidInput(f'{path}: no such file (is {workdir} a directory written by train.py?).')
   points, with_y = [], 0
   for row in _read_rows(path):
     if y not in row:
@@ -116,9 +117,9 @@ def read_curve(workdir: str, x: str, y: str) -> list[tuple[float, float]]:
     if x in row:
       points.append((float(row[x]), float(row[y])))
   if not with_y:
-    raise ValueError(f'{path}: no row has {y!r}.')
+    raise InvalidInput(f'{path}: no row has {y!r}.')
   if not points:
-    raise ValueError(
+    raise InvalidInput(
       f'{path}: its {y!r} rows have no {x!r} (runs trained before train.py wrote '
       f'{metrics.WALL_SECONDS!r} have none; use --x=step).'
     )
@@ -144,7 +145,7 @@ def read_eval_curves(
   if x == metrics.WALL_SECONDS:
     metrics_path = storage.join(workdir, metrics.FILENAME)
     if not storage.isfile(metrics_path):
-      raise ValueError(f'{metrics_path}: no such file, so no wall time (use --x=step).')
+      raise InvalidInput(f'{metrics_path}: no such file, so no wall time (use --x=step).')
     for row in _read_rows(metrics_path):
       if 'step' in row and x in row:
         wall[int(row['step'])] = max(float(row[x]), wall.get(int(row['step']), 0.0))
@@ -153,7 +154,7 @@ def read_eval_curves(
     try:
       result = json.loads(storage.read_text(path))
     except json.JSONDecodeError as e:
-      raise ValueError(f'{path}: not JSON ({e.msg}).') from None
+      raise InvalidInput(f'{path}: not JSON ({e.msg}).') from None
     if not isinstance(result, dict) or result.get('split') != split:
       continue
     label = str(result.get('checkpoint', ''))
@@ -166,10 +167,10 @@ def read_eval_curves(
       left_out.append((path, f'its checkpoint {label!r} is not a step budget'))
       continue
     if y not in result:
-      raise ValueError(f'{path}: no score {y!r} (it has {", ".join(sorted(result))}).')
+      raise InvalidInput(f'{path}: no score {y!r} (it has {", ".join(sorted(result))}).')
     step, averaged = budget
     if x == metrics.WALL_SECONDS and step not in wall:
-      raise ValueError(
+      raise InvalidInput(
         f'{path}: {metrics.FILENAME} of {workdir} has no {x!r} at step {step}, the last '
         'step of its checkpoint (use --x=step).'
       )
@@ -178,7 +179,7 @@ def read_eval_curves(
     at = wall[step] if x == metrics.WALL_SECONDS else float(step)
     lines.setdefault(scoring, []).append((at, float(result[y])))
   if not lines:
-    raise ValueError(
+    raise InvalidInput(
       f'{workdir}/eval: no eval.py result of split {split!r} at a step budget '
       '(eval.py --checkpoint=STEP, avg:N or avg:N@STEP writes them).'
     )
@@ -240,7 +241,7 @@ def main(argv):
       _OUTPUT.value, '--output', inputs
     ) or path_checks.writable_file_errors(_OUTPUT.value, '--output')
     if errors:
-      raise ValueError('\n'.join(errors))
+      raise InvalidInput('\n'.join(errors))
     if _EVAL_SPLIT.value is None:
       curves = [(label, read_curve(workdir, _X.value, _Y.value)) for label, workdir in runs]
     else:
@@ -258,4 +259,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  errors.run(main)

@@ -31,6 +31,7 @@ import scipy.stats
 from sacrebleu.significance import PairedTest
 
 from transformer import scoring, storage
+from transformer.errors import InvalidInput, MissingInput
 
 ALPHA = 0.05  # Significance level of the verdicts.
 # What `compare` can test (sacreBLEU's defaults of each; bleu_lc: BLEU lowercased, `-lc`) and
@@ -78,7 +79,7 @@ def _result_in_workdir(workdir: str, split: str | None) -> str:
   if len(candidates) != 1:
     what = f' of split {split!r}' if split else ''
     found = ': ' + ', '.join(storage.basename(p) for p in candidates) if candidates else ''
-    raise ValueError(
+    raise InvalidInput(
       f'{workdir} holds {len(candidates)} eval.py translation results{what} '
       f'(in {storage.join(workdir, "eval")}{found}); name the .json file to '
       'compare' + (' or pass --split.' if not split else '.')
@@ -90,25 +91,25 @@ def load_system(path: str, split: str | None = None) -> System:
   """The eval.py result at `path`: a result .json, or a workdir holding exactly one of `split`."""
   name = path
   if errors := storage.path_errors(path, 'a result'):
-    raise ValueError(errors[0])
+    raise InvalidInput(errors[0])
   path = os.path.expanduser(path)
   if storage.isdir(path):
     path = _result_in_workdir(path, split)
   if not storage.isfile(path):
-    raise FileNotFoundError(f'No eval.py result at {path}.')
+    raise MissingInput(f'No eval.py result at {path}.')
   try:
     results = json.loads(storage.read_text(path))
   except json.JSONDecodeError as e:
-    raise ValueError(f'{path} is not JSON ({e}).') from None
+    raise InvalidInput(f'{path} is not JSON ({e}).') from None
   if not isinstance(results, dict) or 'bleu' not in results or 'split' not in results:
-    raise ValueError(f'{path} is not an eval.py translation result (no bleu and split).')
+    raise InvalidInput(f'{path} is not an eval.py translation result (no bleu and split).')
   if split is not None and results['split'] != split:
-    raise ValueError(f'{path} scores split {results["split"]!r}, not {split!r}.')
+    raise InvalidInput(f'{path} scores split {results["split"]!r}, not {split!r}.')
   hypotheses_path = path[: -len('.json')] + '.txt'
   references_path = storage.join(storage.dirname(path), f'references-{results["split"]}.txt')
   for needed in (hypotheses_path, references_path):
     if not storage.isfile(needed):
-      raise FileNotFoundError(
+      raise MissingInput(
         f'{needed} is missing: {path} cannot be compared (eval.py writes '
         'both next to its results; run it again).'
       )
@@ -117,13 +118,13 @@ def load_system(path: str, split: str | None = None) -> System:
   hypotheses = [line for number, line in enumerate(lines, start=1) if number not in unscored]
   references = _read_lines(references_path)
   if len(hypotheses) != len(references):
-    raise ValueError(
+    raise InvalidInput(
       f'{hypotheses_path} has {len(hypotheses)} scored lines, but '
       f'{references_path} has {len(references)} references.'
     )
   digest = scoring.references_digest(references)
   if results.get('references_sha256', digest) != digest:
-    raise ValueError(
+    raise InvalidInput(
       f'{references_path} is not what {path} was scored against (it changed '
       'since; run eval.py again).'
     )
@@ -142,14 +143,16 @@ def load_system(path: str, split: str | None = None) -> System:
 def check_comparable(systems: Sequence[System]) -> None:
   """Raises a ValueError naming both files unless every system scored the same references."""
   if len(systems) < 2:
-    raise ValueError(f'A comparison needs at least 2 systems, got {len(systems)}.')
+    raise InvalidInput(f'A comparison needs at least 2 systems, got {len(systems)}.')
   baseline = systems[0]
   for system in systems[1:]:
     pair = f'{baseline.result_path} and {system.result_path}'
     if system.split != baseline.split:
-      raise ValueError(f'{pair} score different splits ({baseline.split!r} and {system.split!r}).')
+      raise InvalidInput(
+        f'{pair} score different splits ({baseline.split!r} and {system.split!r}).'
+      )
     if len(system.hypotheses) != len(baseline.hypotheses):
-      raise ValueError(
+      raise InvalidInput(
         f'{baseline.hypotheses_path} and {system.hypotheses_path} differ in line '
         f'count ({len(baseline.hypotheses)} and {len(system.hypotheses)} scored '
         'lines).'
@@ -162,7 +165,7 @@ def check_comparable(systems: Sequence[System]) -> None:
         )
         if a != b
       )
-      raise ValueError(
+      raise InvalidInput(
         f'{baseline.references_path} and {system.references_path} differ '
         f'(first at line {line}): {pair} were not scored against the same '
         'references.'
@@ -193,7 +196,7 @@ def pool(name: str, systems: Sequence[System]) -> System:
 def _sacrebleu_metrics(metrics: Sequence[str]) -> dict:
   unknown = sorted(set(metrics) - set(METRICS))
   if unknown or not metrics:
-    raise ValueError(f'metrics={list(metrics)}: expected a non-empty subset of {list(METRICS)}.')
+    raise InvalidInput(f'metrics={list(metrics)}: expected a non-empty subset of {list(METRICS)}.')
   make = {
     'bleu': sacrebleu.metrics.BLEU,
     'chrf': sacrebleu.metrics.CHRF,
@@ -227,9 +230,9 @@ def compare(
     BLEU 'BLEU-lc'.
   """
   if test not in TESTS:
-    raise ValueError(f'test={test!r}: expected one of {sorted(TESTS)}.')
+    raise InvalidInput(f'test={test!r}: expected one of {sorted(TESTS)}.')
   if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 0:
-    raise ValueError(f"n_samples={n_samples!r} must be an integer >= 0 (0: sacreBLEU's default).")
+    raise InvalidInput(f"n_samples={n_samples!r} must be an integer >= 0 (0: sacreBLEU's default).")
   check_comparable(systems)
   named = [(system.name, system.hypotheses) for system in systems]
   # One test per metric, so that the lowercased BLEU keeps a name of its own. Each test draws
@@ -246,7 +249,7 @@ def compare(
       n_ar_confidence=0,
     )
     if paired._seed == 0:  # sacreBLEU passes `seed or None` to its tests.
-      raise ValueError(
+      raise InvalidInput(
         "SACREBLEU_SEED=0 leaves sacreBLEU's paired tests unseeded (it reads 0 "
         'as no seed): choose another seed.'
       )
@@ -354,7 +357,7 @@ def compare_seeds(
       values = []
       for system in systems:
         if key not in system.results:
-          raise ValueError(
+          raise InvalidInput(
             f'{system.result_path} has no {key!r} score (written by an eval.py from before it '
             'was reported?): evaluate that checkpoint again.'
           )

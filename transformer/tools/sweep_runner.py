@@ -29,6 +29,7 @@ from typing import Any
 from absl import logging
 
 from transformer import runs, storage, workdir_lock
+from transformer.errors import InvalidInput
 from transformer.tools.sweeps import REPO_DIR, Sweep, Trial, flag_value
 
 STATE_FILE = 'trial.json'
@@ -59,7 +60,7 @@ def check_eval_flags(sweep: Sweep) -> None:
       ),
       max(len(lines) - 3, 0),
     )
-    raise ValueError(
+    raise InvalidInput(
       f'--eval_flags={shlex.join(sweep.eval_flags)}: eval.py refuses them, so no trial was '
       'run:\n  ' + '\n  '.join(lines[start:])
     )
@@ -69,9 +70,9 @@ def check_parallel(parallel: int, slurm: bool = False) -> None:
   """`--parallel`: trials at once here (1 up to the CPU cores), or with Slurm a cap (>= 1)."""
   cores = os.cpu_count() or 1
   if parallel < 1:
-    raise ValueError(f'--parallel={parallel} must be at least 1.')
+    raise InvalidInput(f'--parallel={parallel} must be at least 1.')
   if not slurm and parallel > cores:
-    raise ValueError(
+    raise InvalidInput(
       f'--parallel={parallel} exceeds the {cores} CPU cores of this machine: each trial is a '
       'train.py process that uses every core it gets, so more at once than cores only slow '
       f'each other down. Use --parallel={cores} or fewer (or --emit=slurm for a cluster).'
@@ -133,13 +134,17 @@ def _is_done(state: Mapping[str, Any] | None, stage: str, command: Sequence[str]
   return bool(record) and record['status'] == 'finished' and record['command'][1:] == command[1:]
 
 
+# A Python exception's last line, absl's fatal flag error, or a refusal (`errors.run`).
+_ERROR_LINE = re.compile(r'^(\w+\.)*\w*(Error|Exception|Interrupt)\b|^FATAL|^[\w.-]+: error: ')
+
+
 def _error_line(log_path: str, offset: int) -> str:
   """The exception (with its message's following lines) or last line of the log since `offset`."""
   with open(log_path, errors='replace') as f:
     f.seek(offset)
     lines = [line.rstrip() for line in f if line.strip()]
   for index in range(len(lines) - 1, -1, -1):
-    if re.match(r'^(\w+\.)*\w*(Error|Exception|Interrupt)\b|^FATAL', lines[index]):
+    if _ERROR_LINE.match(lines[index]):
       message = [lines[index]] + list(
         itertools.takewhile(lambda line: line.startswith(' '), lines[index + 1 :])
       )
@@ -415,7 +420,7 @@ def write_slurm(sweep: Sweep, parallel: int = 0, options: Sequence[str] = ()) ->
   lines (e.g. '--gres=gpu:1', '--time=4:00:00').
   """
   if storage.is_url(sweep.root):
-    raise ValueError(
+    raise InvalidInput(
       f"--emit=slurm writes its script and the tasks' Slurm logs into the sweep root, which "
       f'must then be a shared file system, not {sweep.root}. Run the sweep locally '
       '(sweep.py without --emit), or give --emit=slurm a shared folder.'

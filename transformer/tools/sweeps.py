@@ -34,6 +34,7 @@ import numpy as np
 
 from transformer import config as config_lib
 from transformer import path_checks, storage
+from transformer.errors import InvalidInput, MissingInput
 
 Overrides = dict[str, Any]
 # The repository root, where train.py and eval.py live.
@@ -54,7 +55,9 @@ _NAME_UNSAFE = re.compile(r'[^A-Za-z0-9._+=,-]')
 def _check_axes(axes: Mapping[str, Sequence[Any]], helper: str) -> None:
   for key, values in axes.items():
     if isinstance(values, str | bytes) or not isinstance(values, Sequence) or not values:
-      raise ValueError(f'{helper}: the values of {key!r} must be a non-empty list, got {values!r}.')
+      raise InvalidInput(
+        f'{helper}: the values of {key!r} must be a non-empty list, got {values!r}.'
+      )
 
 
 def grid(axes: Mapping[str, Sequence[Any]]) -> list[Overrides]:
@@ -74,7 +77,7 @@ def zipped(axes: Mapping[str, Sequence[Any]]) -> list[Overrides]:
   _check_axes(axes, 'zipped')
   lengths = {key: len(values) for key, values in axes.items()}
   if len(set(lengths.values())) > 1:
-    raise ValueError(f'zipped: the axes differ in length: {lengths}.')
+    raise InvalidInput(f'zipped: the axes differ in length: {lengths}.')
   return [dict(zip(axes, values, strict=True)) for values in zip(*axes.values(), strict=True)]
 
 
@@ -92,7 +95,7 @@ def product(*sweeps: Sequence[Overrides]) -> list[Overrides]:
     for part in parts:
       shared = sorted(set(merged) & set(part))
       if shared:
-        raise ValueError(f'product: the sweeps both set {shared}.')
+        raise InvalidInput(f'product: the sweeps both set {shared}.')
       merged.update(part)
     combined.append(merged)
   return combined
@@ -109,7 +112,7 @@ def uniform(low: float, high: float) -> Sampler:
 def log_uniform(low: float, high: float) -> Sampler:
   """A float whose logarithm is uniform in [log low, log high] (learning rates, scales)."""
   if low <= 0 or high <= 0:
-    raise ValueError(f'log_uniform needs positive bounds, got ({low}, {high}).')
+    raise InvalidInput(f'log_uniform needs positive bounds, got ({low}, {high}).')
   return lambda rng: math.exp(rng.uniform(math.log(low), math.log(high)))
 
 
@@ -150,7 +153,7 @@ def random_search(
       seen.add(signature)
       trials.append(draw)
   if len(trials) < num_trials:
-    raise ValueError(
+    raise InvalidInput(
       f'random_search: only {len(trials)} distinct trials in the space, {num_trials} asked for.'
     )
   return trials
@@ -163,21 +166,21 @@ def load_overrides(sweep_file: str) -> list[Overrides]:
   """Calls `sweep()` of the Python file `sweep_file`; checks that it returned override dicts."""
   path = os.path.abspath(os.path.expanduser(sweep_file))
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'No sweep file at {path}.')
+    raise MissingInput(f'No sweep file at {path}.')
   module_name = 'sweep_' + re.sub(r'\W', '_', os.path.splitext(os.path.basename(path))[0])
   spec = importlib.util.spec_from_file_location(module_name, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   if not callable(getattr(module, 'sweep', None)):
-    raise ValueError(f'{sweep_file} defines no function sweep() returning override dicts.')
+    raise InvalidInput(f'{sweep_file} defines no function sweep() returning override dicts.')
   trials = module.sweep()
   if not isinstance(trials, list | tuple) or not trials:
-    raise ValueError(
+    raise InvalidInput(
       f'{sweep_file}: sweep() must return a non-empty list of dicts, got {type(trials).__name__}.'
     )
   for index, overrides in enumerate(trials):
     if not isinstance(overrides, Mapping) or not all(isinstance(k, str) for k in overrides):
-      raise ValueError(
+      raise InvalidInput(
         f'{sweep_file}: trial {index} is not a dict with dotted string keys: {overrides!r}.'
       )
   return [dict(overrides) for overrides in trials]
@@ -190,13 +193,13 @@ def _typed_value(config: ml_collections.ConfigDict, key: str, value: Any) -> Any
   for parent in parents:
     node = node[parent]
   if isinstance(node[leaf], ml_collections.ConfigDict):
-    raise ValueError(
+    raise InvalidInput(
       f'{key!r} is a group of config keys, not one value; override its fields '
       f'(e.g. {key}.{next(iter(node[leaf]))}).'
     )
   field_type = node.get_ref(leaf).get_type()
   if not isinstance(value, str | numbers.Real | np.bool_):  # bool is a Real too.
-    raise ValueError(
+    raise InvalidInput(
       f'{key}={value!r}: only str, int, float and bool values can be passed to '
       'train.py on its command line.'
     )
@@ -210,7 +213,7 @@ def _typed_value(config: ml_collections.ConfigDict, key: str, value: Any) -> Any
     return bool(value)
   if field_type is str and isinstance(value, str):
     return value
-  raise ValueError(
+  raise InvalidInput(
     f'{key}={value!r} has type {type(value).__name__}, but config.{key} has '
     f'type {field_type.__name__}.'
   )
@@ -229,12 +232,12 @@ def check_overrides(config: ml_collections.ConfigDict, overrides: Overrides) -> 
     if key not in keys and key not in groups:
       close = difflib.get_close_matches(key, keys, n=3)
       hint = f' Did you mean {" or ".join(map(repr, close))}?' if close else ''
-      raise ValueError(f'{key!r} is not a key of the config.{hint}')
+      raise InvalidInput(f'{key!r} is not a key of the config.{hint}')
     typed[key] = _typed_value(config, key, value)
     rule = config_lib.CONFIG_RULES.get(key)
     error = rule and rule.error(f'config.{key}', typed[key])
     if error:
-      raise ValueError(error)
+      raise InvalidInput(error)
   return typed
 
 
@@ -302,10 +305,10 @@ def make_trials(
     try:
       typed = check_overrides(config, overrides)
     except ValueError as e:
-      raise ValueError(f'{source}: trial {index} {overrides}: {e}') from None
+      raise InvalidInput(f'{source}: trial {index} {overrides}: {e}') from None
     both = sorted(set(typed) & set(fixed))
     if both:
-      raise ValueError(
+      raise InvalidInput(
         f'{source}: trial {index} sets {both}, which the command line already sets for every trial.'
       )
     typed_list.append(typed)
@@ -315,7 +318,7 @@ def make_trials(
   for index, typed in enumerate(typed_list):
     name = trial_name(typed, short_keys)
     if name in first_index:
-      raise ValueError(
+      raise InvalidInput(
         f'{source}: trials {first_index[name]} and {index} are the same run '
         f'({name}); give each trial different overrides.'
       )
@@ -323,7 +326,7 @@ def make_trials(
     resolved = apply_overrides(config, typed)
     errors = config_lib.config_errors(resolved)
     if errors:  # Every value in its domain before any trial runs.
-      raise ValueError(
+      raise InvalidInput(
         f'{source}: trial {index} {typed} gives an invalid config:\n  ' + '\n  '.join(errors)
       )
     trials.append(Trial(name=name, overrides=typed, config=resolved))
@@ -333,7 +336,7 @@ def make_trials(
 def check_seeds(seeds: int) -> None:
   """Raises a ValueError unless `seeds` is an integer >= 1."""
   if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-    raise ValueError(
+    raise InvalidInput(
       f'seeds={seeds!r} must be an integer >= 1 (the runs of each trial, with '
       'config.seed, config.seed + 1, ...).'
     )
@@ -355,12 +358,12 @@ def with_seeds(
   """
   check_seeds(seeds)
   if 'seed' in (fixed or {}):
-    raise ValueError(
+    raise InvalidInput(
       f'--seeds={seeds} sets config.seed of every trial; the command line may not set it too.'
     )
   for index, overrides in enumerate(overrides_list):
     if 'seed' in overrides:
-      raise ValueError(
+      raise InvalidInput(
         f'{source}: trial {index} {overrides} sets seed, which --seeds={seeds} '
         'sets for every trial.'
       )
@@ -409,7 +412,7 @@ class Sweep:
     for trial in self.trials:
       if trial.name == name:
         return trial
-    raise ValueError(
+    raise InvalidInput(
       f'No trial named {name!r} in {self.sweep_file}; its trials are '
       f'{[t.name for t in self.trials]}.'
     )
@@ -477,14 +480,14 @@ def create(
     trials = make_trials(config, overrides_list, source=sweep_file, fixed=shared_overrides)
   if compare_to is not None:
     if seeds < 2:
-      raise ValueError(
+      raise InvalidInput(
         f'--compare_to={compare_to} names the configuration that the summary of a '
         'sweep with --seeds=N (N >= 2) tests the others against; add --seeds.'
       )
     names = list(dict.fromkeys(trial.group for trial in trials))
     if compare_to not in names:
       close = difflib.get_close_matches(compare_to, names, n=1)
-      raise ValueError(
+      raise InvalidInput(
         f'--compare_to={compare_to} is not a configuration of {sweep_file}: '
         f'{names}.' + (f' Did you mean {close[0]!r}?' if close else '')
       )

@@ -29,6 +29,7 @@ import numpy as np
 
 from transformer import datasets, input_pipeline, packing, prepared_ids
 from transformer import tokenizer as tokenizer_lib
+from transformer.errors import InvalidInput
 
 Batch = dict[str, np.ndarray]
 # Keys of every `train_iterator` / `eval_batches` batch.
@@ -45,7 +46,7 @@ class Documents(Sequence[str]):
 
   def __init__(self, source: Sequence[Any], lines: int):
     if lines < 1:
-      raise ValueError(f'config.data.lines_per_document={lines} must be positive.')
+      raise InvalidInput(f'config.data.lines_per_document={lines} must be positive.')
     self._source = source
     self._lines = lines
 
@@ -213,7 +214,7 @@ class _EncodePrompt:
     index, text = indexed
     ids = self.tokenizer.encode(text)
     if len(ids) > self.max_len:
-      raise ValueError(f'Prompt {index + 1} has {len(ids)} tokens; at most {self.max_len} fit.')
+      raise InvalidInput(f'Prompt {index + 1} has {len(ids)} tokens; at most {self.max_len} fit.')
     return {'prompt': np.asarray(ids, np.int32), 'index': index}
 
 
@@ -233,6 +234,6 @@ def prompt_batches(
   A prompt of more than `max_len` pieces is an error naming it.
   """
   if batch_size < 1:
-    raise ValueError(f'batch_size={batch_size} must be positive.')
+    raise InvalidInput(f'batch_size={batch_size} must be positive.')
   ds = grain.MapDataset.source(list(enumerate(prompts))).map(_EncodePrompt(tokenizer, max_len))
   return ds.batch(batch_size, batch_fn=_PadPrompts(batch_size, max_len))

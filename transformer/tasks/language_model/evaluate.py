@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 from transformer import distributed, losses, sharding
 from transformer import tokenizer as tokenizer_lib
 from transformer.config import ModelConfig
+from transformer.errors import InvalidInput
 from transformer.model import Transformer
 from transformer.tasks import task
 from transformer.tasks.language_model import data
@@ -111,7 +112,7 @@ def score_split(
       sums = distributed.ordered(step(params, sharding.global_batch(batch, mesh, rules)))
     total = sums if total is None else jax.tree.map(jnp.add, total, sums)
   if total is None:
-    raise ValueError(f'Split {split!r} is empty.')
+    raise InvalidInput(f'Split {split!r} is empty.')
   total = jax.device_get(total)
   num_tokens = float(total['num_tokens'])
   bands = {}

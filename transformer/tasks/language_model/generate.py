@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 from transformer import decoding, inference, sharding
 from transformer import tokenizer as tokenizer_lib
 from transformer.config import ModelConfig
+from transformer.errors import InvalidInput
 from transformer.model import Transformer
 from transformer.tasks.language_model import data
 
@@ -98,7 +99,7 @@ def generate(
   continuation ends at EOS, the end of the document. Greedy or sampling only.
   """
   if options.decoder == 'beam':
-    raise ValueError(
+    raise InvalidInput(
       "Generation decodes greedily or by sampling; decoder='beam' is for translation."
     )
   max_decode_len = prompt_tokens_BP.shape[1] + options.max_extra_len

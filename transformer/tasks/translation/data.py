@@ -31,6 +31,7 @@ import numpy as np
 
 from transformer import datasets, input_pipeline, packing, prepared_ids
 from transformer import tokenizer as tokenizer_lib
+from transformer.errors import InvalidInput
 
 Batch = dict[str, np.ndarray]
 # Keys of every `train_iterator` / `eval_batches` batch.
@@ -299,7 +300,7 @@ def translation_batches(
     A finite grain `MapDataset` of batches (`len()` is the number of batches).
   """
   if batch_size < 1:
-    raise ValueError(f'batch_size={batch_size} must be positive.')
+    raise InvalidInput(f'batch_size={batch_size} must be positive.')
   data = config.data
   source = datasets.get_data_source(data, split)
   truncated = input_pipeline.Counter(
@@ -353,7 +354,7 @@ def text_batches(
   caller writing one output per input line leaves them empty.
   """
   if batch_size < 1:
-    raise ValueError(f'batch_size={batch_size} must be positive.')
+    raise InvalidInput(f'batch_size={batch_size} must be positive.')
   truncated = input_pipeline.Counter(
     f'Truncated %d input lines to {max_len} tokens (running count).'
   )

@@ -33,6 +33,7 @@ from configs import tiny
 from transformer import (
   checkpoints,
   datasets,
+  errors,
   evaluation,
   inference,
   path_checks,
@@ -308,7 +309,7 @@ def test_divergence_stops_with_the_step_and_writes_no_bad_checkpoint(train, tmp_
   result = train(tmp_path, lr_scale=1e15, checkpoint_every_steps=1)
   assert result.returncode == 1, result.stderr[-3000:]
   expected = (
-    f'NonFiniteError: Training diverged at step 2: train loss = nan and gradient norm '
+    f'train.py: error: Training diverged at step 2: train loss = nan and gradient norm '
     f'= nan. No checkpoint was written from this state; the last good checkpoint is '
     f'step 1 ({tmp_path}/checkpoints/1), and a rerun resumes from it.'
   )
@@ -485,7 +486,7 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(train, reference,
 
   assert result.returncode not in (0, 99), result.stderr[-3000:]
   message = (
-    f'CheckpointSaveError: Saving checkpoint 4 to {mount_point}/w/checkpoints failed '
+    f'train.py: error: Saving checkpoint 4 to {mount_point}/w/checkpoints failed '
     r'\(.*No space left on device.*\); the last committed checkpoint, '
     f'{mount_point}/w/checkpoints/2, is intact'
   )
@@ -847,7 +848,11 @@ def _subprocess(*command, env=None, timeout=300):
 
 
 def _last_lines(result, count: int) -> list[str]:
-  return result.stderr.strip().splitlines()[-count:]
+  """The last `count` lines of stderr before a refusal's hint (`errors.run`)."""
+  lines = result.stderr.strip().splitlines()
+  if lines and lines[-1].startswith(f'(set {errors.TRACEBACK_ENV}=1'):
+    lines.pop()
+  return lines[-count:]
 
 
 def test_an_eval_output_that_is_a_file_of_the_run_is_refused(copied_run, tmp_path):

@@ -516,20 +516,30 @@ class BestCheckpoints:
     self._manager.close()
 
 
+def _step_folders(directory: str) -> tuple[list[int], list[int]]:
+  """(committed, uncommitted) steps of the `<step>` folders in `directory` (one listing).
+
+  Locally a `<step>` folder is committed (Orbax renames it into place); on a bucket only
+  with its `COMMIT_FILE` (written in place, committed last).
+  """
+  try:
+    names = storage.listdir(directory)
+  except FileNotFoundError:
+    return [], []
+  steps = sorted(int(name) for name in names if name.isdigit())
+  if not storage.is_url(directory):
+    return steps, []
+  done = [s for s in steps if storage.exists(storage.join(directory, str(s), COMMIT_FILE))]
+  return done, [s for s in steps if s not in done]
+
+
 def committed_steps(directory: str) -> list[int]:
   """Steps of the committed checkpoints in `directory` (WORKDIR/checkpoints), by folder name.
 
   Reads the folder only (no checkpoint manager): temporary folders of saves in flight are
   not committed steps, nor, on a bucket, step folders without their `COMMIT_FILE`.
   """
-  try:
-    names = storage.listdir(directory)
-  except FileNotFoundError:
-    return []
-  steps = sorted(int(name) for name in names if name.isdigit())
-  if storage.is_url(directory):
-    steps = [s for s in steps if storage.exists(storage.join(directory, str(s), COMMIT_FILE))]
-  return steps
+  return _step_folders(directory)[0]
 
 
 def uncommitted(directory: str) -> list[str]:
@@ -540,13 +550,7 @@ def uncommitted(directory: str) -> list[str]:
   """
   if not storage.is_url(directory):
     return storage.glob(directory, '*.orbax-checkpoint-tmp*')
-  try:
-    names = storage.listdir(directory)
-  except FileNotFoundError:
-    return []
-  steps = sorted(int(name) for name in names if name.isdigit())
-  committed = set(committed_steps(directory))
-  return [storage.join(directory, str(s)) for s in steps if s not in committed]
+  return [storage.join(directory, str(s)) for s in _step_folders(directory)[1]]
 
 
 def check_latest_compatible(workdir: str, abstract_state) -> None:

@@ -193,10 +193,8 @@ def writable_file_errors(path: str, flag: str) -> list[str]:
   """
   if path == '-':
     return []
-  if storage.is_url(path) or storage.path_errors(path, flag):
-    if errors := storage.path_errors(path, flag) or storage.bucket_errors(
-      storage.dirname(path), flag
-    ):
+  if (errors := storage.path_errors(path, flag)) or storage.is_url(path):
+    if errors := errors or storage.bucket_errors(storage.dirname(path), flag):
       return errors
     if storage.isdir(path):
       return [f'{flag}={path} is a directory, not a file.']
@@ -219,8 +217,8 @@ def writable_dir_errors(path: str, flag: str) -> list[str]:
 
   A URL: its form, and that its bucket exists and takes writes (`storage.bucket_errors`).
   """
-  if storage.is_url(path) or storage.path_errors(path, flag):
-    return storage.path_errors(path, flag) or storage.bucket_errors(path, flag)
+  if (errors := storage.path_errors(path, flag)) or storage.is_url(path):
+    return errors or storage.bucket_errors(path, flag)
   path = os.path.abspath(os.path.expanduser(path))
   existing = path
   while not os.path.exists(existing):

@@ -26,7 +26,7 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import fsspec.config
@@ -204,15 +204,17 @@ def sizes(root: str) -> dict[str, int]:
   }
 
 
+def copy_files(source: str, target: str, names: Iterable[str]) -> None:
+  """Copies the files `names` ('/'-separated, relative) of folder `source` to `target`."""
+  for name in names:
+    destination = join(target, *name.split('/'))
+    makedirs(dirname(destination))
+    write_bytes(destination, read_bytes(join(source, *name.split('/'))))
+
+
 def copytree(source: str, target: str) -> None:
   """Copies every file under folder `source` to the same place under `target` (any of them URLs)."""
-  source_path = epath_of(source)
-  for path in source_path.rglob('*'):
-    if path.is_file():
-      relative = os.fspath(path)[len(os.fspath(source_path)) :].lstrip('/')
-      destination = join(target, *relative.split('/'))
-      makedirs(dirname(destination))
-      write_bytes(destination, path.read_bytes())
+  copy_files(source, target, sizes(source))
 
 
 def glob(directory: str, pattern: str) -> list[str]:

@@ -48,10 +48,7 @@ def _copy_missing(source: str, target: str, why: str) -> None:
   if not missing:
     return
   logging.info('Copying %d files of %s to %s (%s).', len(missing), source, target, why)
-  for name in missing:
-    path = storage.join(target, *name.split('/'))
-    storage.makedirs(storage.dirname(path))
-    storage.write_bytes(path, storage.read_bytes(storage.join(source, *name.split('/'))))
+  storage.copy_files(source, target, missing)
 
 
 def pull(url: str) -> str:

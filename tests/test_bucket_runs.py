@@ -11,16 +11,12 @@ import io
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 
-import jax
-import numpy as np
-import orbax.checkpoint as ocp
 import pytest
-from test_reliability import _TIMING, REPO, train  # noqa: F401  (the `train` fixture)
+from test_reliability import _TIMING, REPO, _assert_same_state, sigterm_when, train  # noqa: F401  (the `train` fixture)
 from test_sweeps import (  # noqa: F401  (fixtures: sweep_env, synthetic_corpus)
   _sweep_py,
   _write_sweep,
@@ -58,12 +54,6 @@ def _rows(workdir: str) -> list[dict]:
   ]
 
 
-def _state(workdir: str, step: int):
-  return ocp.StandardCheckpointer().restore(
-    storage.join(storage.resolve(workdir), 'checkpoints', str(step), 'state')
-  )
-
-
 def _python(env, *args) -> subprocess.CompletedProcess:
   """`python ARGS` in the repository with `env`; it must exit 0."""
   result = subprocess.run(
@@ -81,14 +71,7 @@ def test_gs_run_stopped_resumed_and_evaluated(train, local_reference, object_sto
   workdir = storage.join(object_stores.bucket('gs'), 'runs', 'tiny')
   # 1. Stopped by SIGTERM mid-run: the step in hand is checkpointed, the lock released.
   command = train.command(workdir, **RUN)
-  process = subprocess.Popen(command, cwd=REPO, env=train.env, stderr=subprocess.PIPE, text=True)
-  log = []
-  for line in process.stderr:
-    log.append(line)
-    if 'step 3/6 |' in line:
-      process.send_signal(signal.SIGTERM)
-      break
-  log = ''.join(log) + process.communicate(timeout=120)[1]
+  process, log = sigterm_when(train, command, 'step 3/6 |')
   assert process.returncode == 0, log[-3000:]
   stopped = int(log.split('Stopped by SIGTERM after step ')[1].split(';')[0])
   assert 3 <= stopped < 6, log[-3000:]
@@ -110,13 +93,7 @@ def test_gs_run_stopped_resumed_and_evaluated(train, local_reference, object_sto
   assert _rows(workdir) == _rows(local_reference)
   assert checkpoints.committed_steps(storage.join(workdir, 'checkpoints')) == [2, 4, 6]
   for step in (4, 6):
-    local, remote = (
-      jax.tree.leaves(_state(local_reference, step)),
-      jax.tree.leaves(_state(workdir, step)),
-    )
-    assert len(local) == len(remote)
-    for a, b in zip(local, remote, strict=True):
-      np.testing.assert_array_equal(a, b)
+    _assert_same_state(local_reference, workdir, step)
   assert len(storage.listdir(storage.join(workdir, 'tensorboard'))) == 2  # One file per start.
 
   # 3. eval.py reads the run from the bucket and writes its results beside it.

@@ -40,6 +40,7 @@ from transformer import (
   preemption,
   provenance,
   runs,
+  storage,
   tasks,
   training,
   workdir_lock,
@@ -144,8 +145,8 @@ def _entries(workdir) -> list[str]:
 
 
 def _state(workdir, step):
-  path = Path(workdir).resolve() / 'checkpoints' / str(step) / 'state'
-  return ocp.StandardCheckpointer().restore(str(path))
+  path = storage.join(storage.resolve(str(workdir)), 'checkpoints', str(step), 'state')
+  return ocp.StandardCheckpointer().restore(path)  # A local folder or a bucket's.
 
 
 def _assert_same_state(workdir_a, workdir_b, step):
@@ -206,19 +207,24 @@ def test_killed_at_named_points_resumes_to_the_uninterrupted_result(train, refer
   assert _rows(workdir) == _rows(reference)
 
 
-def test_sigterm_checkpoints_the_last_completed_step_and_exits_0(train, tmp_path):
-  workdir = tmp_path / 'run'
-  # Long enough that the signal always arrives mid-run.
-  command = train.command(workdir, num_train_steps=1000)
+def sigterm_when(train, command, marker: str) -> tuple[subprocess.Popen, str]:
+  """Runs `command` (train.py), sends it SIGTERM once a stderr line holds `marker`; its log."""
   process = subprocess.Popen(command, cwd=REPO, env=train.env, stderr=subprocess.PIPE, text=True)
   log = []
   for line in process.stderr:
     log.append(line)
-    if 'step 2/1000' in line:
+    if marker in line:
       process.send_signal(signal.SIGTERM)
       break
   log.append(process.communicate(timeout=120)[1])
-  log = ''.join(log)
+  return process, ''.join(log)
+
+
+def test_sigterm_checkpoints_the_last_completed_step_and_exits_0(train, tmp_path):
+  workdir = tmp_path / 'run'
+  # Long enough that the signal always arrives mid-run.
+  command = train.command(workdir, num_train_steps=1000)
+  process, log = sigterm_when(train, command, 'step 2/1000')
 
   assert process.returncode == 0, log[-3000:]
   last_step = max(r['step'] for r in _rows(workdir) if 'train_loss' in r)

@@ -24,9 +24,11 @@ SACREBLEU_SEED (default 12345) seeds the test, as it does sacreBLEU's own
 `sacrebleu REFERENCES -i A.txt B.txt --paired-bs`, which gives the same p-values.
 """
 
+import json
+
 from absl import app, flags
 
-from transformer import errors, path_checks, storage
+from transformer import errors, outputs, path_checks, storage
 from transformer.tools import significance
 
 _SPLIT = flags.DEFINE_string('split', None, 'Pick the result of this split in a workdir.')
@@ -70,10 +72,7 @@ def main(argv):
   if _OUTPUT.value is not None:  # Never one of the results it reads, nor a file of a run.
     results = [path for group in groups for path in group]
     inputs = {f'result {i}': path for i, path in enumerate(results, start=1)}
-    errors = path_checks.protected_path_errors(
-      _OUTPUT.value, '--output', inputs
-    ) or path_checks.writable_file_errors(_OUTPUT.value, '--output')
-    if errors:
+    if errors := path_checks.output_errors(_OUTPUT.value, '--output', inputs):
       raise app.UsageError('\n'.join(errors))
   seeds = [[significance.load_system(path, _SPLIT.value) for path in g] for g in groups]
   systems = [
@@ -89,7 +88,7 @@ def main(argv):
     text += '\n' + significance.seeds_to_text(comparison['across_seeds'])
   print(text, end='')
   if _OUTPUT.value:
-    storage.write_json(_OUTPUT.value, comparison, indent=2)
+    outputs.write(_OUTPUT.value, json.dumps(comparison, indent=2), '--output')
 
 
 if __name__ == '__main__':

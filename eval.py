@@ -21,7 +21,6 @@ language model) or sample (--temperature, --top_k, --top_p, --seed); at most
 """
 
 import signal
-import sys
 
 # Ctrl-C ends this process at once while the libraries import (as in train.py); `main` makes it
 # a KeyboardInterrupt again.
@@ -35,6 +34,7 @@ from transformer import (  # noqa: E402
   errors,
   evaluation,
   inference,
+  outputs,
   path_checks,
   scoring,
   storage,
@@ -186,8 +186,8 @@ def main(argv):
     return
 
   result = task.evaluator(request)(params, label)
+  print(result.summary)  # First: a write that fails keeps the files, and says where.
   path = evaluation.write(_WORKDIR.value, label, request.split, result)
-  print(result.summary)
   logging.info('Wrote %s', path)
 
 
@@ -213,9 +213,7 @@ def _check_flags(config) -> None:
     )
   if _INPUT_FILE.value is not None or _PROMPT.value:  # Outputs go to --output_file.
     if _OUTPUT_FILE.value != '-':
-      errors += path_checks.protected_path_errors(
-        _OUTPUT_FILE.value, '--output_file', inputs
-      ) or path_checks.writable_file_errors(_OUTPUT_FILE.value, '--output_file')
+      errors += path_checks.output_errors(_OUTPUT_FILE.value, '--output_file', inputs)
   elif _ATTENTION_PLOT.value:
     errors += path_checks.protected_path_errors(
       _ATTENTION_PLOT.value, '--attention_plot', inputs
@@ -228,14 +226,7 @@ def _check_flags(config) -> None:
 
 def _write_output(lines) -> None:
   """One line per input line, to --output_file ('-': stdout)."""
-  text = ''.join(line + '\n' for line in lines)
-  if _OUTPUT_FILE.value == '-':
-    sys.stdout.write(text)
-  elif storage.is_url(_OUTPUT_FILE.value):
-    storage.write_text(_OUTPUT_FILE.value, text)  # One PUT: whole or not at all.
-  else:
-    with open(_OUTPUT_FILE.value, 'w', encoding='utf-8') as f:
-      f.write(text)
+  outputs.write(_OUTPUT_FILE.value, ''.join(line + '\n' for line in lines), '--output_file')
 
 
 if __name__ == '__main__':

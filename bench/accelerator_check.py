@@ -56,6 +56,8 @@ from transformer import (  # noqa: E402
   inference,
   losses,
   memory,
+  outputs,
+  path_checks,
   summary,
   tokenizer,
   training,
@@ -288,6 +290,8 @@ def main(argv):
   unknown = sorted(set(_CONFIGS.value) - set(CONFIGS))
   if unknown:
     raise app.UsageError(f'--configs: {unknown} are not among {sorted(CONFIGS)}.')
+  if not _PREPARE_ONLY.value and (problems := path_checks.output_errors(_OUT.value, '--out')):
+    raise app.UsageError(problems[0])  # Before minutes of paid accelerator time, not after.
   start = time.perf_counter()
   if not (root / 'corpus' / 'train.en.gz').exists():
     write_corpus(root / 'corpus', smoke)
@@ -331,9 +335,9 @@ def main(argv):
     report['devices'] = result.pop('devices', report['devices'])
     report['configs'][name] = result
   report['total_seconds'] = time.perf_counter() - start
-  Path(_OUT.value).write_text(json.dumps(report, indent=2) + '\n')
   print(f'{report["devices"]}, jax {report["jax"]}, {report["total_seconds"]:.0f} s in all')
   print(_table(report))
+  outputs.write(_OUT.value, json.dumps(report, indent=2) + '\n', '--out')
   print(f'JSON: {_OUT.value}')
   if any('error' in r for r in report['configs'].values()):
     sys.exit(1)

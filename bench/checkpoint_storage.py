@@ -39,7 +39,17 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer import checkpoints, errors, optim, sharding, storage, tasks, training  # noqa: E402
+from transformer import (  # noqa: E402
+  checkpoints,
+  errors,
+  optim,
+  outputs,
+  path_checks,
+  sharding,
+  storage,
+  tasks,
+  training,
+)
 from transformer.config import ModelConfig  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.')
@@ -121,8 +131,8 @@ def main(argv):
     raise app.UsageError('--train_steps must be >= 0 and --checkpoint_every >= 1.')
   if _TRAIN_STEPS.value and not _MANUAL_DIR.value:
     raise app.UsageError('--train_steps needs --manual_dir (the Multi30k files).')
-  if _OUT.value and (errors := storage.path_errors(_OUT.value, '--out')):
-    raise app.UsageError(errors[0])
+  if _OUT.value and (problems := path_checks.output_errors(_OUT.value, '--out')):
+    raise app.UsageError(problems[0])
   import object_stores  # pylint: disable=g-import-not-at-top  (tests/object_stores.py)
 
   stores = object_stores.start()
@@ -162,7 +172,7 @@ def main(argv):
       )
     print(json.dumps(report, indent=2))
     if _OUT.value:
-      storage.write_json(_OUT.value, report, indent=2)
+      outputs.write(_OUT.value, json.dumps(report, indent=2), '--out')
   finally:
     stores.stop()
 

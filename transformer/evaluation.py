@@ -13,6 +13,7 @@ writes it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -29,6 +30,7 @@ from transformer import (
   domains,
   metrics,
   optim,
+  outputs,
   provenance,
   runs,
   sharding,
@@ -331,13 +333,13 @@ def write(workdir: str, label: str, split: str, evaluation: tasks.Evaluation) ->
   storage.makedirs(out_dir)
   tag = f'-{evaluation.tag}' if evaluation.tag else ''
   stem = storage.join(out_dir, f'{label}-{split}{tag}')
+  files = [(stem + '.json', json.dumps(evaluation.results, indent=2, sort_keys=True))]
   if evaluation.lines is not None:
-    storage.write_text(stem + '.txt', ''.join(line + '\n' for line in evaluation.lines))
-  storage.write_json(stem + '.json', evaluation.results, indent=2, sort_keys=True)
+    files.insert(0, (stem + '.txt', ''.join(line + '\n' for line in evaluation.lines)))
   if evaluation.references is not None:
-    storage.write_text(
-      references_path(workdir, split), ''.join(line + '\n' for line in evaluation.references)
-    )
+    references = ''.join(line + '\n' for line in evaluation.references)
+    files.append((references_path(workdir, split), references))
+  outputs.write_files(files, '--workdir')
   return stem + '.json'
 
 

@@ -186,6 +186,19 @@ def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]
   return writable_dir_errors(path, '--workdir')
 
 
+def output_errors(
+  path: str, flag: str, inputs: Mapping[str, str | None] | None = None
+) -> list[str]:
+  """Errors of an output file a command writes (`-`: standard output), before any work.
+
+  Not a file of a run, an input of the command or the code (`protected_path_errors`), and
+  writable (`writable_file_errors`). Every command's output flag goes through this.
+  """
+  if path == '-':
+    return []
+  return protected_path_errors(path, flag, inputs) or writable_file_errors(path, flag)
+
+
 def writable_file_errors(path: str, flag: str) -> list[str]:
   """Whether `path` can be written (its folder exists and is writable), checked before any work.
 

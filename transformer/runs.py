@@ -70,8 +70,6 @@ _WEIGHT_MEANING_KEYS = (
   'data.spm_model_type',
   'data.spm_normalization',
 )
-# Keys that add an entry to the optimizer state when > 0: turning one on or off is refused.
-_OPTIMIZER_SWITCH_KEYS = ('weight_decay',)
 
 
 def _changes_weight_meaning(key: str) -> bool:
@@ -96,10 +94,12 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses a resume that would read the workdir's checkpoints as something else.
 
   Once the workdir holds a checkpoint: every model field and the vocabulary size
-  (`_changes_weight_meaning`) must equal WORKDIR/config.json's (other keys may change;
-  `write_config` reports them), `config.num_train_steps` must not lie below the latest
-  checkpoint, and the data and an existing vocabulary must have the content the run
-  recorded (`check_inputs`). Runs before anything is written.
+  (`_changes_weight_meaning`) must equal WORKDIR/config.json's, and so must what the
+  optimizer state, the data position and a decayed schedule depend on
+  (`_continuation_changes`); other keys may change (`write_config` reports them);
+  `config.num_train_steps` must not lie below the latest checkpoint, and the data and an
+  existing vocabulary must have the content the run recorded (`check_inputs`). Runs before
+  anything is written.
   """
   steps = checkpoints.committed_steps(storage.join(workdir, 'checkpoints'))
   if not steps:
@@ -120,34 +120,6 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
       + '\nNothing was changed. Train this model in a new --workdir, '
       'or resume with the saved values (drop these overrides).'
     )
-  switched = [
-    f'config.{key}: {saved[key]!r} -> {current[key]!r}'
-    for key in _OPTIMIZER_SWITCH_KEYS
-    if saved is not None
-    and key in saved
-    and key in current
-    and (saved[key] > 0) != (current[key] > 0)
-  ]
-  if switched:
-    raise InvalidInput(
-      f'The checkpoints in {checkpoint_dir} hold the optimizer state of another optimizer: '
-      f"{', '.join(switched)} turns AdamW's weight decay on or off (0: Adam). Nothing was "
-      'changed. Resume with the saved value (any value > 0 if it was on), or train in a new '
-      '--workdir.'
-    )
-  best_steps = checkpoints.committed_steps(storage.join(workdir, checkpoints.BEST_DIRECTORY))
-  saved_target = (saved or {}).get('target_metric')
-  kept_by = config_lib.selection_metric(saved_target) if saved_target else None
-  selects_by = config_lib.selection_metric(config.target_metric)
-  # Also with keep_best_checkpoints=0 now: eval.py's 'best' would rank them by the new metric.
-  if best_steps and kept_by not in (None, selects_by):
-    raise InvalidInput(
-      f'The best checkpoints {best_steps} in {workdir}/{checkpoints.BEST_DIRECTORY} were kept '
-      f'by {kept_by} (config.target_metric={saved_target!r}); '
-      f'config.target_metric={config.target_metric!r} would rank them by {selects_by}, mixing '
-      'two selections. Nothing was changed. Resume with the saved config.target_metric, or '
-      'train in a new --workdir.'
-    )
   if config.num_train_steps < steps[-1]:
     raise InvalidInput(
       f'config.num_train_steps={config.num_train_steps} lies below the latest checkpoint, step '
@@ -156,7 +128,92 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
       f'--checkpoint=STEP (steps {steps}); to train on, set config.num_train_steps above '
       f'{steps[-1]}; to train {config.num_train_steps} steps from scratch, use a new --workdir.'
     )
+  if saved is not None and (problem := _continuation_changes(saved, config, workdir, steps[-1])):
+    raise InvalidInput(problem)
   check_inputs(config, workdir)
+
+
+# Keys that add an entry to the optimizer state when > 0, and what they switch.
+_OPTIMIZER_SWITCH_KEYS = {
+  'weight_decay': "AdamW's weight decay",
+  'grad_clip_norm': 'gradient clipping by global norm',
+}
+
+
+def _continuation_changes(
+  saved: dict[str, Any], config: ml_collections.ConfigDict, workdir: str, latest: int
+) -> str | None:
+  """Why the run cannot go on from checkpoint `latest` with `config`, or None.
+
+  The checkpoint holds an optimizer state whose layout depends on which optional
+  transforms are on (`_OPTIMIZER_SWITCH_KEYS`), a data position in the layout of
+  `config.data.num_workers` worker processes, best checkpoints ranked by one metric; and a
+  linear or cosine schedule past warm-up is already shaped by `config.num_train_steps`.
+  """
+  current = _flatten(config)
+  keep = 'Nothing was changed. Resume with the saved value (drop the override)'
+  for key, what in _OPTIMIZER_SWITCH_KEYS.items():
+    if key in saved and key in current and (saved[key] > 0) != (current[key] > 0):
+      return (
+        f'The checkpoints in {workdir}/checkpoints hold the optimizer state of another '
+        f'optimizer: config.{key}: {saved[key]!r} -> {current[key]!r} turns {what} on or off, '
+        f'which adds or removes an entry of that state. {keep} (any value > 0 if it was on), '
+        'or train in a new --workdir.'
+      )
+  workers_before, workers = saved.get('data.num_workers'), current['data.num_workers']
+  if workers_before is not None and workers_before != workers:
+    return (
+      f'The checkpoints in {workdir}/checkpoints hold a data position that another number of '
+      f'worker processes cannot take up: config.data.num_workers: {workers_before!r} -> '
+      f'{workers!r}. The position records where each of the {workers_before or "no"} workers '
+      f'is in its share of the data (every {workers_before or 1}th chunk). {keep}, or train '
+      'in a new --workdir.'
+    )
+  best_steps = checkpoints.committed_steps(storage.join(workdir, checkpoints.BEST_DIRECTORY))
+  saved_target = saved.get('target_metric')
+  kept_by = config_lib.selection_metric(saved_target) if saved_target else None
+  selects_by = config_lib.selection_metric(config.target_metric)
+  # Also with keep_best_checkpoints=0 now: eval.py's 'best' would rank them by the new metric.
+  if best_steps and kept_by not in (None, selects_by):
+    return (
+      f'The best checkpoints {best_steps} in {workdir}/{checkpoints.BEST_DIRECTORY} were kept '
+      f'by {kept_by} (config.target_metric={saved_target!r}); '
+      f'config.target_metric={config.target_metric!r} would rank them by {selects_by}, mixing '
+      'two selections. Nothing was changed. Resume with the saved config.target_metric, or '
+      'train in a new --workdir.'
+    )
+  return _schedule_change(saved, config, workdir, latest)
+
+
+def _schedule_change(
+  saved: dict[str, Any], config: ml_collections.ConfigDict, workdir: str, latest: int
+) -> str | None:
+  """A linear or cosine decay that `config.num_train_steps` would reshape after it began."""
+  before = saved.get('num_train_steps', config.num_train_steps)
+  if (
+    config.schedule not in ('linear', 'cosine')
+    or saved.get('schedule') != config.schedule
+    or before == config.num_train_steps
+    or latest < config.warmup_steps  # The rise to the peak does not depend on the length.
+  ):
+    return None
+  from transformer import optim  # pylint: disable=g-import-not-at-top  (jax-heavy)
+
+  old = ml_collections.ConfigDict(config.to_dict())
+  old.num_train_steps = before
+  rate_now = float(optim.learning_rate_schedule(old)(latest))  # Optax count = step - 1.
+  rate_new = float(optim.learning_rate_schedule(config)(latest))
+  peak = optim.peak_learning_rate(config)
+  return (
+    f'config.num_train_steps: {before} -> {config.num_train_steps} reshapes the {config.schedule} '
+    f'decay that this run (latest checkpoint: step {latest}) has followed since step '
+    f'{config.warmup_steps}: the learning rate would jump from {rate_now:.3g} '
+    f'({rate_now / peak:.1%} of the peak) to {rate_new:.3g} ({rate_new / peak:.1%}) at step '
+    f'{latest + 1}, then decay to step {config.num_train_steps}: a curve no run of '
+    f'{config.num_train_steps} steps follows. Nothing was changed. For a {config.num_train_steps}'
+    '-step schedule, train from scratch in a new --workdir with that config.num_train_steps; '
+    f'to finish this run, resume with config.num_train_steps={before}.'
+  )
 
 
 def check_inputs(

@@ -25,6 +25,7 @@ A run without the keys is an error that names it, before anything is drawn.
 from __future__ import annotations
 
 import glob
+import io
 import itertools
 import json
 import math
@@ -35,7 +36,7 @@ from absl import app, flags
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from transformer import errors, evaluation, metrics, path_checks, storage
+from transformer import errors, evaluation, metrics, outputs, path_checks, storage
 from transformer.errors import InvalidInput
 
 X_KEYS = ('step', metrics.WALL_SECONDS)
@@ -217,11 +218,9 @@ def plot(
   ax.legend(fontsize='small')
   if title:
     ax.set_title(title)
-  if storage.is_url(path):  # Drawn into a local file, then one PUT.
-    with storage.replacing(path) as tmp:
-      fig.savefig(tmp, dpi=90, format='png')
-  else:
-    fig.savefig(path, dpi=90)
+  png = io.BytesIO()
+  fig.savefig(png, dpi=90, format='png')  # PNG whatever `path` ends with: exactly `path`.
+  outputs.write(path, png.getvalue(), '--output')
   return fig
 
 
@@ -237,10 +236,7 @@ def main(argv):
     hlines = [parse_hline(spec) for spec in _HLINE.value]
     vlines = [parse_vline(spec) for spec in _VLINE.value]
     inputs = {f'--run={label}': workdir for label, workdir in runs}
-    errors = path_checks.protected_path_errors(
-      _OUTPUT.value, '--output', inputs
-    ) or path_checks.writable_file_errors(_OUTPUT.value, '--output')
-    if errors:
+    if errors := path_checks.output_errors(_OUTPUT.value, '--output', inputs):
       raise InvalidInput('\n'.join(errors))
     if _EVAL_SPLIT.value is None:
       curves = [(label, read_curve(workdir, _X.value, _Y.value)) for label, workdir in runs]

@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from transformer import storage
+from transformer import outputs, storage
 from transformer.tools import significance, sweep_plots, sweep_runner, sweep_tests, sweeps
 
 COLUMNS = (
@@ -423,6 +423,9 @@ def groups_to_markdown(
   return '\n'.join(lines) + '\n'
 
 
+_ROOT_FLAG = '--workdir (the sweep root)'
+
+
 def write(sweep: sweeps.Sweep) -> list[TrialResult] | list[GroupResult]:
   """Writes ROOT/summary.{csv,md,png}; returns the rows, ranked.
 
@@ -439,9 +442,15 @@ def write(sweep: sweeps.Sweep) -> list[TrialResult] | list[GroupResult]:
     f'Sweep {os.path.basename(sweep.sweep_file)} over '
     f'{os.path.basename(sweep.config_file)}: {len(results)} trials'
   )
-  storage.write_text(storage.join(sweep.root, 'summary.csv'), to_csv(results, swept_keys))
-  storage.write_text(
-    storage.join(sweep.root, 'summary.md'), to_markdown(results, swept_keys, target_metric, title)
+  outputs.write_files(
+    [
+      (storage.join(sweep.root, 'summary.csv'), to_csv(results, swept_keys)),
+      (
+        storage.join(sweep.root, 'summary.md'),
+        to_markdown(results, swept_keys, target_metric, title),
+      ),
+    ],
+    _ROOT_FLAG,
   )
   with storage.replacing(storage.join(sweep.root, 'summary.png')) as tmp:
     sweep_plots.plot(results, swept_keys, target_metric, tmp)
@@ -461,13 +470,16 @@ def _write_groups(
   )
   # Trials in the order of their configurations, each ranked as its configuration.
   trials = [dataclasses.replace(t, rank=g.rank) for g in groups for t in g.trials]
-  storage.write_text(storage.join(sweep.root, 'trials.csv'), to_csv(trials, [*swept_keys, 'seed']))
-  storage.write_text(storage.join(sweep.root, 'summary.csv'), groups_to_csv(groups, swept_keys))
-  storage.write_text(
-    storage.join(sweep.root, 'summary.md'),
-    groups_to_markdown(
-      groups, trials, swept_keys, target_metric, title, sweep.seeds, sweep.compare_to
-    ),
+  markdown = groups_to_markdown(
+    groups, trials, swept_keys, target_metric, title, sweep.seeds, sweep.compare_to
+  )
+  outputs.write_files(
+    [
+      (storage.join(sweep.root, 'trials.csv'), to_csv(trials, [*swept_keys, 'seed'])),
+      (storage.join(sweep.root, 'summary.csv'), groups_to_csv(groups, swept_keys)),
+      (storage.join(sweep.root, 'summary.md'), markdown),
+    ],
+    _ROOT_FLAG,
   )
   with storage.replacing(storage.join(sweep.root, 'summary.png')) as tmp:
     sweep_plots.plot_groups(groups, swept_keys, target_metric, tmp, sweep.compare_to)

@@ -125,7 +125,7 @@ def test_a_broken_line_is_named_by_its_number(tmp_path):
   workdir = _run(tmp_path / 'run', [{'step': 1, 'eval_bleu': 3.0}])
   with open(Path(workdir) / 'metrics.jsonl', 'a') as f:
     f.write('{"step": 2, "eval_bl\n')
-  with pytest.raises(ValueError, match=r'metrics.jsonl, line 2: not JSON'):
+  with pytest.raises(ValueError, match=r'metrics.jsonl, line 2, is damaged'):
     curves.read_curve(workdir, 'step', 'eval_bleu')
 
 

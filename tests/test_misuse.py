@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from test_reliability import _last_lines, _small_config, _snapshot, copied_run, small_run
 
-from transformer import errors, outputs, path_checks, runs, training
+from transformer import errors, metrics, outputs, path_checks, runs, training
+from transformer.tools import significance, sweep_runner
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -173,3 +174,82 @@ def test_extending_a_decayed_schedule_is_refused_with_the_jump(small_run, copied
   warming = {**fields, 'warmup_steps': 5}
   _as_if_trained_with(workdir, num_train_steps=6, **warming)
   runs.check_resume(_small_config(corpus, data_dir, num_train_steps=10, **warming), str(workdir))
+
+
+# --- Run files damaged the way crashes and full disks damage them -------------------------------
+
+
+def test_a_last_metrics_row_cut_short_by_a_crash_is_left_out_on_resume(small_run, copied_run):
+  workdir, _ = copied_run
+  _, corpus, data_dir = small_run
+  path = workdir / 'metrics.jsonl'
+  rows = path.read_text()
+  path.write_text(rows + '{"step": 3, "train_lo')  # A crash in the middle of step 3's row.
+  training.train_and_evaluate(_small_config(corpus, data_dir, num_train_steps=3), str(workdir))
+  text = path.read_text()
+  assert text.startswith(rows) and text.endswith('\n')
+  assert [json.loads(line)['step'] for line in text.splitlines()][-1] == 3
+
+
+def test_a_damaged_metrics_row_is_named_before_anything_is_written(small_run, copied_run):
+  workdir, _ = copied_run
+  _, corpus, data_dir = small_run
+  path = workdir / 'metrics.jsonl'
+  first, *others = path.read_text().splitlines(keepends=True)
+  path.write_text(''.join([first, '{"step": 1, "train_loss": 5.\n', *others]))
+  before = _snapshot(workdir)
+  with pytest.raises(ValueError) as error:
+    training.train_and_evaluate(_small_config(corpus, data_dir, num_train_steps=4), str(workdir))
+  assert str(error.value).startswith(f"{path}, line 2, is damaged (Expecting ',' delimiter)")
+  assert 'Repair or delete that line' in str(error.value)
+  assert _snapshot(workdir) == before  # config.json not rewritten.
+
+
+def test_rows_that_cannot_be_appended_wait_and_the_run_trains_to_its_checkpoint(
+  small_run, tmp_path, monkeypatch
+):
+  _, corpus, data_dir = small_run
+  workdir = tmp_path / 'run'
+  full = {'on': True}
+
+  def open_on_a_full_disk(path, mode='r', *args, **kwargs):
+    if full['on'] and str(path).endswith('metrics.jsonl') and 'a' in mode:
+      raise OSError(28, 'No space left on device', str(path))
+    return open(path, mode, *args, **kwargs)
+
+  monkeypatch.setattr(metrics, 'open', open_on_a_full_disk, raising=False)
+  with pytest.raises(metrics.MetricsWriteError) as error:
+    training.train_and_evaluate(_small_config(corpus, data_dir), str(workdir))
+  message = str(error.value)
+  assert message.startswith(f'3 rows could not be appended to {workdir}/metrics.jsonl (No space')
+  assert 'The checkpoints are complete' in message
+  kept = Path(message.split('they are kept in ')[1].split('. ')[0])
+  assert [json.loads(line)['step'] for line in kept.read_text().splitlines()] == [1, 2, 2]
+  assert sorted(p.name for p in (workdir / 'checkpoints').iterdir()) == ['2']  # Trained, saved.
+  # Rows wait in order and reach the file with the first append that works.
+  writer = metrics.MetricsWriter(str(tmp_path / 'other'))  # Makes its folder (TensorBoard's).
+  writer.write(1, {'train_loss': 3.0})
+  writer.write(2, {'train_loss': 2.0})
+  assert not (tmp_path / 'other' / 'metrics.jsonl').exists()
+  full['on'] = False
+  writer.write(3, {'train_loss': 1.0})
+  writer.close()
+  rows = metrics.read_rows(str(tmp_path / 'other' / 'metrics.jsonl'))
+  assert [(r['step'], r['train_loss']) for r in rows] == [(1, 3.0), (2, 2.0), (3, 1.0)]
+
+
+def test_damaged_results_and_trial_files_are_named(tmp_path):
+  eval_dir = tmp_path / 'run' / 'eval'
+  eval_dir.mkdir(parents=True)
+  result = eval_dir / 'step_2-test.json'
+  result.write_text('{"bleu": 3.1, "split": "te')  # Cut short.
+  for argument in (str(result), str(tmp_path / 'run')):
+    with pytest.raises(errors.InvalidInput) as error:
+      significance.load_system(argument)
+    assert str(error.value).startswith(f'{result} is damaged: not JSON (line 1: Unterminated')
+    assert 'Score its checkpoint again with eval.py' in str(error.value)
+  trial = tmp_path / 'trial'
+  trial.mkdir()
+  (trial / sweep_runner.STATE_FILE).write_bytes(b'\x00' * 16)  # A crash on a full disk.
+  with pytest.raises(errors.InvalidInput, match=r'trial.json is damaged: not JSON .*delete it'):
+    sweep_runner.trial_status(str(trial))

@@ -8,7 +8,10 @@ steps (`StepProfiler`).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import tempfile
 import time
 from typing import Any
 
@@ -16,9 +19,50 @@ import jax
 from absl import logging
 
 from transformer import storage
+from transformer.errors import InvalidInput, Refusal
 
 FILENAME = 'metrics.jsonl'  # In the workdir: one JSON object per line, each with its step.
 WALL_SECONDS = 'wall_seconds'  # Key of a row's time since the run began (`MetricsWriter`).
+
+
+def read_rows(path: str) -> list[dict[str, Any]]:
+  """The rows of a metrics.jsonl at `path` (none if it does not exist), in file order.
+
+  A last line without its newline is a row cut short by a crash mid-write (or being
+  written now): it is left out. A line before it that is not a JSON row with a step was
+  damaged otherwise: an error names the file and the line, before anything is written.
+  """
+  if not storage.exists(path):
+    return []
+  return [row for _, row in _parse_rows(storage.read_text(path), path)]
+
+
+def _parse_rows(text: str, path: str) -> list[tuple[str, dict[str, Any]]]:
+  """(line, row) of each complete row of `text`, the content of `path` (see `read_rows`)."""
+  *lines, tail = text.split('\n')
+  rows = []
+  for number, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      row = e.msg
+    if not isinstance(row, dict) or not isinstance(row.get('step'), int):
+      why = row if isinstance(row, str) else 'not an object with a step'
+      raise InvalidInput(
+        f'{path}, line {number}, is damaged ({why}): {line[:80]!r}. A crash cuts only the last '
+        'line short; this one was changed otherwise. Repair or delete that line (the rows are '
+        'also in the TensorBoard events), then run the same command.'
+      )
+    rows.append((line + '\n', row))
+  if tail.strip():
+    logging.info('%s: leaving out its last line, cut short (%d characters).', path, len(tail))
+  return rows
+
+
+class MetricsWriteError(Refusal, OSError):
+  """metrics.jsonl could not take some rows by the end of a run; the message says where."""
 
 
 class MetricsWriter:
@@ -45,6 +89,8 @@ class MetricsWriter:
     self._offset = 0.0  # Seconds the kept rows of earlier processes had reached.
     self._text: str | None = None  # On a bucket: the object's content, rewritten per row.
     self._tensorboard = None
+    self._pending: list[str] = []  # Rows not yet in the file (`_append_pending`).
+    self._failure = ''
     if self._enabled:
       from tensorboardX import SummaryWriter  # TF-free TensorBoard writer.
 
@@ -60,15 +106,16 @@ class MetricsWriter:
     if not self._enabled or not storage.exists(self.path):
       return
     text = storage.read_text(self.path)
-    rows = [line for line in text.splitlines(keepends=True) if line.strip()]
-    kept = [line for line in rows if json.loads(line)['step'] <= step]
+    rows = _parse_rows(text, self.path)  # Without a last line cut short by a crash.
+    kept = [row for _, row in rows if row['step'] <= step]
+    kept_text = ''.join(line for line, row in rows if row['step'] <= step)
     if storage.is_url(self.path):
-      self._text = ''.join(kept)
-    if len(kept) != len(rows):
+      self._text = kept_text
+    if kept_text != text:
       logging.info('metrics.jsonl: dropping %d rows after step %d.', len(rows) - len(kept), step)
-      storage.write_text(self.path, ''.join(kept))
+      storage.write_text(self.path, kept_text)
     if kept:
-      earlier = json.loads(kept[-1]).get(WALL_SECONDS)
+      earlier = kept[-1].get(WALL_SECONDS)
       if earlier is None:
         self._started = None  # The run's time so far is unknown: no row claims one.
       else:
@@ -80,25 +127,74 @@ class MetricsWriter:
     row = {'step': int(step), **{k: float(v) for k, v in metrics.items()}}
     if self._started is not None:
       row[WALL_SECONDS] = round(self._offset + time.time() - self._started, 3)
-    line = json.dumps(row) + '\n'
-    if storage.is_url(self.path):
-      if self._text is None:  # No `truncate_after`: read what is there once.
-        self._text = storage.read_text(self.path) if storage.exists(self.path) else ''
-      self._text += line
-      storage.write_text(self.path, self._text)
-    else:
-      with open(self.path, 'a') as f:
-        f.write(line)
+    self._pending.append(json.dumps(row) + '\n')
+    self._append_pending()
     for name, value in metrics.items():
       self._tensorboard.add_scalar(name, float(value), int(step))
 
+  def _append_pending(self) -> None:
+    """Appends the rows not yet in the file; a failure keeps them for the next try.
+
+    A full disk or a file that cannot be written must not stop the run (its steps since
+    the last checkpoint would be lost): the rows wait in memory, in order, and `close`
+    keeps any still waiting at the end. A local append cut short is undone first, so the
+    file never holds half a row before a whole one.
+    """
+    text = ''.join(self._pending)
+    if not text:
+      return
+    size = None
+    try:
+      if storage.is_url(self.path):
+        if self._text is None:  # No `truncate_after`: read what is there once.
+          self._text = storage.read_text(self.path) if storage.exists(self.path) else ''
+        storage.write_text(self.path, self._text + text)
+        self._text += text
+      else:
+        size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+        with open(self.path, 'a') as f:
+          f.write(text)
+    except OSError as e:
+      if size is not None:
+        with contextlib.suppress(OSError):
+          os.truncate(self.path, size)
+      self._failure = e.strerror or str(e)
+      waiting = len(self._pending)
+      if waiting & (waiting - 1) == 0:  # At 1, 2, 4, ... rows waiting.
+        logging.warning(
+          'Could not append to %s (%s): %d rows wait in memory and are tried again with each '
+          'row; training goes on. Free space or fix the file.',
+          self.path,
+          self._failure,
+          waiting,
+        )
+      return
+    self._pending.clear()
+
   def flush(self) -> None:
+    self._append_pending()
     if self._tensorboard is not None:
       self._tensorboard.flush()
 
   def close(self) -> None:
+    """Closes the TensorBoard writer; rows that never reached the file are kept and named.
+
+    Raises:
+      MetricsWriteError: some rows could not be appended by the end; they are in a file
+        in the temporary folder, to append once the file can be written.
+    """
     if self._tensorboard is not None:
       self._tensorboard.close()
+    self._append_pending()
+    if self._pending:
+      descriptor, kept = tempfile.mkstemp(prefix='metrics.kept-', suffix='.jsonl')
+      with os.fdopen(descriptor, 'w', encoding='utf-8') as f:
+        f.write(''.join(self._pending))
+      raise MetricsWriteError(
+        f'{len(self._pending)} rows could not be appended to {self.path} ({self._failure}); '
+        f'they are kept in {kept}. The checkpoints are complete: once the file can be '
+        f'written, append them (cat {kept} >> {self.path}).'
+      )
 
 
 class _BucketEventFile:

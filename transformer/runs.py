@@ -101,6 +101,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   existing vocabulary must have the content the run recorded (`check_inputs`). Runs before
   anything is written.
   """
+  metrics.read_rows(storage.join(workdir, metrics.FILENAME))  # Damaged: refused before writing.
   steps = checkpoints.committed_steps(storage.join(workdir, 'checkpoints'))
   if not steps:
     return
@@ -338,14 +339,9 @@ class EarlyStopping:
     early stays stopped.
     """
     bleus = {}  # Step -> BLEU; a step evaluated twice (a run resumed at its end) counts once.
-    if storage.exists(metrics_path):
-      for line in storage.read_text(metrics_path).splitlines(keepends=True):
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError:
-          break  # A line cut short by a crash: nothing after it was committed.
-        if self.metric in row and row['step'] <= last_step:
-          bleus[row['step']] = row[self.metric]
+    for row in metrics.read_rows(metrics_path):  # Without a last line cut short by a crash.
+      if self.metric in row and row['step'] <= last_step:
+        bleus[row['step']] = row[self.metric]
     for step in sorted(bleus):
       self.record(step, bleus[step])
     return self
@@ -369,13 +365,9 @@ def is_finished(workdir: str, config: ml_collections.ConfigDict) -> bool:
 
 def final_metrics(workdir: str, step: int) -> dict[str, float] | None:
   """The rows of metrics.jsonl at `step` merged, if they hold its evaluation; else None."""
-  path = storage.join(workdir, metrics.FILENAME)
-  if not storage.exists(path):
-    return None
   merged = {}
-  for line in storage.read_text(path).splitlines(keepends=True):
-    row = json.loads(line) if line.strip() else {}
-    if row.get('step') == step:
+  for row in metrics.read_rows(storage.join(workdir, metrics.FILENAME)):
+    if row['step'] == step:
       merged.update({k: v for k, v in row.items() if k not in ('step', metrics.WALL_SECONDS)})
   return merged if 'eval_loss' in merged else None
 

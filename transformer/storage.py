@@ -32,6 +32,8 @@ from typing import Any
 import fsspec.config
 from etils import epath
 
+from transformer.errors import InvalidInput
+
 # No listings cache for buckets: another process (the training run, a resumed one, eval.py)
 # changes the objects, and fsspec would answer sizes and listings from what it saw before (a
 # read of metrics.jsonl cut at its old size). Every look goes to the store.
@@ -250,6 +252,18 @@ def read_bytes(path: str) -> bytes:
 def read_text(path: str, errors: str = 'strict') -> str:
   """The UTF-8 text of `path` (FileNotFoundError if there is none)."""
   return read_bytes(path).decode('utf-8', errors)
+
+
+def read_json(path: str, what_to_do: str) -> Any:
+  """The JSON value in `path`; a damaged file (cut short, edited) is an error naming it.
+
+  `what_to_do`: the end of the message, e.g. how to write the file again.
+  """
+  try:
+    return json.loads(read_text(path))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    where = f'line {e.lineno}: {e.msg}' if isinstance(e, json.JSONDecodeError) else e.reason
+    raise InvalidInput(f'{path} is damaged: not JSON ({where}). {what_to_do}') from None
 
 
 @contextlib.contextmanager

@@ -94,24 +94,13 @@ def _parse_line(spec: str, flag: str, minimum: float) -> tuple[str, float]:
   return label, at
 
 
-def _read_rows(path: str) -> list[dict]:
-  """The rows of a JSON-lines file; a broken line is an error naming its number."""
-  rows = []
-  for number, line in enumerate(storage.read_text(path).splitlines(keepends=True), start=1):
-    try:
-      rows.append(json.loads(line))
-    except json.JSONDecodeError as e:
-      raise InvalidInput(f'{path}, line {number}: not JSON ({e.msg}).') from None
-  return rows
-
-
 def read_curve(workdir: str, x: str, y: str) -> list[tuple[float, float]]:
   """(x, y) of every row of WORKDIR/metrics.jsonl that has `y`, in file order."""
   path = storage.join(workdir, metrics.FILENAME)
   if not storage.isfile(path):
     raise InvalidInput(f'{path}: no such file (is {workdir} a directory written by train.py?).')
   points, with_y = [], 0
-  for row in _read_rows(path):
+  for row in metrics.read_rows(path):
     if y not in row:
       continue
     with_y += 1
@@ -147,7 +136,7 @@ def read_eval_curves(
     metrics_path = storage.join(workdir, metrics.FILENAME)
     if not storage.isfile(metrics_path):
       raise InvalidInput(f'{metrics_path}: no such file, so no wall time (use --x=step).')
-    for row in _read_rows(metrics_path):
+    for row in metrics.read_rows(metrics_path):
       if 'step' in row and x in row:
         wall[int(row['step'])] = max(float(row[x]), wall.get(int(row['step']), 0.0))
   lines, left_out = {}, []

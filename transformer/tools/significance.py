@@ -20,7 +20,6 @@ Importing this module imports no JAX: comparing result files takes seconds.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -64,6 +63,9 @@ def _read_lines(path: str) -> list[str]:
   return text.split('\n')[:-1] if text.endswith('\n') else text.split('\n') if text else []
 
 
+_REWRITE = 'Score its checkpoint again with eval.py (the same command writes it anew).'
+
+
 def _result_in_workdir(workdir: str, split: str | None) -> str:
   """The one translation result of `split` (any split if None) in WORKDIR/eval/."""
   paths = sorted(
@@ -73,8 +75,12 @@ def _result_in_workdir(workdir: str, split: str | None) -> str:
   )
   candidates = []
   for path in paths:
-    results = json.loads(storage.read_text(path))
-    if 'bleu' in results and (split is None or results.get('split') == split):
+    results = storage.read_json(path, _REWRITE)
+    if (
+      isinstance(results, dict)
+      and 'bleu' in results
+      and (split is None or results.get('split') == split)
+    ):
       candidates.append(path)
   if len(candidates) != 1:
     what = f' of split {split!r}' if split else ''
@@ -97,10 +103,7 @@ def load_system(path: str, split: str | None = None) -> System:
     path = _result_in_workdir(path, split)
   if not storage.isfile(path):
     raise MissingInput(f'No eval.py result at {path}.')
-  try:
-    results = json.loads(storage.read_text(path))
-  except json.JSONDecodeError as e:
-    raise InvalidInput(f'{path} is not JSON ({e}).') from None
+  results = storage.read_json(path, _REWRITE)
   if not isinstance(results, dict) or 'bleu' not in results or 'split' not in results:
     raise InvalidInput(f'{path} is not an eval.py translation result (no bleu and split).')
   if split is not None and results['split'] != split:

@@ -13,7 +13,6 @@ import concurrent.futures
 import contextlib
 import datetime
 import itertools
-import json
 import os
 import re
 import shlex
@@ -86,7 +85,12 @@ def read_state(workdir: str) -> dict[str, Any] | None:
   path = storage.join(workdir, STATE_FILE)
   if not storage.exists(path):
     return None
-  return json.loads(storage.read_text(path))
+  return storage.read_json(
+    path,
+    "It records the trial's stages (train, eval): delete it and run sweep.py again. The "
+    'stages run again: a finished training run is found finished (nothing is retrained), and '
+    'an evaluation is done anew.',
+  )
 
 
 def _write_state(workdir: str, state: dict[str, Any]) -> None:

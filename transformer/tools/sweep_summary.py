@@ -19,13 +19,12 @@ import collections
 import csv
 import dataclasses
 import io
-import json
 import os
 import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from transformer import outputs, storage
+from transformer import metrics, outputs, storage
 from transformer.tools import significance, sweep_plots, sweep_runner, sweep_tests, sweeps
 
 COLUMNS = (
@@ -70,16 +69,8 @@ class TrialResult:
 
 
 def _read_metrics(workdir: str) -> list[dict[str, float]]:
-  path = storage.join(workdir, 'metrics.jsonl')
-  if not storage.exists(path):
-    return []
-  rows = []
-  for line in storage.read_text(path).splitlines(keepends=True):
-    try:
-      rows.append(json.loads(line))
-    except json.JSONDecodeError:
-      break  # A line being written by a running trial.
-  return rows
+  return metrics.read_rows(storage.join(workdir, metrics.FILENAME))  # A last line cut short
+  # (being written by a running trial) is left out.
 
 
 def collect(sweep: sweeps.Sweep, trial: sweeps.Trial) -> TrialResult:
@@ -110,7 +101,9 @@ def collect(sweep: sweeps.Sweep, trial: sweeps.Trial) -> TrialResult:
   result.error = errors[-1] if errors and result.status == 'failed' else None
   decode_result = stages.get('eval', {}).get('result')
   if decode_result and storage.exists(storage.join(workdir, decode_result)):
-    scores = json.loads(storage.read_text(storage.join(workdir, decode_result)))
+    scores = storage.read_json(
+      storage.join(workdir, decode_result), 'Delete it and run sweep.py again to score it anew.'
+    )
     result.decode_bleu, result.decode_bleu_lc = scores.get('bleu'), scores.get('bleu_lc')
     result.decode_result = decode_result
   return result

@@ -26,7 +26,7 @@ SACREBLEU_SEED (default 12345) seeds the test, as it does sacreBLEU's own
 
 import json
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from transformer import errors, outputs, path_checks, storage
 from transformer.tools import significance
@@ -54,6 +54,29 @@ def _seed_results(arg: str) -> list[str]:
   return [arg] if storage.exists(arg) else arg.split(',')
 
 
+def _metrics(systems) -> list[str]:
+  """--metrics; by default 'bleu_lc' for 'bleu' when a system's translations are case-folded."""
+  folded = [system.name for system in systems if significance.case_folded(system)]
+  metrics = list(_METRICS.value)
+  if not folded or 'bleu' not in metrics:
+    return metrics
+  names = ', '.join(folded)
+  if flags.FLAGS['metrics'].present:
+    logging.warning(
+      'The translations of %s are all lowercase (a case-folding vocabulary) and the '
+      'references are not: cased BLEU counts every capital against them. Add bleu_lc to '
+      '--metrics to compare them.',
+      names,
+    )
+    return metrics
+  print(
+    f'The translations of {names} are all lowercase (a case-folding vocabulary) and the '
+    'references are not: comparing lowercased BLEU (bleu_lc) instead of cased BLEU (pass '
+    '--metrics to choose).'
+  )
+  return ['bleu_lc' if metric == 'bleu' else metric for metric in metrics]
+
+
 def main(argv):
   paths = argv[1:]
   if len(paths) < 2:
@@ -74,12 +97,23 @@ def main(argv):
     inputs = {f'result {i}': path for i, path in enumerate(results, start=1)}
     if errors := path_checks.output_errors(_OUTPUT.value, '--output', inputs):
       raise app.UsageError('\n'.join(errors))
+  if _N_SAMPLES.value and significance.smallest_p_value(_N_SAMPLES.value) >= significance.ALPHA:
+    logging.warning(
+      '--n_samples=%d: the smallest p-value %d samples can give is 1/%d = %.3f, not below %g, so '
+      "no difference can be significant. Use at least %d (0: sacreBLEU's 1000 or 10000).",
+      _N_SAMPLES.value,
+      _N_SAMPLES.value,
+      _N_SAMPLES.value + 1,
+      significance.smallest_p_value(_N_SAMPLES.value),
+      significance.ALPHA,
+      round(1 / significance.ALPHA),
+    )
   seeds = [[significance.load_system(path, _SPLIT.value) for path in g] for g in groups]
   systems = [
     significance.pool(arg, results) if len(results) > 1 else results[0]
     for arg, results in zip(paths, seeds, strict=True)
   ]
-  comparison = significance.compare(systems, _METRICS.value, _TEST.value, _N_SAMPLES.value)
+  comparison = significance.compare(systems, _metrics(systems), _TEST.value, _N_SAMPLES.value)
   text = significance.to_text(comparison)
   if len(seeds[0]) > 1:
     comparison['across_seeds'] = significance.compare_seeds(

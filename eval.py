@@ -43,26 +43,34 @@ from transformer import (  # noqa: E402
 from transformer.tools import attention_maps  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
+# Defaults None: what runs unless a flag is given is the run's config (config.decode, the task's
+# decoder), which --help cannot know.
 _CHECKPOINT = flags.DEFINE_string(
   'checkpoint',
-  'latest',
+  None,
   "'latest', a step number, 'avg:N' (average the last N), 'avg:N@STEP' (the last N up to "
   "STEP: a shorter inverse_sqrt run's 'avg:N'), 'best' (the best validation BLEU kept by "
-  "config.keep_best_checkpoints) or 'avg_best:N' (average the N best) (default: "
-  'config.decode.checkpoint).',
+  "config.keep_best_checkpoints) or 'avg_best:N' (average the N best) (default: the run's "
+  "config.decode.checkpoint, e.g. 'latest').",
 )
 _SPLIT = flags.DEFINE_string('split', None, "Split to evaluate (default: config's test_split).")
 _DECODER = flags.DEFINE_enum(
   'decoder',
-  'beam',
+  None,
   inference.DECODERS,
   'Decoding algorithm (default: beam for translation, greedy for a language model).',
 )
 # Unless given, the run's config.decode values (runs older than config.decode: the defaults).
-_BEAM_SIZE = flags.DEFINE_integer('beam_size', 4, 'Beam width (default: config.decode.beam_size).')
-_ALPHA = flags.DEFINE_float('alpha', 0.6, 'Length penalty exponent (default: config.decode.alpha).')
+_BEAM_SIZE = flags.DEFINE_integer(
+  'beam_size', None, "Beam width (default: the run's config.decode.beam_size, e.g. 4)."
+)
+_ALPHA = flags.DEFINE_float(
+  'alpha', None, "Length penalty exponent (default: the run's config.decode.alpha, e.g. 0.6)."
+)
 _MAX_EXTRA_LEN = flags.DEFINE_integer(
-  'max_extra_len', 50, 'Output limit: input length + this (default: config.decode.max_extra_len).'
+  'max_extra_len',
+  None,
+  "Output limit: input length + this (default: the run's config.decode.max_extra_len, e.g. 50).",
 )
 _TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Sampling temperature (0: greedy).')
 _TOP_K = flags.DEFINE_integer('top_k', 0, 'Sample from the k most likely tokens (0: all).')
@@ -132,11 +140,11 @@ def main(argv):
   if unsupported:
     verb = 'is' if len(unsupported) == 1 else 'are'
     raise app.UsageError(f'{" and ".join(unsupported)} {verb} not for a {task.name} model.')
-  decoder = _DECODER.value if flags.FLAGS['decoder'].present else task.default_decoder
+  decoder = _DECODER.value or task.default_decoder
   options = inference.DecodeOptions.from_config(
     config,
     decoder,
-    **{f.name: f.value for f in (_BEAM_SIZE, _ALPHA, _MAX_EXTRA_LEN) if f.present},
+    **{f.name: f.value for f in (_BEAM_SIZE, _ALPHA, _MAX_EXTRA_LEN) if f.value is not None},
     temperature=_TEMPERATURE.value,
     top_k=_TOP_K.value,
     top_p=_TOP_P.value,
@@ -171,8 +179,17 @@ def main(argv):
     lines = evaluation.read_input_lines(_INPUT_FILE.value)  # Fails before any restore.
   if _PROMPT.value:
     lines = (lines or []) + list(_PROMPT.value)
-  checkpoint = _CHECKPOINT.value if flags.FLAGS['checkpoint'].present else config.decode.checkpoint
-  params, label = evaluation.restore_params(run, _WORKDIR.value, checkpoint)
+  checkpoint = _CHECKPOINT.value or config.decode.checkpoint
+  try:
+    params, label = evaluation.restore_params(run, _WORKDIR.value, checkpoint)
+  except evaluation.NoSuchCheckpoint as e:
+    if _CHECKPOINT.value is not None:
+      raise
+    raise evaluation.NoSuchCheckpoint(
+      f"{e} --checkpoint was not given, so {checkpoint!r} is the run's "
+      f'config.decode.checkpoint (in {storage.join(_WORKDIR.value, "config.json")}); pass '
+      '--checkpoint=latest, a step or avg:N with fewer checkpoints.'
+    ) from None
 
   if _ATTENTION_PLOT.value:
     paths = attention_maps.translate_and_plot(
@@ -198,9 +215,13 @@ def _check_flags(config) -> None:
   the run's data and vocabulary) or the code (`path_checks.protected_path_errors`).
   """
   errors = config_lib.eval_flag_errors(
-    {name: flags.FLAGS[name].value for name in config_lib.EVAL_FLAG_RULES}
+    {
+      name: flags.FLAGS[name].value
+      for name in config_lib.EVAL_FLAG_RULES
+      if flags.FLAGS[name].value is not None  # None: the run's config's value.
+    }
   )
-  if error := domains.checkpoint_spec_error(_CHECKPOINT.value):
+  if _CHECKPOINT.value is not None and (error := domains.checkpoint_spec_error(_CHECKPOINT.value)):
     errors.append(f'--{error}')
   inputs = {'--input_file': _INPUT_FILE.value}
   if config is not None:

@@ -80,7 +80,7 @@ _TOKENS_PER_BATCH = flags.DEFINE_integer(
   'tokens_per_batch',
   0,
   "Tokens per batch a side (config.data.tokens_per_batch), e.g. less for a smaller device's "
-  "memory; 0: the config's (25,600).",
+  "memory; 0: the config's (24,576).",
   lower_bound=0,
 )
 _TIMEOUT = flags.DEFINE_integer('timeout', 420, 'Seconds each config may take.')

@@ -6,7 +6,7 @@ writes (once) a corpus of `--pairs` training pairs under `--root` (Multi30k's
 training set repeated, each copy's lines tagged `[k]` so that every pair is
 distinct, plus Multi30k's validation and test sets, as `train/val/test.{en,de}`
 for `parallel_text`), prepares it with `--config`'s batch (default
-`configs/wmt14_ende_base.py`: 25,600 tokens a side, rows of 256; vocabulary
+`configs/wmt14_ende_base.py`: 24,576 tokens a side, rows of 256; vocabulary
 `--vocab_size`), then, in a fresh process per worker count, reads
 `--batches` batches of `tasks.get_task(config).train_iterator` after the
 first one. Reports:

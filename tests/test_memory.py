@@ -58,8 +58,8 @@ def test_parts_are_the_state_split_over_the_mesh_and_the_rows_of_a_device():
   assert data.optimizer == 2 * data.parameters + 8  # Adam's two moments and two step counts.
   # Matrices and norms split along `embed`; the biases of heads and d_ff (0.2%) stay whole.
   assert data.parameters / 4 < fsdp.parameters < 1.01 * data.parameters / 4
-  assert (data.rows, data.micro_rows, data.length) == (25, 25, 256)  # 25,600 tokens / 256 / 4.
-  assert data.batch == 7 * 25 * 256 * 4
+  assert (data.rows, data.micro_rows, data.length) == (24, 24, 256)  # 24,576 tokens / 256 / 4.
+  assert data.batch == 7 * 24 * 256 * 4
   assert data.activations == fsdp.activations
   config.model.remat = 'layer'
   assert memory.step_memory(config, 4).activations < data.activations / 3
@@ -76,7 +76,7 @@ def test_dry_run_says_which_accelerators_the_big_model_fits(capsys):
     line = next(line for line in report if line.strip().startswith(f'{name} {gib} GB'))
     fits = total <= memory.USABLE_SHARE * gib
     assert (' fits ' in line) == fits and ('does not fit' in line) != fits, line
-  assert 'does not fit' in out and ' fits ' in out  # 100 rows of 256 tokens: A100 40 GB no.
+  assert 'does not fit' in out and ' fits ' in out  # 96 rows of 256 tokens: A100 40 GB no.
   assert report[-1].startswith('params: 214.2M')
 
 

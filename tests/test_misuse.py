@@ -7,14 +7,28 @@ The run misused is test_reliability's small one (2 steps, a checkpoint at step 2
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import synthetic_pairs
 from test_reliability import _last_lines, _small_config, _snapshot, copied_run, small_run
 
-from transformer import errors, metrics, outputs, path_checks, runs, training
+from configs import tiny, wmt14_ende_big
+from transformer import config as config_lib
+from transformer import (
+  divergence,
+  dry_run,
+  errors,
+  metrics,
+  outputs,
+  path_checks,
+  runs,
+  scoring,
+  training,
+)
 from transformer.tools import significance, sweep_runner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -253,3 +267,94 @@ def test_damaged_results_and_trial_files_are_named(tmp_path):
   (trial / sweep_runner.STATE_FILE).write_bytes(b'\x00' * 16)  # A crash on a full disk.
   with pytest.raises(errors.InvalidInput, match=r'trial.json is damaged: not JSON .*delete it'):
     sweep_runner.trial_status(str(trial))
+
+
+# --- Advice that fits the fields ---------------------------------------------------------------
+
+
+def test_divergence_advice_names_the_fields_that_set_this_runs_rate():
+  config = tiny.get_config()
+  assert divergence.advice(config).startswith(
+    f'Lower config.lr_scale (now {config.lr_scale:g}) or lengthen config.warmup_steps'
+  )
+  config.peak_learning_rate, config.grad_clip_norm = 0.002, 1.0
+  assert divergence.advice(config) == (
+    'Lower config.peak_learning_rate (now 0.002) or lengthen config.warmup_steps (now '
+    f'{config.warmup_steps}), or lower config.grad_clip_norm (now 1)'
+  )
+
+
+def test_dry_run_refuses_what_train_py_refuses_on_this_host(capsys):
+  config = tiny.get_config()
+  config.model.attention_impl, config.dtype = 'cudnn', 'bfloat16'
+  with pytest.raises(config_lib.ConfigError, match="attention_impl='cudnn' needs NVIDIA GPUs"):
+    dry_run.run(config)  # This host's CPU devices, which train.py would use.
+  dry_run.run(config, num_devices=8)  # Planned for other devices: a note, not a refusal.
+  assert "Note: not on this host: config.model.attention_impl='cudnn'" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+  ('devices', 'mesh'),
+  [
+    (8, {}),  # docs/devices.md: one node with 8 GPUs, data parallel.
+    (8, {'data': 1, 'fsdp': 4, 'tensor': 2}),
+    (32, {'data': 4, 'fsdp': -1}),  # 4 nodes x 8 GPUs.
+    (16, {'data': 1, 'fsdp': -1}),  # A TPU pod slice.
+  ],
+)
+def test_the_documented_multi_device_commands_fit_the_big_config(devices, mesh):
+  flags = ' '.join(f'--config.mesh.{key}={value}' for key, value in mesh.items())
+  assert flags in (REPO / 'docs' / 'devices.md').read_text()  # The command as shipped.
+  config = wmt14_ende_big.get_config()
+  config.dtype = 'bfloat16'
+  for key, value in mesh.items():
+    config.mesh[key] = value
+  config_lib.validate(config, devices)
+
+
+def test_eval_help_shows_no_default_that_the_runs_config_overrides():
+  result = _run('eval.py', '--helpfull')
+  flags_help = result.stdout.split('eval.py:')[1].split('\n\n')[0]
+  for flag in ('alpha', 'beam_size', 'checkpoint', 'decoder', 'max_extra_len'):
+    text = flags_help.split(f'--{flag}:')[1].split('\n  --')[0]
+    assert '(default: ' in text and "the run's" in text or flag == 'decoder', text
+    assert not re.search(r"\(default: '[^']*'\)", text), text  # absl's own: a fixed value.
+
+
+def test_eval_names_where_a_default_checkpoint_came_from(copied_run):
+  workdir, _ = copied_run
+  saved = json.loads((workdir / 'config.json').read_text())
+  saved['decode']['checkpoint'], saved['keep_checkpoints'] = 'avg:10', 10
+  (workdir / 'config.json').write_text(json.dumps(saved, indent=2, sort_keys=True))
+  result = _run('eval.py', f'--workdir={workdir}', '--decoder=greedy')
+  assert result.returncode == 1, result.stderr[-3000:]
+  [message] = _last_lines(result, 1)
+  assert "checkpoint='avg:10' needs 10 checkpoints, but there are only 1: [2]." in message
+  assert "--checkpoint was not given, so 'avg:10' is the run's config.decode.checkpoint" in message
+  assert f'(in {workdir}/config.json); pass --checkpoint=latest' in message
+
+
+def _result(workdir, references, hypotheses):
+  out = workdir / 'eval'
+  out.mkdir(parents=True)
+  (out / 'references-test.txt').write_text(''.join(r + '\n' for r in references))
+  (out / 'step_10-test.txt').write_text(''.join(h + '\n' for h in hypotheses))
+  scores = scoring.corpus_scores(hypotheses, references) | {'split': 'test'}
+  (out / 'step_10-test.json').write_text(json.dumps(scores))
+  return str(out / 'step_10-test.json')
+
+
+def test_compare_warns_of_too_few_samples_and_compares_case_folded_output_lowercased(tmp_path):
+  references = [de.capitalize() + '.' for _, de in synthetic_pairs(60, seed=5)]
+  cased = _result(tmp_path / 'cased', references, [r[:-1] for r in references])
+  folded = _result(tmp_path / 'folded', references, [r.lower() for r in references])
+  result = _run('compare.py', cased, folded, '--n_samples=10')
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert '--n_samples=10: the smallest p-value 10 samples can give is 1/11 = 0.091' in result.stderr
+  assert 'Use at least 20' in result.stderr
+  assert f'The translations of {folded} are all lowercase' in result.stdout
+  assert 'comparing lowercased BLEU (bleu_lc) instead of cased BLEU' in result.stdout
+  assert 'BLEU-lc' in result.stdout
+  asked = _run('compare.py', cased, folded, '--metrics=bleu')  # Asked for: warned, kept.
+  assert 'Add bleu_lc to --metrics to compare them' in asked.stderr
+  assert 'BLEU-lc' not in asked.stdout

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from transformer.errors import Refusal
 
@@ -38,11 +39,24 @@ def keep_if_finite(finite: jax.Array, new: Any, old: Any) -> Any:
   return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
 
+def advice(config: ml_collections.ConfigDict) -> str:
+  """What to change in `config` against a divergence: the fields that set the rate in this run."""
+  if config.peak_learning_rate is not None:
+    rate = f'Lower config.peak_learning_rate (now {config.peak_learning_rate:g})'
+  else:  # Eq. 3's peak: lr_scale * (d_model * warmup_steps)^-0.5.
+    rate = f'Lower config.lr_scale (now {config.lr_scale:g})'
+  rate += f' or lengthen config.warmup_steps (now {config.warmup_steps})'
+  if config.grad_clip_norm > 0:
+    return f'{rate}, or lower config.grad_clip_norm (now {config.grad_clip_norm:g})'
+  return f'{rate}, or set config.grad_clip_norm (e.g. 1.0)'
+
+
 class DivergenceMonitor:
   """Finds the first non-finite step among those recorded since the last check."""
 
-  def __init__(self, skip_nonfinite_steps: bool):
+  def __init__(self, skip_nonfinite_steps: bool, advice: str = 'Lower the learning rate'):
     self._active = not skip_nonfinite_steps  # Skipped steps are counted, not errors.
+    self._advice = advice  # What to change before a rerun (`advice`).
     self._pending: list[tuple[int, dict[str, jax.Array]]] = []
 
   def record(self, step: int, sums: dict[str, jax.Array]) -> None:
@@ -75,6 +89,6 @@ class DivergenceMonitor:
       )
       raise NonFiniteError(
         f'Training diverged at step {step}: {" and ".join(bad)}. No checkpoint was written from '
-        f'this state; {resume}. Lower config.lr_scale or set config.grad_clip_norm before '
-        'rerunning, or set config.skip_nonfinite_steps=True to skip such updates.'
+        f'this state; {resume}. {self._advice} before rerunning, or set '
+        'config.skip_nonfinite_steps=True to skip such updates.'
       )

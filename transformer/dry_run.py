@@ -12,8 +12,14 @@ def run(config: ml_collections.ConfigDict, num_devices: int | None = None) -> in
   """Prints the parameter table, FLOPs per token, the train step's memory per device (with
   the mesh over `num_devices`, default this host's devices; `transformer/memory.py`) and a
   last line `params: N`; returns N."""
-  num_devices = jax.device_count() if num_devices is None else num_devices
-  config_lib.validate(config, num_devices)
+  platform = jax.devices()[0].platform
+  if num_devices is None:  # This host's devices: what train.py would refuse here, refused.
+    config_lib.validate(config, jax.device_count())
+    config_lib.raise_if(config_lib.platform_errors(config, platform))
+  else:  # Planned for other devices: this host's kind is not theirs, but say what it lacks.
+    config_lib.validate(config, num_devices)
+    for error in config_lib.platform_errors(config, platform):
+      print(f'Note: not on this host: {error}')
   model_config = ModelConfig.from_config(config)
   model, _ = training.create_models(model_config)
   params = summary.abstract_params(model)
@@ -24,7 +30,7 @@ def run(config: ml_collections.ConfigDict, num_devices: int | None = None) -> in
     f'model FLOPs per target token at length {config.data.max_len}: '
     f'forward {flops["forward"] / 1e6:,.1f}M, training step {flops["train"] / 1e6:,.1f}M'
   )
-  print(memory.format_memory(memory.step_memory(config, num_devices)))
+  print(memory.format_memory(memory.step_memory(config, num_devices or jax.device_count())))
   millions = f'{total / 1e6:.1f}M' if total >= 1e6 else f'{total / 1e6:.3f}M'
   print(f'params: {millions} ({total})')
   return total

@@ -136,6 +136,10 @@ def restore_params(run: Setup, workdir: str, checkpoint: str):
 # --- Which checkpoints: one, the last N averaged, the best by validation BLEU --------------------
 
 
+class NoSuchCheckpoint(InvalidInput):
+  """A checkpoint spec names checkpoints the run does not hold; the message lists those it does."""
+
+
 def select_best_steps(scores: dict[int, float], checkpoint: str) -> list[int]:
   """Steps named by 'best' or 'avg_best:N' (the N with the highest BLEU), in step order.
 
@@ -143,12 +147,14 @@ def select_best_steps(scores: dict[int, float], checkpoint: str) -> list[int]:
   """
   kept = ', '.join(f'{step} (BLEU {bleu:.2f})' for step, bleu in scores.items())
   if not scores:
-    raise InvalidInput('There are no best checkpoints.')
+    raise NoSuchCheckpoint('There are no best checkpoints.')
   count = '1' if checkpoint == 'best' else checkpoint[len('avg_best:') :]
   if not count.isdigit() or int(count) < 1:
-    raise InvalidInput(f'checkpoint={checkpoint!r}: expected avg_best:N with N a positive integer.')
+    raise NoSuchCheckpoint(
+      f'checkpoint={checkpoint!r}: expected avg_best:N with N a positive integer.'
+    )
   if int(count) > len(scores):
-    raise InvalidInput(
+    raise NoSuchCheckpoint(
       f'checkpoint={checkpoint!r} needs {count} best checkpoints, but the run kept '
       f'{len(scores)} (config.keep_best_checkpoints): {kept}.'
     )
@@ -165,31 +171,31 @@ def select_steps(available: list[int], checkpoint: str) -> list[int]:
   """
   available = sorted(available)
   if not available:
-    raise InvalidInput('There are no checkpoints.')
+    raise NoSuchCheckpoint('There are no checkpoints.')
   if checkpoint == 'latest':
     return available[-1:]
   if checkpoint.startswith('avg:'):
     if error := domains.checkpoint_spec_error(checkpoint):
-      raise InvalidInput(error)
+      raise NoSuchCheckpoint(error)
     count = domains.averaged_count(checkpoint)
     last_step = domains.averaged_last_step(checkpoint)
     if last_step is not None:
       if last_step not in available:
-        raise InvalidInput(
+        raise NoSuchCheckpoint(
           f'checkpoint={checkpoint!r}: there is no checkpoint at step {last_step}; the '
           f'checkpoints are at steps {available}.'
         )
       available = [step for step in available if step <= last_step]
     if count > len(available):
       upto = '' if last_step is None else f' up to step {last_step}'
-      raise InvalidInput(
+      raise NoSuchCheckpoint(
         f'checkpoint={checkpoint!r} needs {count} checkpoints, but there are only '
         f'{len(available)}{upto}: {available}.'
       )
     return available[-count:]
   if checkpoint.isdigit() and int(checkpoint) in available:
     return [int(checkpoint)]
-  raise InvalidInput(
+  raise NoSuchCheckpoint(
     f'checkpoint={checkpoint!r} does not exist; the checkpoints are at steps {available} '
     f"(or use 'latest' or 'avg:N')."
   )

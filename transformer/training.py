@@ -448,7 +448,7 @@ def _train_and_evaluate(
   logging.info('Training from step %d to %d on mesh %s.', start_step, last_step, dict(mesh.shape))
   progress = metrics.Progress(start_step, config.num_train_steps)
   input_wait = metrics.InputWait(train_iter, config.data.num_workers)
-  monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps)
+  monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps, divergence.advice(config))
   train_sums, summary = None, {}
   profiler = metrics.StepProfiler(storage.join(workdir, 'profile'), start_step + 2, profile_steps)
   watcher.arm()  # From here a signal stops the run after a step, with a checkpoint of it.

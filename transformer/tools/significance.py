@@ -58,6 +58,24 @@ class System:
   results: dict[str, Any]  # The .json's contents.
 
 
+def smallest_p_value(n_samples: int) -> float:
+  """The smallest p-value sacreBLEU's paired tests can give with `n_samples`: 1 / (n + 1).
+
+  Both tests count the resamples (or trials) at least as extreme as the real difference,
+  plus one, over n + 1; below 1 / ALPHA - 1 samples no difference can be significant.
+  """
+  return 1.0 / (n_samples + 1)
+
+
+def case_folded(system: System) -> bool:
+  """Whether every translation is lowercase while the references are not (a case-folding
+  vocabulary, `config.data.spm_normalization='nmt_nfkc_cf'`): cased BLEU then counts every
+  capital as an error, and only the lowercased BLEU compares the translations."""
+  return not any(c.isupper() for line in system.hypotheses for c in line) and any(
+    c.isupper() for line in system.references for c in line
+  )
+
+
 def _read_lines(path: str) -> list[str]:
   text = storage.read_text(path)
   return text.split('\n')[:-1] if text.endswith('\n') else text.split('\n') if text else []

@@ -1,5 +1,6 @@
-"""The README and docs/ pages stay true to the repository: links resolve, commands use real flags
-and config keys, and the README's quoted result is the config docstring's text.
+"""The README, the docs/ pages (the manual) and the results/ pages (the studies) stay true to the
+repository: links resolve, commands use real flags and config keys, and the README's quoted result
+is the config docstring's text.
 
 Reads files only (no JAX), so it runs in well under a second.
 """
@@ -14,7 +15,10 @@ import ml_collections
 import pytest
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = [REPO_ROOT / 'README.md', *sorted((REPO_ROOT / 'docs').glob('*.md'))]
+MANUAL = sorted((REPO_ROOT / 'docs').rglob('*.md'))
+# A study's page; the summary.md files beside it are sweep outputs, read as committed.
+STUDIES = sorted((REPO_ROOT / 'results').glob('*.md'))
+PAGES = [REPO_ROOT / 'README.md', *MANUAL, *STUDIES]
 CONFIG_FILES = sorted(
   [*(REPO_ROOT / 'configs').glob('*.py'), *(REPO_ROOT / 'configs' / 'sweeps').glob('*.py')]
 )
@@ -45,7 +49,9 @@ def _links(page: pathlib.Path) -> list[str]:
   return [t for t in _LINK.findall(text) if not re.match(r'[a-z]+://|mailto:', t)]
 
 
-@pytest.mark.parametrize('page', PAGES, ids=_rel)
+@pytest.mark.parametrize(
+  'page', [*PAGES, *sorted((REPO_ROOT / 'results').rglob('*/**/*.md'))], ids=_rel
+)
 def test_relative_links_resolve(page):
   broken = []
   for target in _links(page):
@@ -58,10 +64,20 @@ def test_relative_links_resolve(page):
   assert not broken, f'{_rel(page)} has broken links (fix the link or the heading): {broken}'
 
 
-def test_every_docs_page_is_linked_from_the_readme():
+def test_every_docs_and_study_page_is_linked_from_the_readme():
   linked = {(REPO_ROOT / t.partition('#')[0]).resolve() for t in _links(REPO_ROOT / 'README.md')}
   missing = [_rel(p) for p in PAGES[1:] if p.resolve() not in linked]
-  assert not missing, f'docs pages the README does not link to (add them to "Read more"): {missing}'
+  assert not missing, f'pages the README does not link to (add them to "Read more"): {missing}'
+
+
+def test_studies_are_apart_from_the_manual():
+  """docs/ is the manual: pages and the figures they show; run outputs live in results/."""
+  stray = [
+    _rel(p)
+    for p in (REPO_ROOT / 'docs').rglob('*')
+    if p.is_file() and p.suffix not in ('.md', '.png')
+  ]
+  assert not stray, f'run outputs belong beside their study in results/, not in docs/: {stray}'
 
 
 def _docstring(path: pathlib.Path) -> str:

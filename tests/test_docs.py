@@ -80,6 +80,17 @@ def test_studies_are_apart_from_the_manual():
   assert not stray, f'run outputs belong beside their study in results/, not in docs/: {stray}'
 
 
+@pytest.mark.parametrize('page', STUDIES, ids=_rel)
+def test_every_study_opens_with_its_result(page):
+  headings = re.findall(
+    r'^#+ (.+)$', _FENCE.sub('', page.read_text(encoding='utf-8')), re.MULTILINE
+  )
+  assert headings[1:2] == ['Result'], (
+    f'{_rel(page)} should open with a short "## Result" section, right under its title; '
+    f'its headings are {headings[:3]}'
+  )
+
+
 def _docstring(path: pathlib.Path) -> str:
   return ast.get_docstring(ast.parse(path.read_text(encoding='utf-8'))) or ''
 

@@ -1,7 +1,8 @@
 """The README, the docs/ pages (the manual) and the results/ pages (the studies) stay true to the
 repository: links resolve, commands use real flags and config keys, every figure the README quotes
 is in the file it cites (its quoted result block verbatim in the config docstring), the README's
-install and test commands are those CI runs, and each study opens with its result.
+install and test commands are those CI runs, and each study opens with its result and keeps only
+the run outputs its pages cite.
 
 Reads files only (no JAX), so it runs in well under a second.
 """
@@ -79,6 +80,31 @@ def test_studies_are_apart_from_the_manual():
     if p.is_file() and p.suffix not in ('.md', '.png')
   ]
   assert not stray, f'run outputs belong beside their study in results/, not in docs/: {stray}'
+
+
+def test_results_keep_only_what_their_pages_cite():
+  """A study keeps the run outputs its pages cite: every file in a study's folder is named by a
+  page, or lies in a folder a page names, deeper than the study's own folder (which would cite
+  everything)."""
+  results = REPO_ROOT / 'results'
+  studies = '|'.join(re.escape(p.name) for p in results.iterdir() if p.is_dir())
+  mention = re.compile(rf'(?<![\w/])(?:results/)?((?:{studies})/[^\s)\]`\'",*]+)')
+  cited = set()
+  for page in [*STUDIES, *MANUAL]:
+    for path in mention.findall(page.read_text(encoding='utf-8')):
+      path = (results / path.rstrip('/.:;')).resolve()
+      if path.exists() and path.parent != results.resolve():
+        cited.add(path)
+  uncited = [
+    _rel(f)
+    for f in sorted(results.rglob('*'))
+    if f.is_file()
+    and f.parent != results
+    and not any(c == f.resolve() or c in f.resolve().parents for c in cited)
+  ]
+  assert not uncited, (
+    f'run outputs no page cites (cite them where the study reads them, or delete them): {uncited}'
+  )
 
 
 @pytest.mark.parametrize('page', STUDIES, ids=_rel)

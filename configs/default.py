@@ -21,7 +21,7 @@ scored by `python eval.py --workdir=workdirs/m30k [FLAGS]`:
   step 1500, greedy (--decoder=greedy)    35.6       35.5                 60.4
 
 Each BLEU equals `sacrebleu REF -i WORKDIR/eval/<file>.txt` run by hand on the
-written translations. Over 3 seeds (docs/recipe.md stage 8), the last checkpoint, beam 4:
+written translations. Over 3 seeds (results/recipe.md stage 8), the last checkpoint, beam 4:
 test_2016_flickr 36.69 +- 0.60 sacreBLEU, 37.12 +- 0.58 lowercased; validation 36.60 +- 0.75,
 36.70 +- 0.71; 49-53 min each, not alone. Published text-only Transformers reach 38-41 (tokenized
 BLEU) on this test set with longer training.

@@ -19,7 +19,7 @@ scored beyond 64 and says so.
 
 Measured (one seed each): 9-17 min of wall time per run on a shared 2-core CPU;
 the test perplexity of each position encoding per window length and position
-band is the table in docs/language_model.md ("Length extrapolation").
+band is the table in results/lm_extrapolation.md.
 """
 
 import ml_collections

@@ -1,6 +1,6 @@
 """Multi30k En->De within an hour on 2 CPU cores: the recipe study's modern candidate.
 
-The recipe study (docs/recipe.md) chooses the best recipe on the validation split. This is
+The recipe study (results/recipe.md) chooses the best recipe on the validation split. This is
 its best candidate that uses the modern switches: the paper-faithful recipe,
 configs/multi30k_paper.py (Transformer-Tiny: d_model 128, 4+4 layers, 4 heads, d_ff 256,
 shared embeddings, label smoothing 0.1, dropout 0.2, peak learning rate 0.005 after 800
@@ -12,7 +12,7 @@ last step.
       --config.data.manual_dir=../shared/data/multi30k
   python eval.py --workdir=workdirs/m30k_best
 
-Expected (measured over 3 seeds, 2-core x86 CPU; docs/recipe.md stage 6): 2.3M
+Expected (measured over 3 seeds, 2-core x86 CPU; results/recipe.md stage 6): 2.3M
 parameters; 2,800 steps in 45-48 min alone (54.8 min on a slower machine). Scored by
 `python eval.py --workdir=workdirs/m30k_best [--split=validation]` with the config's
 decoding (the last 10 checkpoints averaged, beam 5, alpha 1.0), mean +- std:
@@ -24,9 +24,9 @@ decoding (the last 10 checkpoints averaged, beam 5, alpha 1.0), mean +- std:
 Lowercased BLEU is the Multi30k papers' score (docs/evaluation.md): below the 41.02 of
 their text-only Transformer-Tiny (Wu et al., 2021), which trains on up to 5.7 times the
 tokens (8,000 updates of 8,192 against 2,800 of 4,096). Against configs/default.py, 3 seeds
-each on test_2016_flickr (docs/recipe.md stage 8): +2.90 lowercased BLEU, p = 0.001 paired
+each on test_2016_flickr (results/recipe.md stage 8): +2.90 lowercased BLEU, p = 0.001 paired
 over the sentences and p = 0.011 across seeds (Welch's t-test). More steps do not close
-the gap (docs/recipe.md stage 8, seed 0, each run's decay spanning its steps): 5,600 steps
+the gap (results/recipe.md stage 8, seed 0, each run's decay spanning its steps): 5,600 steps
 (--config.num_train_steps=5600, 79 minutes alone) score 40.97 on validation and 40.57 on
 test, about half a point more and not significant over the sentences; 11,200 (3 hours) score
 40.86 and 39.86, as the validation loss stops falling near step 3,500 at any length.

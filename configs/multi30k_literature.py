@@ -1,6 +1,6 @@
 """Multi30k En->De: the literature's text-only Transformer-Tiny recipe, with its compute.
 
-The peer run of the recipe study (docs/recipe.md stage 10): the recipe behind Wu et al.'s
+The peer run of the recipe study (results/recipe.md stage 10): the recipe behind Wu et al.'s
 (ACL 2021) 41.02 lowercased BLEU on test2016, trained as long as they trained it, to measure
 whether this code reaches that score given what the literature gave its model. From the
 `README-baseline.md` of the public `LividWo/Revisit-MMT` repository and the defaults of its
@@ -24,7 +24,7 @@ Where this run differs, and why:
       --config.data.manual_dir=../shared/data/multi30k
   python eval.py --workdir=workdirs/m30k_literature
 
-Expected (docs/recipe.md stage 10; 3 seeds, 2-core x86 CPU): 0.61-0.76 updates a second,
+Expected (results/recipe.md stage 10; 3 seeds, 2-core x86 CPU): 0.61-0.76 updates a second,
 so about 3-3.3 hours for the 8,000. Stopped at 5,000 (1 h 57 min to 2 h 7 min,
 `--config.num_train_steps=5000` trains exactly that prefix) and scored with
 `--checkpoint=avg:10@5000`: validation 41.99 +- 0.43, test_2016_flickr **41.45 +- 0.18**

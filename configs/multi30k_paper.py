@@ -1,6 +1,6 @@
 """Multi30k En->De within an hour on 2 CPU cores, with the paper's architecture.
 
-The recipe study's paper-faithful choice (docs/recipe.md): its base,
+The recipe study's paper-faithful choice (results/recipe.md): its base,
 configs/recipe_study.py, with the settings chosen on the validation split. Post-LN,
 sinusoidal positions, ReLU, shared embeddings, label smoothing 0.1, Adam (0.9, 0.98, 1e-9)
 under the inverse-square-root schedule of equation 3, at the "Transformer-Tiny" size of the
@@ -13,7 +13,7 @@ by beam search with beam 5 and length penalty 1.0.
       --config.data.manual_dir=../shared/data/multi30k
   python eval.py --workdir=workdirs/m30k_paper
 
-Measured over 3 seeds (2-core x86 CPU; 2.3M parameters; docs/recipe.md stages 6-8): 2,800
+Measured over 3 seeds (2-core x86 CPU; 2.3M parameters; results/recipe.md stages 6-8): 2,800
 steps in 39-46 minutes alone. Scored by `python eval.py --workdir=workdirs/m30k_paper
 [--split=validation]` with the config's decoding, mean +- std:
 
@@ -25,7 +25,7 @@ Against configs/default.py, 3 seeds each on test_2016_flickr: +1.66 lowercased B
 0.001 paired over the sentences and p = 0.020 across seeds (Welch's t-test);
 configs/multi30k_best.py (pre-LN, linear decay) is 1.24 above it (p = 0.001 and 0.020).
 Trained on under the same schedule (--config.num_train_steps, scored with eval.py
---checkpoint=avg:10@STEP, docs/recipe.md stage 7), seed 0 scores on validation and test:
+--checkpoint=avg:10@STEP, results/recipe.md stage 7), seed 0 scores on validation and test:
 3,600 steps (60 minutes) 40.87 and 39.01; 4,400 (73 minutes) 40.95 and 40.01; 6,000 (99
 minutes) 41.89 and 39.81. Over 3 seeds at 3,600 steps, validation 40.60 +- 0.27.
 """

@@ -1,4 +1,4 @@
-"""Multi30k En->De: the base of the recipe study (docs/recipe.md), Transformer-Tiny sized.
+"""Multi30k En->De: the base of the recipe study (results/recipe.md), Transformer-Tiny sized.
 
 The screening runs of the study override this config one setting at a time
 (`configs/sweeps/recipe_screen.py`); its two candidate recipes are

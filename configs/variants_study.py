@@ -12,9 +12,8 @@ Compare the variants at equal steps:
 
 Metric: validation loss (label-smoothed) and greedy sacreBLEU of the whole
 validation split at step 300. Measured (2-core CPU, 3 seeds, with the tests of
-each switch against the paper's model): the table in docs/variants.md ("The
-study"). Early in training, as here, the differences show how fast each variant
-learns, not where it ends.
+each switch against the paper's model): the table in results/variants.md. Early in
+training, as here, the differences show how fast each variant learns, not where it ends.
 """
 
 import ml_collections

@@ -1,5 +1,8 @@
-"""The README and docs/ pages stay true to the repository: links resolve, commands use real flags
-and config keys, and the README's quoted result is the config docstring's text.
+"""The README, the docs/ pages (the manual) and the results/ pages (the studies) stay true to the
+repository: links resolve, commands use real flags and config keys, every figure the README quotes
+is in the file it cites (its quoted result block verbatim in the config docstring), the README's
+install and test commands are those CI runs, and each study opens with its result and keeps only
+the run outputs its pages cite.
 
 Reads files only (no JAX), so it runs in well under a second.
 """
@@ -14,7 +17,10 @@ import ml_collections
 import pytest
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = [REPO_ROOT / 'README.md', *sorted((REPO_ROOT / 'docs').glob('*.md'))]
+MANUAL = sorted((REPO_ROOT / 'docs').rglob('*.md'))
+# A study's page; the summary.md files beside it are sweep outputs, read as committed.
+STUDIES = sorted((REPO_ROOT / 'results').glob('*.md'))
+PAGES = [REPO_ROOT / 'README.md', *MANUAL, *STUDIES]
 CONFIG_FILES = sorted(
   [*(REPO_ROOT / 'configs').glob('*.py'), *(REPO_ROOT / 'configs' / 'sweeps').glob('*.py')]
 )
@@ -45,7 +51,9 @@ def _links(page: pathlib.Path) -> list[str]:
   return [t for t in _LINK.findall(text) if not re.match(r'[a-z]+://|mailto:', t)]
 
 
-@pytest.mark.parametrize('page', PAGES, ids=_rel)
+@pytest.mark.parametrize(
+  'page', [*PAGES, *sorted((REPO_ROOT / 'results').rglob('*/**/*.md'))], ids=_rel
+)
 def test_relative_links_resolve(page):
   broken = []
   for target in _links(page):
@@ -58,10 +66,56 @@ def test_relative_links_resolve(page):
   assert not broken, f'{_rel(page)} has broken links (fix the link or the heading): {broken}'
 
 
-def test_every_docs_page_is_linked_from_the_readme():
+def test_every_docs_and_study_page_is_linked_from_the_readme():
   linked = {(REPO_ROOT / t.partition('#')[0]).resolve() for t in _links(REPO_ROOT / 'README.md')}
   missing = [_rel(p) for p in PAGES[1:] if p.resolve() not in linked]
-  assert not missing, f'docs pages the README does not link to (add them to "Read more"): {missing}'
+  assert not missing, f'pages the README does not link to (add them to "Read more"): {missing}'
+
+
+def test_studies_are_apart_from_the_manual():
+  """docs/ is the manual: pages and the figures they show; run outputs live in results/."""
+  stray = [
+    _rel(p)
+    for p in (REPO_ROOT / 'docs').rglob('*')
+    if p.is_file() and p.suffix not in ('.md', '.png')
+  ]
+  assert not stray, f'run outputs belong beside their study in results/, not in docs/: {stray}'
+
+
+def test_results_keep_only_what_their_pages_cite():
+  """A study keeps the run outputs its pages cite: every file in a study's folder is named by a
+  page, or lies in a folder a page names, deeper than the study's own folder (which would cite
+  everything)."""
+  results = REPO_ROOT / 'results'
+  studies = '|'.join(re.escape(p.name) for p in results.iterdir() if p.is_dir())
+  mention = re.compile(rf'(?<![\w/])(?:results/)?((?:{studies})/[^\s)\]`\'",*]+)')
+  cited = set()
+  for page in [*STUDIES, *MANUAL]:
+    for path in mention.findall(page.read_text(encoding='utf-8')):
+      path = (results / path.rstrip('/.:;')).resolve()
+      if path.exists() and path.parent != results.resolve():
+        cited.add(path)
+  uncited = [
+    _rel(f)
+    for f in sorted(results.rglob('*'))
+    if f.is_file()
+    and f.parent != results
+    and not any(c == f.resolve() or c in f.resolve().parents for c in cited)
+  ]
+  assert not uncited, (
+    f'run outputs no page cites (cite them where the study reads them, or delete them): {uncited}'
+  )
+
+
+@pytest.mark.parametrize('page', STUDIES, ids=_rel)
+def test_every_study_opens_with_its_result(page):
+  headings = re.findall(
+    r'^#+ (.+)$', _FENCE.sub('', page.read_text(encoding='utf-8')), re.MULTILINE
+  )
+  assert headings[1:2] == ['Result'], (
+    f'{_rel(page)} should open with a short "## Result" section, right under its title; '
+    f'its headings are {headings[:3]}'
+  )
 
 
 def _docstring(path: pathlib.Path) -> str:
@@ -149,23 +203,104 @@ def test_commands_use_real_flags_and_config_keys(where, script, args):
   assert not missing, f'{where}: `python {script}`: not keys of {config_file}: {missing}'
 
 
+README = REPO_ROOT / 'README.md'
+
+
+def _quickstart() -> str:
+  readme = README.read_text(encoding='utf-8')
+  quickstart = readme[readme.index('## Quickstart') :]
+  return quickstart[: quickstart.index('\n## ', 1)]
+
+
 def test_readme_quotes_the_quickstart_config_result_verbatim():
   """The quickstart's measured result is owned by the docstring of the config it trains."""
-  readme = (REPO_ROOT / 'README.md').read_text(encoding='utf-8')
-  quickstart = readme[readme.index('## Quickstart') :]
-  quickstart = quickstart[: quickstart.index('\n## ', 1)]
+  quickstart = _quickstart()
   configs = re.findall(r'python train\.py --config=(configs/\w+\.py)', quickstart)
   assert configs, 'The README quickstart should train a config: `python train.py --config=...`'
-  quotes = [
-    block
-    for lang, block in _FENCE.findall(quickstart)
-    if lang == 'text' and block.startswith('Expected')
-  ]
-  assert len(quotes) == 1, (
-    f'The README quickstart should quote one "Expected ..." block of {configs[0]}'
-  )
+  quotes = [block for lang, block in _FENCE.findall(quickstart) if lang == 'text']
+  assert len(quotes) == 1, f'The README quickstart should quote one block of {configs[0]}'
   docstring = _docstring(REPO_ROOT / configs[0])
   assert quotes[0].strip('\n') in docstring, (
     f'The README quickstart quotes {configs[0]}, the config it trains, whose docstring owns the '
     'figures; copy the changed lines of the docstring into the README quote, verbatim.'
+  )
+
+
+def test_readme_quickstart_is_install_test_train_evaluate_and_ci_runs_the_first_two():
+  """A newcomer copies the first four commands in order; CI (.ci/run) runs the first two as they
+  are written (its `python3` is the `python` of the README's environment)."""
+  commands = [block.strip() for lang, block in _FENCE.findall(_quickstart()) if lang == 'bash']
+  ci = [
+    line.strip().replace('python3 ', 'python ', 1)
+    for line in (REPO_ROOT / '.ci' / 'run').read_text(encoding='utf-8').splitlines()
+    if re.match(r'\s*python3 -m (pip install|pytest)\b', line)
+  ]
+  assert len(ci) == 2, f'.ci/run should run one pip install and one pytest command: {ci}'
+  assert commands[:2] == ci, (
+    f'The README quickstart should open with the install and test commands .ci/run runs '
+    f'(python3 written python): {ci}; it has {commands[:2]}'
+  )
+  train, evaluate = commands[2:4]
+  workdir = re.search(r'--workdir=(\S+)', train)
+  assert train.startswith('python train.py --config=') and workdir, train
+  assert evaluate.startswith(f'python eval.py --workdir={workdir.group(1)}'), (
+    f'The fourth quickstart command should evaluate the run the third trains: {evaluate}'
+  )
+
+
+# A figure: a number of the README's prose, or a pair `MEAN +- STD` (or ±) read as one.
+# Read in text _normal has written: no thousands separators, ± as +-.
+_PAIR = re.compile(r'(?<![\w.])(\d+(?:\.\d+)?) *\+- *(\d+(?:\.\d+)?)')
+_NUMBER = re.compile(r'(?<![\w.])\d+(?:\.\d+)?')
+_INLINE_CODE = re.compile(r'`([^`\n]+)`')
+
+
+def _normal(text: str) -> str:
+  """Thousands separators dropped and ± written +-, so that 2,800 is 2800 and 40.02 ± 0.12 is
+  40.02 +- 0.12 in the README and in its sources alike."""
+  return re.sub(r'(?<=\d),(?=\d{3}(?!\d))', '', text).replace('±', '+-')
+
+
+def _readme_units() -> list[str]:
+  """The README outside its code blocks, one paragraph or one table row at a time."""
+  text = _FENCE.sub('\n\n', README.read_text(encoding='utf-8'))
+  units = []
+  for block in re.split(r'\n\s*\n', text):
+    lines = block.strip().splitlines()
+    units += lines if lines and all(line.startswith('|') for line in lines) else [block.strip()]
+  return [unit for unit in units if unit]
+
+
+def _cited_files(unit: str) -> list[pathlib.Path]:
+  """The files a paragraph or row cites: its relative links and the repository paths it names."""
+  targets = [t.partition('#')[0] for t in _LINK.findall(unit) if not re.match(r'[a-z]+://', t)]
+  targets += _INLINE_CODE.findall(unit)
+  return [REPO_ROOT / t for t in targets if t and (REPO_ROOT / t).is_file()]
+
+
+def _figure_errors(unit: str) -> list[str]:
+  prose = _normal(_INLINE_CODE.sub(' ', unit))
+  pairs = [f'{mean} +- {std}' for mean, std in _PAIR.findall(prose)]
+  numbers = _NUMBER.findall(_PAIR.sub(' ', prose))
+  if not pairs and not numbers:
+    return []
+  sources = {_rel(f): _normal(f.read_text(encoding='utf-8')) for f in _cited_files(unit)}
+  if not sources:
+    return [f'{unit[:80]!r}... quotes {pairs + numbers} but cites no file they come from']
+
+  def found(figure: str) -> bool:
+    pattern = rf'(?<![\d.]){re.escape(figure)}(?![\d]|\.\d)'
+    return any(re.search(pattern, text) for text in sources.values())
+
+  missing = [figure for figure in pairs + numbers if not found(figure)]
+  return [f'{unit[:80]!r}...: {missing} are in none of {sorted(sources)}'] if missing else []
+
+
+def test_every_figure_the_readme_quotes_is_in_the_file_it_cites():
+  """Each paragraph or table row of the README that quotes a number links to, or names, the file
+  the number comes from (a config, a docs page, a study), and the number is there."""
+  errors = [error for unit in _readme_units() for error in _figure_errors(unit)]
+  assert not errors, (
+    'README figures not found in the files their paragraph cites (copy the figure from its '
+    'source, or cite the file that holds it):\n' + '\n'.join(errors)
   )

@@ -7,7 +7,7 @@
 4 trials, 56 min in all on a shared 2-core CPU, evaluations included (a run's
 time is in configs/lm_extrapolation.py); each trial's eval/*-extrapolation.json
 holds its perplexity in windows of 64, 128 and 256 tokens (the table is in
-docs/language_model.md, "Length extrapolation").
+results/lm_extrapolation.md).
 """
 
 

@@ -10,7 +10,7 @@
 
 Stage 3's best trial (configs/sweeps/recipe_full.py) decayed the rate linearly to 0. That
 schedule depends on num_train_steps, so each model trains as many steps as fit 60
-minutes alone on 2 CPU cores (docs/recipe.md, stage 2: ~0.98 steps/s pre-LN, ~1.07 post-LN),
+minutes alone on 2 CPU cores (results/recipe.md, stage 2: ~0.98 steps/s pre-LN, ~1.07 post-LN),
 less a margin of ~3 minutes for compile, evaluations and noise. Each is scored the way a
 recipe is: the last 10 checkpoints averaged, beam 5, length penalty 1.0 (stage 3's decoding
 grid). Selection is on the validation split only.

@@ -6,7 +6,7 @@
       --config.num_train_steps=3600 --config.keep_checkpoints=40 \
       --config.data.manual_dir=../shared/data/multi30k
 
-3,600 steps is about the most a 60-minute run trains on 2 CPU cores (docs/recipe.md); the
+3,600 steps is about the most a 60-minute run trains on 2 CPU cores (results/recipe.md); the
 40 checkpoints kept (one every 100 steps) let the study read off shorter budgets and the
 averages of the last N checkpoints afterwards. Under the inverse-square-root schedule the
 first 2,000 steps equal the screen's trials of the same settings (the schedule does not

@@ -6,12 +6,12 @@
       --config.data.manual_dir=../shared/data/multi30k
 
 configs/multi30k_best.py (pre-LN, linear decay to 0 over 2,800 steps) scores 40.25 +- 0.09
-lowercased BLEU on the validation split over 3 seeds (docs/recipe.md stage 6); twice its
+lowercased BLEU on the validation split over 3 seeds (results/recipe.md stage 6); twice its
 steps add ~0.7 and four times them nothing more (stage 8: the validation loss stops falling
 near step 3,500), so the hour's 41.0 needs a better use of the same steps, not more of them.
 Each trial changes one setting, keeps the wall time of the base (a faster step buys more
 steps), and is scored the recipe's way (the last 10 checkpoints averaged, beam 5, alpha 1.0),
-on the validation split only: docs/recipe.md stage 9.
+on the validation split only: results/recipe.md stage 9.
 """
 
 

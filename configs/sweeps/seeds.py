@@ -4,7 +4,7 @@
       --workdir=workdirs/paper_seeds --seeds=3 --parallel=2 --eval \
       --config.data.manual_dir=../shared/data/multi30k
 
-How much a recipe's score varies between training runs (docs/recipe.md measures each
+How much a recipe's score varies between training runs (results/recipe.md measures each
 recipe and configs/default.py this way; compare.py tests them against each other).
 """
 

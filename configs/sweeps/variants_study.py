@@ -11,7 +11,7 @@ SwiGLU at a matched parameter count), so a stopped sweep has the main ones.
 With 3 seeds per variant and two tests of each against the paper's model (27 runs
 of 2.5-3 minutes each, training and eval.py, about 75 minutes alone on 2 CPU cores;
 summary.md says which switches differ significantly from `base`, over sentences and
-across seeds; docs/variants.md has the measured table):
+across seeds; results/variants.md has the measured table):
 
   python sweep.py --config=configs/variants_study.py \
       --sweep=configs/sweeps/variants_study.py --workdir=workdirs/variants_study_3seeds \

@@ -29,7 +29,7 @@ def paired_tests(
   instead of N that would need a multiple-comparison correction (Clark et al. 2011
   test their optimizer replicas the same way). It resamples sentences only, so it
   does not see how much training runs differ: one lucky seed among three can make a
-  pooled difference significant (the variants study in docs/variants.md has one).
+  pooled difference significant (the variants study in results/variants.md has one).
   `seed_tests` is the test across seeds that the summary sets beside it.
 
   Returns (the comparison as `significance.compare` gives it, or None; a note on

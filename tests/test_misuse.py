@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grain
+import numpy as np
 import pytest
 from conftest import synthetic_pairs
 from test_reliability import _last_lines, _small_config, _snapshot, copied_run, small_run
@@ -19,9 +21,11 @@ from test_reliability import _last_lines, _small_config, _snapshot, copied_run, 
 from configs import tiny, wmt14_ende_big
 from transformer import config as config_lib
 from transformer import (
+  data_position,
   divergence,
   dry_run,
   errors,
+  input_pipeline,
   metrics,
   outputs,
   path_checks,
@@ -134,16 +138,9 @@ def test_curves_writes_exactly_the_output_named(tmp_path):
         'config.grad_clip_norm: 0.0 -> 1.0 turns gradient clipping by global norm on or off',
       ],
     ),
-    (
-      {'data.num_workers': 1},
-      [
-        'hold a data position that another number of worker processes cannot take up',
-        'config.data.num_workers: 0 -> 1',
-      ],
-    ),
   ],
 )
-def test_resume_that_changes_the_optimizer_or_data_layout_is_refused(
+def test_resume_that_changes_the_optimizer_layout_is_refused(
   small_run, copied_run, overrides, messages
 ):
   workdir, before = copied_run
@@ -358,3 +355,56 @@ def test_compare_warns_of_too_few_samples_and_compares_case_folded_output_lowerc
   asked = _run('compare.py', cased, folded, '--metrics=bleu')  # Asked for: warned, kept.
   assert 'Add bleu_lc to --metrics to compare them' in asked.stderr
   assert 'BLEU-lc' not in asked.stdout
+
+
+# --- The data position, carried over to another worker count -----------------------------------
+
+
+def _chunks() -> grain.MapDataset:
+  """Chunks of 2 or 3 rows (as packing makes them: about even), each row naming its chunk."""
+  return grain.MapDataset.range(100_000).map(
+    lambda c: {'chunk': np.full((2 + (c % 7 == 0), 2), c, np.int32)}
+  )
+
+
+def _batches(num_workers: int) -> grain.DatasetIterator:
+  it = iter(input_pipeline.packed_batches(_chunks(), 4, num_workers, drop_remainder=True))
+  return data_position.CarriedOver(it, num_workers)
+
+
+def _chunks_of(it, batches: int) -> list[int]:
+  return [int(c) for _ in range(batches) for c in next(it)['chunk'][:, 0]]
+
+
+@pytest.mark.parametrize(('before', 'after'), [(2, 0), (0, 2), (2, 3), (3, 1)])
+def test_a_data_position_carries_over_to_another_worker_count(before, after):
+  it = _batches(before)
+  seen = _chunks_of(it, 9)
+  state = it.get_state()
+  it.close()
+  first = data_position.first_unfinished_chunk(state)
+  assert all(c < first for c in set(range(first)) & set(seen))
+  resumed = _batches(after)
+  resumed.set_state(state)
+  again = _chunks_of(resumed, 12)
+  frontier = data_position.first_unfinished_chunk(resumed.get_state())
+  resumed.close()
+  # Every chunk before the first one not used whole was used, and is not read again; from
+  # it on, chunks are read (again) in the new layout, so nothing is skipped: every chunk
+  # before the new layout's own first unfinished one was used, before or after.
+  assert set(range(first)) <= set(seen) and min(again) == first
+  assert frontier > first and set(range(frontier)) <= set(seen) | set(again)
+  assert len(set(seen) & set(again)) <= 2 * max(before, 1)  # At most a chunk or two a worker.
+  fresh = _batches(after)  # The same layout started at that chunk reads the same chunks.
+  fresh.set_state(data_position.layout(first, after))
+  assert _chunks_of(fresh, 12) == again
+  fresh.close()
+
+
+def test_resume_with_another_worker_count_goes_on(small_run, copied_run, caplog):
+  workdir, _ = copied_run
+  _, corpus, data_dir = small_run
+  config = _small_config(corpus, data_dir, num_train_steps=4, **{'data.num_workers': 1})
+  training.train_and_evaluate(config, str(workdir))
+  assert sorted(p.name for p in (workdir / 'checkpoints').iterdir())[-1] == '4'
+  assert 'recorded the data position of 0 worker processes' in caplog.text

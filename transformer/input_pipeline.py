@@ -23,6 +23,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from transformer import data_position
 from transformer.errors import InvalidInput
 
 # Read and pack in the consuming thread (a worker process, or the training process with
@@ -220,7 +221,8 @@ def packed_train_iterator(
   packs chunks of them into rows of `config.data.max_len` with
   `packer(max_len, open_rows)` and batches `train_rows(config, shard_count)`
   rows, in `config.data.num_workers` worker processes. `get_state()` /
-  `set_state()` of the iterator checkpoint its position.
+  `set_state()` of the iterator checkpoint its position; `set_state()` takes
+  one saved with another worker count too (`data_position.carry_over`).
   """
   rows = train_rows(config, shard_count)
   check_shard(shard_index, shard_count)
@@ -228,7 +230,9 @@ def packed_train_iterator(
   ds = grain.MapDataset.range(num_examples)[shard_index::shard_count]
   ds = ds.shuffle(seed=config.seed).repeat(None).batch(chunk_examples(rows, length))
   ds = ds.map(packer(length, rows * PACKING_BINS_PER_ROW))
-  return iter(packed_batches(ds, rows, config.data.num_workers, drop_remainder=True))
+  batches = iter(packed_batches(ds, rows, config.data.num_workers, drop_remainder=True))
+  # A checkpoint's position is taken up with any worker count (`data_position`).
+  return data_position.CarriedOver(batches, config.data.num_workers)
 
 
 def packed_eval_batches(

@@ -95,7 +95,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
 
   Once the workdir holds a checkpoint: every model field and the vocabulary size
   (`_changes_weight_meaning`) must equal WORKDIR/config.json's, and so must what the
-  optimizer state, the data position and a decayed schedule depend on
+  optimizer state and a decayed schedule depend on
   (`_continuation_changes`); other keys may change (`write_config` reports them);
   `config.num_train_steps` must not lie below the latest checkpoint, and the data and an
   existing vocabulary must have the content the run recorded (`check_inputs`). Runs before
@@ -147,9 +147,10 @@ def _continuation_changes(
   """Why the run cannot go on from checkpoint `latest` with `config`, or None.
 
   The checkpoint holds an optimizer state whose layout depends on which optional
-  transforms are on (`_OPTIMIZER_SWITCH_KEYS`), a data position in the layout of
-  `config.data.num_workers` worker processes, best checkpoints ranked by one metric; and a
-  linear or cosine schedule past warm-up is already shaped by `config.num_train_steps`.
+  transforms are on (`_OPTIMIZER_SWITCH_KEYS`) and best checkpoints ranked by one metric;
+  a linear or cosine schedule past warm-up is already shaped by `config.num_train_steps`.
+  (Its data position is carried over to another `config.data.num_workers`:
+  `data_position`.)
   """
   current = _flatten(config)
   keep = 'Nothing was changed. Resume with the saved value (drop the override)'
@@ -161,15 +162,6 @@ def _continuation_changes(
         f'which adds or removes an entry of that state. {keep} (any value > 0 if it was on), '
         'or train in a new --workdir.'
       )
-  workers_before, workers = saved.get('data.num_workers'), current['data.num_workers']
-  if workers_before is not None and workers_before != workers:
-    return (
-      f'The checkpoints in {workdir}/checkpoints hold a data position that another number of '
-      f'worker processes cannot take up: config.data.num_workers: {workers_before!r} -> '
-      f'{workers!r}. The position records where each of the {workers_before or "no"} workers '
-      f'is in its share of the data (every {workers_before or 1}th chunk). {keep}, or train '
-      'in a new --workdir.'
-    )
   best_steps = checkpoints.committed_steps(storage.join(workdir, checkpoints.BEST_DIRECTORY))
   saved_target = saved.get('target_metric')
   kept_by = config_lib.selection_metric(saved_target) if saved_target else None

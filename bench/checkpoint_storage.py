@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer import checkpoints, errors, optim, sharding, storage, tasks, training  # noqa: E402
+from transformer import checkpoints, errors, optim, sharding, storage, tasks, train_steps  # noqa: E402
 from transformer.config import ModelConfig  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.')
@@ -56,8 +56,8 @@ def _state(config):
   devices = jax.devices()
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.axis_rules(config.mesh)
-  model, _ = training.create_models(model_config)
-  abstract, shardings = training.abstract_state_and_shardings(
+  model, _ = train_steps.create_models(model_config)
+  abstract, shardings = train_steps.abstract_state_and_shardings(
     model, optim.create_optimizer(config), tasks.get_task(config), mesh, rules
   )
   rng = np.random.default_rng(0)

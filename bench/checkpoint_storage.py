@@ -48,7 +48,7 @@ from transformer import (  # noqa: E402
   sharding,
   storage,
   tasks,
-  training,
+  train_steps,
 )
 from transformer.config import ModelConfig  # noqa: E402
 
@@ -66,8 +66,8 @@ def _state(config):
   devices = jax.devices()
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.axis_rules(config.mesh)
-  model, _ = training.create_models(model_config)
-  abstract, shardings = training.abstract_state_and_shardings(
+  model, _ = train_steps.create_models(model_config)
+  abstract, shardings = train_steps.abstract_state_and_shardings(
     model, optim.create_optimizer(config), tasks.get_task(config), mesh, rules
   )
   rng = np.random.default_rng(0)

@@ -47,7 +47,7 @@ from transformer import (  # noqa: E402
   evaluation,
   inference,
   tokenizer,
-  training,
+  train_steps,
 )
 from transformer.config import ModelConfig  # noqa: E402
 from transformer.tasks import translation  # noqa: E402
@@ -100,7 +100,7 @@ def load_config() -> tuple[ml_collections.ConfigDict, str]:
 
 def load_params(config: ml_collections.ConfigDict):
   """Checkpointed parameters with --workdir, otherwise random ones; and their label."""
-  model, _ = training.create_models(ModelConfig.from_config(config))
+  model, _ = train_steps.create_models(ModelConfig.from_config(config))
   if _WORKDIR.value:
     return evaluation.load_params(
       _WORKDIR.value, evaluation.setup(config).abstract_state, _CHECKPOINT.value

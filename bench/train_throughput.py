@@ -55,7 +55,7 @@ from transformer import (  # noqa: E402
   summary,
   tasks,
   tokenizer,
-  training,
+  train_steps,
 )
 from transformer.config import ModelConfig  # noqa: E402
 from transformer.tasks import translation  # noqa: E402
@@ -199,13 +199,13 @@ def main(argv):
 
   mesh = sharding.create_mesh(config.mesh)
   rules = sharding.axis_rules(config.mesh)
-  model, _ = training.create_models(ModelConfig.from_config(config))
+  model, _ = train_steps.create_models(ModelConfig.from_config(config))
   optimizer = optim.create_optimizer(config)
-  _, state_shardings = training.abstract_state_and_shardings(model, optimizer, task, mesh, rules)
-  state = training.create_train_state(
+  _, state_shardings = train_steps.abstract_state_and_shardings(model, optimizer, task, mesh, rules)
+  state = train_steps.create_train_state(
     model, optimizer, task, state_shardings, mesh, jax.random.key(0)
   )
-  step_fn = training.jit_train_step(
+  step_fn = train_steps.jit_train_step(
     config,
     model=model,
     optimizer=optimizer,

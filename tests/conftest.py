@@ -252,15 +252,15 @@ def abstract_run(
   batch of [rows, length] for each of the task's batch keys, split over the batch axes; and
   the train and eval steps jitted as train.py jits them (`jit_train_step`, `jit_eval_step`).
   """
-  from transformer import optim, sharding, tasks, training  # pylint: disable=g-import-not-at-top
+  from transformer import optim, sharding, tasks, train_steps  # pylint: disable=g-import-not-at-top
   from transformer.config import ModelConfig  # pylint: disable=g-import-not-at-top
 
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.axis_rules(config.mesh)
   task = tasks.get_task(config)
-  model, eval_model = training.create_models(ModelConfig.from_config(config))
+  model, eval_model = train_steps.create_models(ModelConfig.from_config(config))
   optimizer = optim.create_optimizer(config)
-  state, state_shardings = training.abstract_state_and_shardings(
+  state, state_shardings = train_steps.abstract_state_and_shardings(
     model, optimizer, task, mesh, rules
   )
   batch_sharding = sharding.batch_sharding(mesh, rules)
@@ -279,10 +279,10 @@ def abstract_run(
       k: jax.ShapeDtypeStruct((rows, length), jax.numpy.int32, sharding=batch_sharding)
       for k in task.batch_keys
     },
-    train_step=training.jit_train_step(
+    train_step=train_steps.jit_train_step(
       config, model=model, optimizer=optimizer, task=task, **shardings
     ),
-    eval_step=training.jit_eval_step(config, eval_model=eval_model, task=task, **shardings),
+    eval_step=train_steps.jit_eval_step(config, eval_model=eval_model, task=task, **shardings),
   )
 
 

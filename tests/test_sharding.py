@@ -30,6 +30,7 @@ from transformer import (
   sharding,
   storage,
   tasks,
+  train_steps,
   training,
   workdir_lock,
 )
@@ -101,7 +102,7 @@ def _train_two_steps(config):
   """Loss sums of two train steps on `config.mesh`, and the parameters after them (on host)."""
   run = abstract_run(config, _devices(config), ROWS, LENGTH)
   mesh, rules, task = run.mesh, run.rules, run.task
-  state = training.create_train_state(
+  state = train_steps.create_train_state(
     run.model, run.optimizer, task, run.state_shardings, mesh, jax.random.key(0)
   )
   losses = []
@@ -179,8 +180,8 @@ def test_variant_sharded_on_mixed_mesh_matches_single_device(variant):
 def test_fsdp_mesh_shards_every_large_parameter_and_its_adam_moments():
   config = _config(MESHES['fsdp'])
   mesh, rules = _mesh(config)
-  model, _ = training.create_models(ModelConfig.from_config(config))
-  abstract, _ = training.abstract_state_and_shardings(
+  model, _ = train_steps.create_models(ModelConfig.from_config(config))
+  abstract, _ = train_steps.abstract_state_and_shardings(
     model, optim.create_optimizer(config), tasks.get_task(config), mesh, rules
   )
   threshold = 1024  # Elements; biases and norm scales of this model stay below it.
@@ -232,9 +233,9 @@ def test_parameter_that_does_not_divide_over_the_tensor_mesh_axis_is_named():
   config = _config((1, 1, 2))
   config.vocab_size = 511  # Odd: the vocabulary cannot be split over tensor=2.
   mesh, rules = _mesh(config)
-  model, _ = training.create_models(ModelConfig.from_config(config))
+  model, _ = train_steps.create_models(ModelConfig.from_config(config))
   with pytest.raises(ValueError, match=r'shared_embedding.*\(511, 32\).*config.mesh.tensor=2'):
-    training.abstract_state_and_shardings(
+    train_steps.abstract_state_and_shardings(
       model, optim.create_optimizer(config), tasks.get_task(config), mesh, rules
     )
 

@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import tiny
-from transformer import checkpoints, metrics, optim, runs, training
+from transformer import checkpoints, metrics, optim, runs, train_steps, training
 from transformer.config import ModelConfig
 from transformer.tools import sweeps
 
@@ -109,7 +109,7 @@ def test_tiny_trains_in_bfloat16_with_float32_parameters(data_dirs, tmp_path):
   assert {str(x.dtype) for x in jax.tree.leaves((params, opt_state))} <= {'float32', 'int32'}
   # Activations and matmuls run in bfloat16: the logits, handed to the loss as float32, hold
   # only bfloat16 values (a float32 computation would almost never round to them exactly).
-  model, _ = training.create_models(ModelConfig.from_config(config))
+  model, _ = train_steps.create_models(ModelConfig.from_config(config))
   tokens = np.arange(3, 11, dtype=np.int32)[None]
   logits = model.apply({'params': params}, tokens, tokens, rngs={'dropout': jax.random.key(0)})
   assert logits.dtype == np.float32

@@ -66,7 +66,7 @@ def ordered(outputs):
   XLA:CPU runs computations that do not depend on each other (e.g. the evaluation
   steps of successive batches) at the same time, on a thread pool, so each process
   can reach their cross-process collectives in another order, and both then wait
-  forever (seen: two processes hung in `training.evaluate`). Accelerators run a
+  forever (seen: two processes hung in `train_steps.evaluate`). Accelerators run a
   process's computations in launch order, which is the same on every process.
   Returns `outputs`.
   """

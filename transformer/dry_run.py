@@ -4,7 +4,7 @@ import jax
 import ml_collections
 
 from transformer import config as config_lib
-from transformer import memory, summary, training
+from transformer import memory, summary, train_steps
 from transformer.config import ModelConfig
 
 
@@ -21,7 +21,7 @@ def run(config: ml_collections.ConfigDict, num_devices: int | None = None) -> in
     for error in config_lib.platform_errors(config, platform):
       print(f'Note: not on this host: {error}')
   model_config = ModelConfig.from_config(config)
-  model, _ = training.create_models(model_config)
+  model, _ = train_steps.create_models(model_config)
   params = summary.abstract_params(model)
   rows, total = summary.parameter_table(params)
   print(summary.format_table(rows, total))

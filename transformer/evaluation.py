@@ -36,7 +36,7 @@ from transformer import (
   sharding,
   storage,
   tasks,
-  training,
+  train_steps,
   workdir_lock,
 )
 from transformer import config as config_lib
@@ -105,8 +105,8 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   model_config = ModelConfig.from_config(config)
   task = tasks.get_task(config)
   mesh, rules = sharding.create_mesh(config.mesh), sharding.axis_rules(config.mesh)
-  model, _ = training.create_models(model_config)
-  abstract_state, _ = training.abstract_state_and_shardings(
+  model, _ = train_steps.create_models(model_config)
+  abstract_state, _ = train_steps.abstract_state_and_shardings(
     model, optim.create_optimizer(config), task, mesh, rules
   )
   return Setup(config, model_config, task, mesh, rules, abstract_state)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer import losses, optim, sharding, tasks, training
+from transformer import losses, optim, sharding, tasks, train_steps
 from transformer.config import ModelConfig
 
 GIB = 2**30
@@ -85,8 +85,8 @@ def step_memory(config: ml_collections.ConfigDict, num_devices: int) -> StepMemo
   mesh = jax.sharding.AbstractMesh(tuple(sizes.values()), sharding.MESH_AXES)
   rules = sharding.axis_rules(config.mesh)
   task = tasks.get_task(config)
-  model, _ = training.create_models(ModelConfig.from_config(config))
-  state, _ = training.abstract_state_and_shardings(
+  model, _ = train_steps.create_models(ModelConfig.from_config(config))
+  state, _ = train_steps.abstract_state_and_shardings(
     model, optim.create_optimizer(config), task, mesh, rules
   )
   rows = config.data.tokens_per_batch // config.data.max_len // sharding.batch_shards(sizes, rules)

@@ -1,16 +1,20 @@
-"""Training: sharded state set-up, jitted train and eval steps, and the loop that runs them."""
+"""Training: a run set up (or resumed), the loop of its steps, evaluations and checkpoints.
+
+`train_and_evaluate` checks the config and locks the workdir; `_train_and_evaluate`
+then reads as the run's parts in order: `_set_up` (checks, data, the restored
+checkpoint), `_open_outputs`, `_train` (the step loop: `_log_training`,
+`_evaluate`, `_track_best`, `_log_stop`) and `_shut_down`. The state and the
+jitted steps are `train_steps`'.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -22,7 +26,6 @@ from jax.sharding import Mesh
 
 from transformer import (
   checkpoints,
-  distributed,
   divergence,
   input_pipeline,
   losses,
@@ -36,13 +39,13 @@ from transformer import (
   storage,
   tasks,
   tokenizer,
+  train_steps,
 )
 from transformer import config as config_lib
 from transformer.config import ModelConfig
 from transformer.errors import InvalidInput
 from transformer.model import Transformer
 
-Batch = dict[str, jax.Array]
 # Training batches are placed on the devices this many steps before the step that uses them.
 PREFETCH_BATCHES = 2
 
@@ -62,206 +65,6 @@ class Hooks:
 
   after_step: Callable[[int, Callable[[], None]], None] | None = None
   during_save: Callable[[int], None] | None = None
-
-
-@flax.struct.dataclass
-class TrainState:
-  """Everything a resumed run needs besides the data position."""
-
-  step: jax.Array
-  params: Any
-  opt_state: Any
-  dropout_key: jax.Array  # Raw key data (uint32), so that checkpoints hold plain arrays.
-
-
-def create_models(model_config: ModelConfig) -> tuple[Transformer, Transformer]:
-  """The training model (dropout on) and the evaluation model (deterministic)."""
-  return Transformer(model_config), Transformer(model_config.replace(deterministic=True))
-
-
-def _init_state(key: jax.Array, *, model: Transformer, optimizer, task: tasks.Task) -> TrainState:
-  """Initial state with logically-annotated (boxed) parameters."""
-  params_key, dropout_key = jax.random.split(key)
-  dummy_batch = {k: jnp.ones((1, model.config.max_len), jnp.int32) for k in task.batch_keys}
-  params = model.init(params_key, **task.model_inputs(dummy_batch))['params']
-  return TrainState(
-    step=jnp.array(0, jnp.int32),
-    params=params,
-    opt_state=optimizer.init(params),
-    dropout_key=jax.random.key_data(dropout_key),
-  )
-
-
-def abstract_state_and_shardings(
-  model: Transformer, optimizer, task: tasks.Task, mesh: Mesh, rules: sharding.Rules
-):
-  """Shapes of the state (nothing allocated) and the NamedSharding of every array.
-
-  Parameters and Adam's moments get the shardings of their logical axis names
-  under `rules` (`config.mesh.rules`); a dimension that does not divide over
-  its mesh axes is an error naming the array.
-  """
-  init = functools.partial(_init_state, model=model, optimizer=optimizer, task=task)
-  boxed = jax.eval_shape(init, jax.random.key(0))
-  state_shardings = sharding.logical_shardings(nn.get_partition_spec(boxed), mesh, rules)
-  abstract = jax.tree.map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-    nn.meta.unbox(boxed),
-    state_shardings,
-  )
-  sharding.check_divisible(abstract, mesh)
-  return abstract, state_shardings
-
-
-def create_train_state(
-  model: Transformer, optimizer, task: tasks.Task, state_shardings, mesh: Mesh, key: jax.Array
-) -> TrainState:
-  """Initialises every array directly into its sharding (never whole on one device).
-
-  `state_shardings` come from `abstract_state_and_shardings`.
-  """
-  init = functools.partial(_init_state, model=model, optimizer=optimizer, task=task)
-  init_unboxed = lambda k: nn.meta.unbox(init(jax.random.wrap_key_data(k)))
-  # The key goes in as raw data replicated on the mesh, so every process passes the same value.
-  key_data = sharding.from_host(jax.random.key_data(key), sharding.replicated(mesh))
-  return jax.jit(init_unboxed, out_shardings=state_shardings)(key_data)
-
-
-def train_step(
-  state: TrainState,
-  batch: Batch,
-  *,
-  model: Transformer,
-  optimizer,
-  task: tasks.Task,
-  config: ml_collections.ConfigDict,
-):
-  """One optimizer update on the global batch, accumulated over `grad_accum_steps` slices.
-
-  The loss is the mean over all real target tokens of the whole batch, so the
-  update does not depend on how the batch is split into micro-batches. A step
-  with a non-finite loss or gradient norm counts in `nonfinite_steps`; under
-  `config.skip_nonfinite_steps` it leaves params and optimizer state as they were
-  and adds nothing to the other metrics.
-  """
-  accum = config.grad_accum_steps
-  step_key = jax.random.fold_in(jax.random.wrap_key_data(state.dropout_key), state.step)
-  micro_batches = jax.tree.map(lambda x: x.reshape(accum, -1, *x.shape[1:]), batch)
-
-  def summed_loss(params, micro_batch, key):
-    logits = model.apply(
-      {'params': params}, **task.model_inputs(micro_batch), rngs={'dropout': key}
-    )
-    _, sums = losses.loss_and_metrics(logits, micro_batch['tgt_tokens'], config.label_smoothing)
-    return sums['loss_sum'], sums
-
-  grad_fn = jax.grad(summed_loss, has_aux=True)
-
-  def accumulate(carry, inputs):
-    index, micro_batch = inputs
-    grads, sums = grad_fn(state.params, micro_batch, jax.random.fold_in(step_key, index))
-    return jax.tree.map(jnp.add, carry, (grads, sums)), None
-
-  zero_sums = {
-    k: jnp.zeros((), jnp.float32) for k in ('loss_sum', 'nll_sum', 'correct_sum', 'num_tokens')
-  }
-  init = (jax.tree.map(jnp.zeros_like, state.params), zero_sums)
-  (grads, sums), _ = jax.lax.scan(accumulate, init, (jnp.arange(accum), micro_batches))
-  grads = jax.tree.map(lambda g: g / jnp.maximum(sums['num_tokens'], 1.0), grads)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  sums['grad_norm_sum'] = optax.tree.norm(grads)
-  finite = divergence.finite_step(sums['loss_sum'], sums['grad_norm_sum'])
-  if config.skip_nonfinite_steps:
-    params, opt_state = divergence.keep_if_finite(
-      finite, (params, opt_state), (state.params, state.opt_state)
-    )
-    sums = divergence.keep_if_finite(finite, sums, jax.tree.map(jnp.zeros_like, sums))
-  sums[divergence.NONFINITE_KEY] = 1.0 - finite.astype(jnp.float32)
-  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums
-
-
-def eval_step(
-  params, batch: Batch, *, model: Transformer, task: tasks.Task, config: ml_collections.ConfigDict
-) -> dict[str, jax.Array]:
-  """Summed loss metrics of a batch (`losses.loss_and_metrics`)."""
-  logits = model.apply({'params': params}, **task.model_inputs(batch))
-  _, sums = losses.loss_and_metrics(logits, batch['tgt_tokens'], config.label_smoothing)
-  return sums
-
-
-def jit_train_step(
-  config: ml_collections.ConfigDict,
-  *,
-  model: Transformer,
-  optimizer,
-  task: tasks.Task,
-  state_shardings,
-  mesh: Mesh,
-  rules: sharding.Rules,
-):
-  """`train_step` jitted as a run uses it: (state, batch) -> (state, metrics).
-
-  The state keeps its shardings and is donated (updated in place); the batch is split over
-  the mesh's batch axes; the metrics come back replicated.
-  """
-  batch_sharding = sharding.batch_sharding(mesh, rules)
-  return jax.jit(
-    functools.partial(train_step, model=model, optimizer=optimizer, task=task, config=config),
-    in_shardings=(state_shardings, {k: batch_sharding for k in task.batch_keys}),
-    out_shardings=(state_shardings, sharding.replicated(mesh)),
-    donate_argnums=(0,),
-  )
-
-
-def jit_eval_step(
-  config: ml_collections.ConfigDict,
-  *,
-  eval_model: Transformer,
-  task: tasks.Task,
-  state_shardings,
-  mesh: Mesh,
-  rules: sharding.Rules,
-):
-  """`eval_step` jitted as a run uses it: (params, batch) -> replicated loss sums."""
-  batch_sharding = sharding.batch_sharding(mesh, rules)
-  return jax.jit(
-    functools.partial(eval_step, model=eval_model, task=task, config=config),
-    in_shardings=(state_shardings.params, {k: batch_sharding for k in task.batch_keys}),
-    out_shardings=sharding.replicated(mesh),
-  )
-
-
-def evaluate(eval_fn, params, batches: Iterable[dict[str, np.ndarray]], mesh: Mesh, rules):
-  """Summed metrics over a whole split (every example counted once, on every process)."""
-  total = None
-  for batch in batches:
-    sums = distributed.ordered(eval_fn(params, sharding.global_batch(batch, mesh, rules)))
-    total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-  if total is None:
-    raise InvalidInput('The evaluation split is empty.')
-  return jax.device_get(total)
-
-
-def _last_good_checkpoint(checkpointer: checkpoints.Checkpointer) -> str | None:
-  """Describes the newest committed checkpoint, after letting a save in flight commit."""
-  checkpointer.wait_until_finished()
-  step = checkpointer.latest_step()
-  return None if step is None else f'step {step} ({checkpointer.directory}/{step})'
-
-
-def _prepare_data(config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
-  """Prepares the data and vocabulary once, then loads the vocabulary on every process.
-
-  Process 0 goes first, so that processes sharing a filesystem never write the
-  same files at once; the others then find them ready (or, on hosts with their
-  own disks, prepare their own copy).
-  """
-  if jax.process_count() == 1:
-    return tokenizer.get_tokenizer(config)
-  vocab = tokenizer.get_tokenizer(config) if jax.process_index() == 0 else None
-  multihost_utils.sync_global_devices('data prepared')
-  return vocab or tokenizer.get_tokenizer(config)
 
 
 def train_and_evaluate(
@@ -330,41 +133,73 @@ def _train_and_evaluate(
   hooks: Hooks,
   started: float,
 ) -> dict[str, float]:
+  """Set-up and resume; then, unless the run is finished, its outputs, the step loop, shut-down."""
+  run = _set_up(config, workdir, devices, watcher, cleanup, restore_fallback, hooks)
+  final = _final_metrics_if_done(run)
+  if final is not None:
+    return final
+  _open_outputs(run, cleanup, started)
+  summary = _train(run, profile_steps)
+  _shut_down(run)
+  return summary
+
+
+@dataclasses.dataclass
+class _Run:
+  """What the parts of a run share: made by `_set_up`, its outputs added by `_open_outputs`."""
+
+  config: ml_collections.ConfigDict
+  workdir: str
+  mesh: Mesh
+  rules: sharding.Rules
+  state: train_steps.TrainState  # Restored or new; then each step's.
+  start_step: int  # The restored checkpoint's step (0: a new run).
+  train_iter: input_pipeline.DevicePrefetch
+  train_step_fn: Callable  # (state, batch) -> (state, sums): `train_steps.jit_train_step`.
+  eval_step_fn: Callable  # (params, batch) -> sums: `train_steps.jit_eval_step`.
+  eval_batches: Iterable[dict[str, np.ndarray]]  # The split of config.data.eval_split.
+  validation_metrics: Callable[[Any], dict[str, float]]  # params -> the task's (BLEU).
+  learning_rate: optax.Schedule  # The optimizer's, for the log.
+  run_inputs: dict[str, Any]  # The inputs' content, for the provenance record.
+  checkpointer: checkpoints.Checkpointer
+  selection_metric: str  # Ranks the best checkpoints and stops early.
+  stopping: runs.EarlyStopping  # Replayed from metrics.jsonl up to `start_step`.
+  watcher: preemption.PreemptionWatcher
+  hooks: Hooks
+  writer: metrics.MetricsWriter = dataclasses.field(init=False)  # metrics.jsonl.
+  # The parameters of the evaluations with the best validation BLEU (config.keep_best_checkpoints).
+  best: checkpoints.BestCheckpoints | None = dataclasses.field(init=False)
+
+
+def _set_up(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  devices,
+  watcher: preemption.PreemptionWatcher,
+  cleanup: contextlib.ExitStack,
+  restore_fallback: bool,
+  hooks: Hooks,
+) -> _Run:
+  """Checks the config, the checkpoints and the data, then restores the latest checkpoint.
+
+  Every check comes before the workdir changes: the checkpointer, created last,
+  makes checkpoints/. Without a checkpoint the state is new.
+  """
   runs.check_resume(config, workdir)  # Before anything else: a changed model is refused.
   # The config becomes the model config, mesh, rules and task once; they are passed down.
   model_config = ModelConfig.from_config(config)
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.axis_rules(config.mesh)
   task = tasks.get_task(config)
-  model, eval_model = create_models(model_config)
+  model, eval_model = train_steps.create_models(model_config)
   optimizer = optim.create_optimizer(config)
-  learning_rate = optim.learning_rate_schedule(config)  # The optimizer's, for the log.
-  abstract_state, state_shardings = abstract_state_and_shardings(
+  abstract_state, state_shardings = train_steps.abstract_state_and_shardings(
     model, optimizer, task, mesh, rules
   )
   # Before any data preparation or compile: a foreign checkpoint is an error.
   checkpoints.check_latest_compatible(workdir, abstract_state)
-
-  vocab = _prepare_data(config)
-  # A vocabulary trained just now (none existed at `check_resume`) must be the recorded one too.
-  run_inputs = runs.check_inputs(config, workdir, vocab.serialized_model())
-  train_iter = input_pipeline.DevicePrefetch(
-    task.train_iterator(
-      config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count()
-    ),
-    lambda batch: sharding.global_batch(batch, mesh, rules),
-    PREFETCH_BATCHES,
-  )
-  # Every split is prepared and checked (e.g. that config.data.eval_split exists) before the
-  # workdir changes.
-  validation_metrics = task.validation_metrics_fn(config, eval_model.config, vocab, mesh, rules)
-  eval_batches = task.eval_batches(
-    config,
-    vocab,
-    config.data.eval_split,
-    rows_multiple_of=sharding.batch_shards(dict(mesh.shape), rules),
-    shard_index=jax.process_index(),
-    shard_count=jax.process_count(),
+  train_iter, eval_batches, validation_metrics, run_inputs = _data(
+    config, workdir, task, eval_model, mesh, rules
   )
 
   # Created only now, after every check on the config and the data: it starts Orbax's background
@@ -377,7 +212,9 @@ def _train_and_evaluate(
   params_key, _ = jax.random.split(jax.random.key(config.seed))  # Named: params, (data).
   latest, state = checkpointer.restore_latest(abstract_state, train_iter, fallback=restore_fallback)
   if latest is None:
-    state = create_train_state(model, optimizer, task, state_shardings, mesh, params_key)
+    state = train_steps.create_train_state(
+      model, optimizer, task, state_shardings, mesh, params_key
+    )
   start_step = int(state.step)
   # A run that stopped early (its validation BLEU had not improved for `patience` evaluations)
   # stays stopped; a larger config.early_stopping_patience lets it go on.
@@ -385,165 +222,291 @@ def _train_and_evaluate(
   stopping = runs.EarlyStopping(config.early_stopping_patience, selection_metric).replay(
     storage.join(workdir, metrics.FILENAME), start_step
   )
-  finished = start_step >= config.num_train_steps or stopping.stop
-  final = runs.final_metrics(workdir, start_step) if finished else None
+  shardings = dict(state_shardings=state_shardings, mesh=mesh, rules=rules)
+  return _Run(
+    config=config,
+    workdir=workdir,
+    mesh=mesh,
+    rules=rules,
+    state=state,
+    start_step=start_step,
+    train_iter=train_iter,
+    train_step_fn=train_steps.jit_train_step(
+      config, model=model, optimizer=optimizer, task=task, **shardings
+    ),
+    eval_step_fn=train_steps.jit_eval_step(config, eval_model=eval_model, task=task, **shardings),
+    eval_batches=eval_batches,
+    validation_metrics=validation_metrics,
+    learning_rate=optim.learning_rate_schedule(config),
+    run_inputs=run_inputs,
+    checkpointer=checkpointer,
+    selection_metric=selection_metric,
+    stopping=stopping,
+    watcher=watcher,
+    hooks=hooks,
+  )
+
+
+def _data(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  task: tasks.Task,
+  eval_model: Transformer,
+  mesh: Mesh,
+  rules: sharding.Rules,
+):
+  """The training iterator, the validation batches and metrics, and the inputs' content.
+
+  Every split is prepared and checked (e.g. that config.data.eval_split exists)
+  before the workdir changes.
+  """
+  vocab = _prepare_data(config)
+  # A vocabulary trained just now (none existed at `check_resume`) must be the recorded one too.
+  run_inputs = runs.check_inputs(config, workdir, vocab.serialized_model())
+  train_iter = input_pipeline.DevicePrefetch(
+    task.train_iterator(
+      config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count()
+    ),
+    lambda batch: sharding.global_batch(batch, mesh, rules),
+    PREFETCH_BATCHES,
+  )
+  validation_metrics = task.validation_metrics_fn(config, eval_model.config, vocab, mesh, rules)
+  eval_batches = task.eval_batches(
+    config,
+    vocab,
+    config.data.eval_split,
+    rows_multiple_of=sharding.batch_shards(dict(mesh.shape), rules),
+    shard_index=jax.process_index(),
+    shard_count=jax.process_count(),
+  )
+  return train_iter, eval_batches, validation_metrics, run_inputs
+
+
+def _prepare_data(config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
+  """Prepares the data and vocabulary once, then loads the vocabulary on every process.
+
+  Process 0 goes first, so that processes sharing a filesystem never write the
+  same files at once; the others then find them ready (or, on hosts with their
+  own disks, prepare their own copy).
+  """
+  if jax.process_count() == 1:
+    return tokenizer.get_tokenizer(config)
+  vocab = tokenizer.get_tokenizer(config) if jax.process_index() == 0 else None
+  multihost_utils.sync_global_devices('data prepared')
+  return vocab or tokenizer.get_tokenizer(config)
+
+
+def _final_metrics_if_done(run: _Run) -> dict[str, float] | None:
+  """A finished run's final metrics from its metrics.jsonl; None for a run that trains.
+
+  Finished: at config.num_train_steps, or stopped early. Nothing is changed, except
+  that a config.json moved aside is written again.
+  """
+  config, start_step = run.config, run.start_step
+  finished = start_step >= config.num_train_steps or run.stopping.stop
+  final = runs.final_metrics(run.workdir, start_step) if finished else None
   if final is not None:
     logging.info(
       'Nothing to train: the checkpoint is at step %d, %s; nothing was changed. Its final '
       'metrics are in %s/metrics.jsonl.',
       start_step,
-      'where the run stopped early' if stopping.stop else 'config.num_train_steps',
-      workdir,
+      'where the run stopped early' if run.stopping.stop else 'config.num_train_steps',
+      run.workdir,
     )
-    if jax.process_index() == 0 and runs.saved_config(workdir) is None:
-      runs.write_config(config, workdir)  # One that was moved aside (`runs.read_run_config`).
-    return final
-  # Only once the checkpoint restored: an unreadable one leaves the workdir as it was.
+    if jax.process_index() == 0 and runs.saved_config(run.workdir) is None:
+      runs.write_config(config, run.workdir)  # One that was moved aside (`runs.read_run_config`).
+  return final
+
+
+def _open_outputs(run: _Run, cleanup: contextlib.ExitStack, started: float) -> None:
+  """config.json and the provenance record, then metrics.jsonl and the best checkpoints.
+
+  Only once the checkpoint restored: an unreadable one leaves the workdir as it
+  was. What a run wrote after the restored step is dropped.
+  """
   if jax.process_index() == 0:
-    runs.write_config(config, workdir)
+    runs.write_config(run.config, run.workdir)
     # Command line, git commit, package versions (warns on changes), the inputs' content.
-    provenance.record(workdir, run_inputs)
-
-  writer = metrics.MetricsWriter(workdir, started=started)
-  writer.truncate_after(start_step)
-  best = None  # The parameters of the evaluations with the best validation BLEU.
-  if config.keep_best_checkpoints:
-    best = checkpoints.BestCheckpoints(
-      workdir, metric=selection_metric, keep=config.keep_best_checkpoints
+    provenance.record(run.workdir, run.run_inputs)
+  run.writer = metrics.MetricsWriter(run.workdir, started=started)
+  run.writer.truncate_after(run.start_step)
+  run.best = None
+  if run.config.keep_best_checkpoints:
+    run.best = checkpoints.BestCheckpoints(
+      run.workdir, metric=run.selection_metric, keep=run.config.keep_best_checkpoints
     )
-    cleanup.callback(best.close)
-    best.drop_after(start_step)
-  shardings = dict(state_shardings=state_shardings, mesh=mesh, rules=rules)
-  train_step_fn = jit_train_step(config, model=model, optimizer=optimizer, task=task, **shardings)
-  eval_step_fn = jit_eval_step(config, eval_model=eval_model, task=task, **shardings)
+    cleanup.callback(run.best.close)
+    run.best.drop_after(run.start_step)
 
-  def run_eval(step: int) -> dict[str, float]:
-    with sharding.activated(mesh, rules):
-      sums = evaluate(eval_step_fn, state.params, eval_batches, mesh, rules)
-    summary = losses.summarize(sums, 'eval')
-    summary.update(validation_metrics(state.params))
-    writer.write(step, summary)
-    logging.info(
-      'step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f | BLEU %s',
-      step,
-      summary['eval_loss'],
-      summary['eval_perplexity'],
-      summary['eval_accuracy'],
-      f'{summary["eval_bleu"]:.2f} (lowercased {summary["eval_bleu_lc"]:.2f})'
-      if 'eval_bleu' in summary
-      else '-',
-    )
-    return summary
 
-  def track_best(step: int, evaluated: dict[str, float]) -> bool:
-    """Keeps the parameters if their BLEU ranks among the best; True: stop early now."""
-    if selection_metric not in evaluated:
-      return False
-    if best is not None:
-      best.save(step, state.params, evaluated)
-    stopping.record(step, evaluated[selection_metric])
-    return stopping.stop
+def _train(run: _Run, profile_steps: int) -> dict[str, float]:
+  """The step loop: train, then log, evaluate and save on their schedules; the last summary.
 
-  last_step = start_step if stopping.stop else config.num_train_steps
-  logging.info('Training from step %d to %d on mesh %s.', start_step, last_step, dict(mesh.shape))
+  Stops after the last step, after a step that a signal interrupted (its checkpoint
+  committed), or early, when validation BLEU has stopped improving.
+  """
+  config, start_step = run.config, run.start_step
+  last_step = start_step if run.stopping.stop else config.num_train_steps
+  logging.info(
+    'Training from step %d to %d on mesh %s.', start_step, last_step, dict(run.mesh.shape)
+  )
   progress = metrics.Progress(start_step, config.num_train_steps)
-  input_wait = metrics.InputWait(train_iter, config.data.num_workers)
+  input_wait = metrics.InputWait(run.train_iter, config.data.num_workers)
   monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps, divergence.advice(config))
   train_sums, summary = None, {}
-  profiler = metrics.StepProfiler(storage.join(workdir, 'profile'), start_step + 2, profile_steps)
-  watcher.arm()  # From here a signal stops the run after a step, with a checkpoint of it.
+  profiler = metrics.StepProfiler(
+    storage.join(run.workdir, 'profile'), start_step + 2, profile_steps
+  )
+  run.watcher.arm()  # From here a signal stops the run after a step, with a checkpoint of it.
   for step in range(start_step + 1, last_step + 1):
-    batch = next(train_iter)
+    batch = next(run.train_iter)
     profiler.before(step)
-    with sharding.activated(mesh, rules):
-      state, sums = train_step_fn(state, batch)
+    with sharding.activated(run.mesh, run.rules):
+      run.state, sums = run.train_step_fn(run.state, batch)
     profiler.after(step, sums)
     train_sums = sums if train_sums is None else jax.tree.map(jnp.add, train_sums, sums)
     monitor.record(step, sums)
 
     is_last = step == config.num_train_steps
-    preempted = watcher.reached(step)
+    preempted = run.watcher.reached(step)
     log_now = step % config.log_every_steps == 0 or is_last
     eval_now = step % config.eval_every_steps == 0 or is_last
     save_now = step % config.checkpoint_every_steps == 0 or is_last or preempted
     if log_now or eval_now or save_now:
       # Nothing is logged, evaluated or saved from a state that went non-finite.
-      monitor.check(lambda: _last_good_checkpoint(checkpointer))
-
+      monitor.check(lambda: _last_good_checkpoint(run.checkpointer))
     if log_now:
-      train_sums = jax.device_get(train_sums)
-      skipped = int(train_sums[divergence.NONFINITE_KEY])
-      steps_logged = step - progress.last_step
-      summary = losses.summarize(train_sums, 'train')
-      updated_steps = steps_logged - skipped
-      summary['train_grad_norm'] = (
-        float(train_sums['grad_norm_sum']) / updated_steps if updated_steps else float('nan')
-      )
-      if config.skip_nonfinite_steps:
-        summary['train_skipped_steps'] = skipped
-      steps_per_sec, tokens_per_sec, eta = progress.rates(step, float(train_sums['num_tokens']))
-      summary.update(
-        steps_per_sec=steps_per_sec,
-        tokens_per_sec=tokens_per_sec,
-        learning_rate=float(learning_rate(step - 1)),  # The rate update `step` used.
-      )
-      summary['input_wait_ms'] = input_wait.per_step_ms(steps_logged, steps_per_sec)
-      writer.write(step, summary)
-      logging.info(
-        'step %d/%d | loss %.4f | %.2f steps/s | %.0f tok/s | %s left',
-        step,
-        config.num_train_steps,
-        summary['train_loss'],
-        steps_per_sec,
-        tokens_per_sec,
-        time.strftime('%H:%M:%S', time.gmtime(eta)),
-      )
+      summary = _log_training(run, step, jax.device_get(train_sums), progress, input_wait)
       train_sums = None
-
     stop_early = False
     if eval_now:
-      evaluated = run_eval(step)
+      evaluated = _evaluate(run, step)
       summary.update(evaluated)
-      stop_early = track_best(step, evaluated) and step < last_step  # At the end: just the end.
+      # At the last step a stop is just the end.
+      stop_early = _track_best(run, step, evaluated) and step < last_step
     if save_now or stop_early:
-      checkpointer.save(step, state, train_iter, force=True)
-    if preempted:
-      checkpointer.wait_until_finished()
-      logging.info(
-        'Stopped by %s after step %d; checkpoint %s/%d is committed. Run the same '
-        'command to resume.',
-        watcher.signal_name,
-        step,
-        checkpointer.directory,
-        step,
-      )
+      run.checkpointer.save(step, run.state, run.train_iter, force=True)
+    if preempted or stop_early:
+      _log_stop(run, step, preempted)
       break
-    if stop_early:
-      checkpointer.wait_until_finished()
-      logging.info(
-        'Stopped early after step %d: validation BLEU (%s) has not improved on %.2f (step %d) '
-        'for %d evaluations (config.early_stopping_patience); checkpoint %s/%d is committed.',
-        step,
-        selection_metric,
-        stopping.best,
-        stopping.best_step,
-        stopping.since_best,
-        checkpointer.directory,
-        step,
-      )
-      break
-    if hooks.after_step is not None:
-      hooks.after_step(step, checkpointer.wait_until_finished)
+    if run.hooks.after_step is not None:
+      run.hooks.after_step(step, run.checkpointer.wait_until_finished)
 
   profiler.stop()  # A run that ended (or was preempted) within the traced steps.
   if start_step >= last_step:
-    if stopping.stop:
+    if run.stopping.stop:
       logging.info('Nothing to train: the run stopped early, at step %d.', start_step)
     else:  # Its final evaluation is missing from metrics.jsonl.
       logging.info('Nothing to train: the checkpoint is at step %d; evaluating it.', start_step)
-    summary = run_eval(start_step)
-  if best is not None:
-    best.wait_until_finished()
-  checkpointer.wait_until_finished()
-  writer.close()
+    summary = _evaluate(run, start_step)
   return summary
+
+
+def _last_good_checkpoint(checkpointer: checkpoints.Checkpointer) -> str | None:
+  """Describes the newest committed checkpoint, after letting a save in flight commit."""
+  checkpointer.wait_until_finished()
+  step = checkpointer.latest_step()
+  return None if step is None else f'step {step} ({checkpointer.directory}/{step})'
+
+
+def _log_training(
+  run: _Run,
+  step: int,
+  train_sums: dict[str, Any],
+  progress: metrics.Progress,
+  input_wait: metrics.InputWait,
+) -> dict[str, float]:
+  """Writes and logs the training metrics summed since the last log (`train_sums`, on host)."""
+  config = run.config
+  skipped = int(train_sums[divergence.NONFINITE_KEY])
+  steps_logged = step - progress.last_step
+  summary = losses.summarize(train_sums, 'train')
+  updated_steps = steps_logged - skipped
+  summary['train_grad_norm'] = (
+    float(train_sums['grad_norm_sum']) / updated_steps if updated_steps else float('nan')
+  )
+  if config.skip_nonfinite_steps:
+    summary['train_skipped_steps'] = skipped
+  steps_per_sec, tokens_per_sec, eta = progress.rates(step, float(train_sums['num_tokens']))
+  summary.update(
+    steps_per_sec=steps_per_sec,
+    tokens_per_sec=tokens_per_sec,
+    learning_rate=float(run.learning_rate(step - 1)),  # The rate update `step` used.
+  )
+  summary['input_wait_ms'] = input_wait.per_step_ms(steps_logged, steps_per_sec)
+  run.writer.write(step, summary)
+  logging.info(
+    'step %d/%d | loss %.4f | %.2f steps/s | %.0f tok/s | %s left',
+    step,
+    config.num_train_steps,
+    summary['train_loss'],
+    steps_per_sec,
+    tokens_per_sec,
+    time.strftime('%H:%M:%S', time.gmtime(eta)),
+  )
+  return summary
+
+
+def _evaluate(run: _Run, step: int) -> dict[str, float]:
+  """Validation loss and the task's metrics (BLEU) of the current parameters, written and logged."""
+  with sharding.activated(run.mesh, run.rules):
+    sums = train_steps.evaluate(
+      run.eval_step_fn, run.state.params, run.eval_batches, run.mesh, run.rules
+    )
+  summary = losses.summarize(sums, 'eval')
+  summary.update(run.validation_metrics(run.state.params))
+  run.writer.write(step, summary)
+  logging.info(
+    'step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f | BLEU %s',
+    step,
+    summary['eval_loss'],
+    summary['eval_perplexity'],
+    summary['eval_accuracy'],
+    f'{summary["eval_bleu"]:.2f} (lowercased {summary["eval_bleu_lc"]:.2f})'
+    if 'eval_bleu' in summary
+    else '-',
+  )
+  return summary
+
+
+def _track_best(run: _Run, step: int, evaluated: dict[str, float]) -> bool:
+  """Keeps the parameters if their BLEU ranks among the best; True: stop early now."""
+  if run.selection_metric not in evaluated:
+    return False
+  if run.best is not None:
+    run.best.save(step, run.state.params, evaluated)
+  run.stopping.record(step, evaluated[run.selection_metric])
+  return run.stopping.stop
+
+
+def _log_stop(run: _Run, step: int, preempted: bool) -> None:
+  """Once the checkpoint of `step` is committed, says why the run stops there and how to go on."""
+  run.checkpointer.wait_until_finished()
+  if preempted:
+    logging.info(
+      'Stopped by %s after step %d; checkpoint %s/%d is committed. Run the same command to resume.',
+      run.watcher.signal_name,
+      step,
+      run.checkpointer.directory,
+      step,
+    )
+  else:
+    logging.info(
+      'Stopped early after step %d: validation BLEU (%s) has not improved on %.2f (step %d) '
+      'for %d evaluations (config.early_stopping_patience); checkpoint %s/%d is committed.',
+      step,
+      run.selection_metric,
+      run.stopping.best,
+      run.stopping.best_step,
+      run.stopping.since_best,
+      run.checkpointer.directory,
+      step,
+    )
+
+
+def _shut_down(run: _Run) -> None:
+  """Lets every save commit (best checkpoints, then checkpoints) and closes metrics.jsonl."""
+  if run.best is not None:
+    run.best.wait_until_finished()
+  run.checkpointer.wait_until_finished()
+  run.writer.close()

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from transformer.tools import sweeps
-
-if TYPE_CHECKING:  # Only for annotations: sweep_summary imports this module.
-  from transformer.tools.sweep_summary import GroupResult, TrialResult
+from transformer.tools.sweep_results import GroupResult, TrialResult
 
 
 def _numeric(values: Sequence[Any]) -> bool:

@@ -1,31 +1,30 @@
-"""A sweep's results: ROOT/summary.csv, ROOT/summary.md and ROOT/summary.png.
+"""A sweep's summary: ROOT/summary.csv, ROOT/summary.md and ROOT/summary.png.
 
-Read from what each trial left in its workdir (trial.json, metrics.jsonl,
-eval/*.json), so the summary can be rebuilt at any time, also while trials run.
-One row per trial of the sweep, ranked by `config.target_metric`; trials
-without that metric (failed, pending) follow in sweep order.
+Written from the results `sweep_results` reads back from each trial's workdir,
+so the summary can be rebuilt at any time, also while trials run. One row per
+trial of the sweep, ranked by `config.target_metric`; trials without that
+metric (failed, pending) follow in sweep order.
 
 A sweep run with seeds (`sweep.py --seeds=N`) is summarized per configuration:
 the mean, standard deviation, minimum and maximum over its seeds, ranked by the
 mean, error bars in the plot (ROOT/trials.csv keeps one row per trial). With
 eval.py results, summary.md adds sacreBLEU's paired bootstrap test of the best
 configuration (or `sweep.py --compare_to=NAME`) against each other one, on the
-translations of all seeds pooled (see `paired_tests`).
+translations of all seeds pooled (see `sweep_tests.paired_tests`).
 """
 
 from __future__ import annotations
 
-import collections
 import csv
 import dataclasses
 import io
 import os
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from transformer import metrics, outputs, storage
-from transformer.tools import significance, sweep_plots, sweep_runner, sweep_tests, sweeps
+from transformer import outputs, storage
+from transformer.tools import significance, sweep_plots, sweep_results, sweep_tests, sweeps
+from transformer.tools.sweep_results import GroupResult, TrialResult
 
 COLUMNS = (
   'rank',
@@ -43,80 +42,6 @@ COLUMNS = (
   'error',
   'workdir',
 )
-
-
-@dataclasses.dataclass
-class TrialResult:
-  """What one trial reached; None where it has no such value (yet)."""
-
-  name: str
-  overrides: dict[str, Any]
-  workdir: str
-  status: str
-  steps: int | None = None  # The last step with a metrics row.
-  train_loss: float | None = None  # Of the last training row.
-  eval_loss: float | None = None  # Of the last validation row.
-  best_eval_bleu: float | None = None  # Highest validation BLEU over the evaluations.
-  best_eval_bleu_lc: float | None = None  # The same on lowercased text (runs before it: None).
-  tokens_per_sec: float | None = None  # Median over logging windows but the first (compiles).
-  decode_bleu: float | None = None  # eval.py's BLEU, when the sweep ran it.
-  decode_bleu_lc: float | None = None  # eval.py's BLEU on lowercased text (Multi30k papers').
-  decode_result: str | None = None  # eval.py's result file, relative to the workdir.
-  error: str | None = None  # The failed stage's exception line.
-  rank: int | None = None  # 1 = best by the target metric.
-  train_curve: list[tuple[int, float]] = dataclasses.field(default_factory=list)
-  eval_curve: list[tuple[int, float]] = dataclasses.field(default_factory=list)
-
-
-def _read_metrics(workdir: str) -> list[dict[str, float]]:
-  return metrics.read_rows(storage.join(workdir, metrics.FILENAME))  # A last line cut short
-  # (being written by a running trial) is left out.
-
-
-def collect(sweep: sweeps.Sweep, trial: sweeps.Trial) -> TrialResult:
-  """One trial's status and metrics, from its workdir."""
-  workdir = sweep.workdir(trial)
-  result = TrialResult(
-    name=trial.name,
-    overrides=trial.overrides,
-    workdir=workdir,
-    status=sweep_runner.trial_status(workdir),
-  )
-  rows = _read_metrics(workdir)
-  train_rows = [r for r in rows if 'train_loss' in r]
-  eval_rows = [r for r in rows if 'eval_loss' in r]
-  bleus = [r['eval_bleu'] for r in eval_rows if 'eval_bleu' in r]
-  bleus_lc = [r['eval_bleu_lc'] for r in eval_rows if 'eval_bleu_lc' in r]
-  rates = [r['tokens_per_sec'] for r in train_rows[1:] or train_rows if 'tokens_per_sec' in r]
-  result.steps = max((r['step'] for r in rows), default=None)
-  result.train_loss = train_rows[-1]['train_loss'] if train_rows else None
-  result.eval_loss = eval_rows[-1]['eval_loss'] if eval_rows else None
-  result.best_eval_bleu = max(bleus) if bleus else None
-  result.best_eval_bleu_lc = max(bleus_lc) if bleus_lc else None
-  result.tokens_per_sec = statistics.median(rates) if rates else None
-  result.train_curve = [(r['step'], r['train_loss']) for r in train_rows]
-  result.eval_curve = [(r['step'], r['eval_loss']) for r in eval_rows]
-  stages = (sweep_runner.read_state(workdir) or {}).get('stages', {})
-  errors = [r['error'] for r in stages.values() if r['status'] == 'failed' and r.get('error')]
-  result.error = errors[-1] if errors and result.status == 'failed' else None
-  decode_result = stages.get('eval', {}).get('result')
-  if decode_result and storage.exists(storage.join(workdir, decode_result)):
-    scores = storage.read_json(
-      storage.join(workdir, decode_result), 'Delete it and run sweep.py again to score it anew.'
-    )
-    result.decode_bleu, result.decode_bleu_lc = scores.get('bleu'), scores.get('bleu_lc')
-    result.decode_result = decode_result
-  return result
-
-
-def rank(results: list[TrialResult], target_metric: str) -> list[TrialResult]:
-  """Best first by the target metric; trials without it keep their order after the others."""
-  column, higher_is_better = sweeps.TARGET_METRICS[target_metric]
-  scored = [r for r in results if getattr(r, column) is not None]
-  scored.sort(key=lambda r: getattr(r, column), reverse=higher_is_better)
-  for position, result in enumerate(scored, start=1):
-    result.rank = position
-  return scored + [r for r in results if getattr(r, column) is None]
 
 
 def _cell(value: Any, digits: int = 6) -> str:
@@ -229,63 +154,6 @@ GROUP_METRICS = (
   ('decode_bleu_lc', 'eval.py BLEU (lc)', 2),
   ('train_loss', 'train loss', 4),
 )
-STATISTICS = ('mean', 'std', 'min', 'max')
-
-
-@dataclasses.dataclass
-class GroupResult:
-  """A configuration run with several seeds: its trials, one per seed, in seed order."""
-
-  name: str  # The trials' names without the seed ('base' for no other override).
-  overrides: dict[str, Any]  # Its overrides, the seed left out.
-  trials: list[TrialResult]
-  rank: int | None = None  # 1 = best by the mean of the target metric.
-
-  def values(self, column: str) -> list[float]:
-    """The column's values over the seeds that have one."""
-    return [getattr(t, column) for t in self.trials if getattr(t, column) is not None]
-
-  def stats(self, column: str) -> dict[str, float | None]:
-    """Mean, sample standard deviation (None for one value), min and max of the column."""
-    values = self.values(column)
-    if not values:
-      return dict.fromkeys(STATISTICS)
-    return {
-      'mean': statistics.fmean(values),
-      'std': statistics.stdev(values) if len(values) > 1 else None,
-      'min': min(values),
-      'max': max(values),
-    }
-
-  def status(self) -> str:
-    """'finished' when every seed finished, else the count per status ('finished 1, failed 1')."""
-    counts = collections.Counter(t.status for t in self.trials)
-    if set(counts) == {'finished'}:
-      return 'finished'
-    return ', '.join(f'{status} {count}' for status, count in sorted(counts.items()))
-
-
-def group(sweep: sweeps.Sweep, results: Sequence[TrialResult]) -> list[GroupResult]:
-  """The trial results by configuration (`Trial.group`), in sweep order."""
-  by_name = {r.name: r for r in results}
-  groups: dict[str, GroupResult] = {}
-  for trial in sweep.trials:
-    name = trial.group or trial.name
-    if name not in groups:
-      overrides = {k: v for k, v in trial.overrides.items() if k != 'seed'}
-      groups[name] = GroupResult(name=name, overrides=overrides, trials=[])
-    groups[name].trials.append(by_name[trial.name])
-  return list(groups.values())
-
-
-def rank_groups(groups: list[GroupResult], target_metric: str) -> list[GroupResult]:
-  """Best first by the mean of the target metric over the seeds; the rest keep their order."""
-  column, higher_is_better = sweeps.TARGET_METRICS[target_metric]
-  scored = [g for g in groups if g.values(column)]
-  scored.sort(key=lambda g: g.stats(column)['mean'], reverse=higher_is_better)
-  for position, result in enumerate(scored, start=1):
-    result.rank = position
-  return scored + [g for g in groups if not g.values(column)]
 
 
 def groups_to_csv(groups: Sequence[GroupResult], swept_keys: Sequence[str]) -> str:
@@ -300,7 +168,7 @@ def groups_to_csv(groups: Sequence[GroupResult], swept_keys: Sequence[str]) -> s
       *swept_keys,
       'seeds',
       'status',
-      *(f'{column}_{stat}' for column, _, _ in GROUP_METRICS for stat in STATISTICS),
+      *(f'{column}_{stat}' for column, _, _ in GROUP_METRICS for stat in sweep_results.STATISTICS),
       'trials',
     ]
   )
@@ -317,7 +185,9 @@ def groups_to_csv(groups: Sequence[GroupResult], swept_keys: Sequence[str]) -> s
         len(result.trials),
         result.status(),
         *(
-          _cell(result.stats(column)[stat]) for column, _, _ in GROUP_METRICS for stat in STATISTICS
+          _cell(result.stats(column)[stat])
+          for column, _, _ in GROUP_METRICS
+          for stat in sweep_results.STATISTICS
         ),
         ' '.join(t.name for t in result.trials),
       ]
@@ -389,7 +259,7 @@ def groups_to_markdown(
       f"sacreBLEU's paired bootstrap resampling ({comparison['n_samples']} resamples, seed "
       f"{comparison['seed']}) on eval.py's {comparison['split']} translations, all seeds pooled "
       f'({comparison["num_sentences"]} sentence pairs: seed k of {reference} paired with seed k '
-      'of the other; see `sweep_summary.paired_tests` for why pooled). '
+      'of the other; see `sweep_tests.paired_tests` for why pooled). '
       f'p < {comparison["alpha"]}: significant.',
       '',
       *sweep_tests.comparison_table(comparison, 'best' if not compare_to else 'reference'),
@@ -427,7 +297,9 @@ def write(sweep: sweeps.Sweep) -> list[TrialResult] | list[GroupResult]:
   """
   target_metric = sweep.config.target_metric
   swept_keys = sweep.swept_keys()
-  results = rank([collect(sweep, trial) for trial in sweep.trials], target_metric)
+  results = sweep_results.rank(
+    [sweep_results.collect(sweep, trial) for trial in sweep.trials], target_metric
+  )
   storage.makedirs(sweep.root)
   if sweep.seeds > 1:
     return _write_groups(sweep, results, target_metric)
@@ -455,7 +327,7 @@ def _write_groups(
 ) -> list[GroupResult]:
   """summary.{csv,md,png} per configuration, trials.csv per trial."""
   swept_keys = [key for key in sweep.swept_keys() if key != 'seed']
-  groups = rank_groups(group(sweep, results), target_metric)
+  groups = sweep_results.rank_groups(sweep_results.group(sweep, results), target_metric)
   title = (
     f'Sweep {os.path.basename(sweep.sweep_file)} over '
     f'{os.path.basename(sweep.config_file)}: {len(groups)} configurations x '

@@ -9,13 +9,11 @@ runs differ. `sweep_summary` sets their tables side by side.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from transformer import storage
 from transformer.tools import significance
-
-if TYPE_CHECKING:  # Only for annotations: sweep_summary imports this module.
-  from transformer.tools.sweep_summary import GroupResult
+from transformer.tools.sweep_results import GroupResult
 
 
 def paired_tests(

@@ -2,8 +2,9 @@
 
 Every config field can be overridden on the command line, e.g.
 `--config.model.num_layers=2 --config.data.manual_dir=../shared/data/multi30k`.
-A workdir that holds checkpoints is resumed from the latest one. SIGTERM or
-SIGINT (Ctrl-C) checkpoints the current step and exits with status 0; before the
+A workdir that holds checkpoints is resumed from the latest one. SIGTERM, SIGINT
+(Ctrl-C) or SIGUSR2 (Slurm's notice before a time limit, as submitit asks for it; see
+`transformer/preemption.py`) checkpoints the current step and exits with status 0; before the
 first step (start-up, data preparation) it stops at once, with status 128 + signal. On several
 hosts, run the same command on each (see `transformer/distributed.py`); the mesh
 (`--config.mesh.*`) spans the devices of all of them.

@@ -287,7 +287,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(train, tmp_
   assert f'Stopped by preemption notice after step {last_step};' in log
 
 
-@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT, signal.SIGUSR2])
 def test_one_process_stops_at_the_step_after_a_signal(signum):
   previous = signal.getsignal(signum)
   with preemption.PreemptionWatcher() as watcher:
@@ -308,6 +308,23 @@ def test_one_process_stops_at_the_step_after_a_signal(signum):
       with pytest.raises(KeyboardInterrupt):  # A second Ctrl-C stops at once.
         os.kill(os.getpid(), signum)
   assert signal.getsignal(signum) is previous
+
+
+def test_with_several_processes_the_notice_becomes_a_sigterm_for_jax():
+  """SIGUSR2 (Slurm's notice before a time limit) reaches JAX's preemption notifier, which
+  catches SIGTERM (here a stand-in handler), as a SIGTERM."""
+  received = []
+  previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+  try:
+    watcher = preemption.PreemptionWatcher()
+    watcher._multi_process = True  # As after jax.distributed.initialize with 2 processes.
+    with watcher:
+      watcher.arm()
+      os.kill(os.getpid(), signal.SIGUSR2)
+      assert received == [signal.SIGTERM] and watcher.signal_name is None
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
 def test_divergence_stops_with_the_step_and_writes_no_bad_checkpoint(train, tmp_path):

@@ -1,4 +1,8 @@
-"""Preemption: on SIGTERM or SIGINT the loop finishes its step, checkpoints it and exits cleanly.
+"""Preemption: on SIGTERM, SIGINT or a scheduler's notice the loop checkpoints its step and exits.
+
+A scheduler's notice is SIGUSR2, or the signal that `SUBMITIT_PREEMPT_SIGNAL` names (`USR1`, ...):
+Slurm sends it before a job's time limit (`sbatch --signal=USR2@90`, as submitit asks) and
+`scancel --signal=USR2` sends it by hand; it is handled as SIGTERM is.
 
 Before training starts (start-up, data preparation, restoring a checkpoint) there is no step to
 checkpoint: the watcher is installed unarmed, and a signal raises `Interrupted` at once, so
@@ -8,20 +12,22 @@ first step, switches to the mechanisms below.
 
 Two mechanisms, chosen by the process count:
 
-* One process: Python handlers for SIGTERM and SIGINT set a flag that the loop
+* One process: Python handlers for SIGTERM, SIGINT and the notice set a flag that the loop
   reads after each step. JAX's preemption sync point never fires without
   `jax.distributed`, so it cannot serve here.
 * Several processes: JAX's preemption notifier, installed by
   `jax.distributed.initialize`, catches SIGTERM on any process, and
   `multihost_utils.reached_preemption_sync_point(step)` turns True on every
   process at the same step, so all of them save the same checkpoint. No Python
-  handler is installed: one would replace JAX's notifier. SIGINT keeps its
+  handler is installed for SIGTERM: one would replace JAX's notifier; the notice's
+  handler sends this process a SIGTERM, for that notifier. SIGINT keeps its
   default (KeyboardInterrupt, no checkpoint), since one process alone cannot
   make the others stop at its step.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import types
 
@@ -29,7 +35,16 @@ import jax
 from absl import logging
 from jax.experimental import multihost_utils
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+def notice_signals() -> tuple[signal.Signals, ...]:
+  """SIGUSR2 and the one `SUBMITIT_PREEMPT_SIGNAL` names (submitit's setting), if another.
+
+  SIGTERM and SIGINT, handled already, are never among them.
+  """
+  name = os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2').upper().removeprefix('SIG')
+  configured = getattr(signal, f'SIG{name}', signal.SIGUSR2)
+  candidates = dict.fromkeys((signal.SIGUSR2, configured))
+  return tuple(s for s in candidates if s not in (signal.SIGTERM, signal.SIGINT))
 
 
 class Interrupted(KeyboardInterrupt):
@@ -48,11 +63,18 @@ class Interrupted(KeyboardInterrupt):
     )
 
 
+def _forward_as_sigterm(signum: int, frame: types.FrameType | None) -> None:
+  """A notice to one of several processes: a SIGTERM to itself, which JAX's notifier catches."""
+  del frame
+  logging.warning('Received %s: passing it on as SIGTERM.', signal.Signals(signum).name)
+  os.kill(os.getpid(), signal.SIGTERM)
+
+
 class PreemptionWatcher:
   """Says, after each step, whether the run should checkpoint that step and stop.
 
-  Use as a context manager around the whole run: the single-process signal
-  handlers are installed on entry and the previous ones restored on exit. Until
+  Use as a context manager around the whole run: the signal handlers are
+  installed on entry and the previous ones restored on exit. Until
   `arm()` a signal raises `Interrupted` (nothing to checkpoint yet).
   """
 
@@ -65,9 +87,12 @@ class PreemptionWatcher:
     self._interrupted: int | None = None  # A signal before `arm()`.
 
   def __enter__(self) -> PreemptionWatcher:
-    if not self._multi_process:
-      for signum in _SIGNALS:
-        self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+    if self._multi_process:
+      handlers = dict.fromkeys(notice_signals(), _forward_as_sigterm)
+    else:
+      handlers = dict.fromkeys((signal.SIGTERM, signal.SIGINT, *notice_signals()), self._on_signal)
+    for signum, handler in handlers.items():
+      self._previous_handlers[signum] = signal.signal(signum, handler)
     return self
 
   def arm(self) -> None:

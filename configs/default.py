@@ -131,4 +131,10 @@ def get_config() -> ml_collections.ConfigDict:
     ('length', None),  # Sequence positions: never split.
   )
 
+  # Processes of the run, as `sweep.py --launcher=slurm` asks Slurm for them (one srun task each;
+  # train.py itself runs with the processes it is started with, see transformer/distributed.py).
+  config.launch = ml_collections.ConfigDict()
+  config.launch.nodes = 1  # Hosts (Slurm nodes) the run spans.
+  config.launch.tasks_per_node = 1  # Processes per host: 1 with all its devices, or 1 per GPU.
+
   return config

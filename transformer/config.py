@@ -171,6 +171,8 @@ CONFIG_RULES: dict[str, Rule] = {
   'mesh.fsdp': MESH_SIZE,
   'mesh.tensor': MESH_SIZE,
   'mesh.rules': AXIS_RULES,
+  'launch.nodes': POSITIVE_INT,
+  'launch.tasks_per_node': POSITIVE_INT,
 }
 
 

@@ -55,6 +55,8 @@ RESUMABLE_KEYS = (
   'decode.checkpoint',
   'model.attention_impl',  # How attention and gradients are computed, not what.
   'model.remat',
+  'launch.nodes',  # How many processes share the work, not what they compute.
+  'launch.tasks_per_node',
 )
 # Model keys that change training but not what the saved weights mean: a change on resume warns.
 _REGULARIZATION_KEYS = (
@@ -399,6 +401,8 @@ ADDED_KEYS: dict[str, Any] = {
     ('kv', None),
     ('length', None),
   ),
+  'launch.nodes': 1,
+  'launch.tasks_per_node': 1,
 }
 
 

@@ -9,8 +9,10 @@ SIGTERM, Ctrl-C); only `kill -9`, a crash of the machine or a lost host leave
 it behind. Such a stale lock is removed by the next run only when its holder
 is provably dead: on this host, and its pid no longer runs (or runs another
 process, started at another time or before a reboot). A lock held by a
-process on another host is never broken: the error says how to check that
-host and remove the file by hand.
+process on another host is never broken here: the error says how to check that
+host and remove the file by hand. A holder inside a Slurm job also records the job
+(`slurm_job`), and the sweep's Slurm tasks ask the scheduler whether that job still
+runs (`transformer/tools/sweep_slurm.py`, which removes the lock with `remove_stale`).
 
 On a bucket (a gs:// or s3:// workdir) the lock is an object created only if
 absent (GCS `ifGenerationMatch=0`, S3 `If-None-Match: *`): of two runs on any
@@ -76,7 +78,7 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def _this_process() -> dict[str, Any]:
-  return {
+  record = {
     'host': socket.gethostname(),
     'pid': os.getpid(),
     'boot_id': _boot_id(),
@@ -84,6 +86,12 @@ def _this_process() -> dict[str, Any]:
     'started': datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
     'command': ' '.join(sys.argv),
   }
+  if os.environ.get('SLURM_JOB_ID'):  # The job, and which start of it (a requeue starts it again).
+    record['slurm_job'] = {
+      'job_id': os.environ['SLURM_JOB_ID'],
+      'restarts': int(os.environ.get('SLURM_RESTART_COUNT') or 0),
+    }
+  return record
 
 
 def lock_path(workdir: str) -> str:
@@ -152,6 +160,11 @@ def describe(holder: dict[str, Any]) -> str:
   if holder.get('command'):
     parts.append(f'`{holder["command"]}`')
   return parts[0] + (f' ({", ".join(parts[1:])})' if len(parts) > 1 else '')
+
+
+def remove_stale(workdir: str, holder: dict[str, Any]) -> None:
+  """Removes WORKDIR/train.lock if it still holds `holder`, whom the caller knows to be dead."""
+  WorkdirLock(workdir)._remove_stale(holder)
 
 
 class WorkdirLock:

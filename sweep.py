@@ -13,6 +13,11 @@ summary ranks configurations by the mean over their seeds (mean, std, min/max,
 error bars); with --eval it adds paired significance tests of the best
 configuration's (or --compare_to's) eval.py translations against each other's
 (see sweep_summary.py).
+
+With --launcher=slurm the trials are submitted to Slurm instead, as job arrays
+through submitit, and sweep.py returns; each trial runs through srun on
+config.launch.nodes x config.launch.tasks_per_node processes, is requeued on
+its time limit and rewrites the summary when it ends (transformer/tools/sweep_slurm.py).
 """
 
 import shlex
@@ -28,7 +33,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from transformer import config as config_lib  # noqa: E402
 from transformer import errors  # noqa: E402
-from transformer.tools import sweep_runner, sweep_summary, sweeps  # noqa: E402
+from transformer.tools import sweep_runner, sweep_slurm, sweep_summary, sweeps  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Base config file of every trial.', lock_config=True
@@ -38,24 +43,30 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Sweep root: one subdirectory pe
 _PARALLEL = flags.DEFINE_integer(
   'parallel',
   1,
-  'Trials run at once; with --emit=slurm, a cap on the array tasks run at once (1: no cap).',
+  'Trials run at once; with --launcher=slurm, a cap on the array tasks run at once (1: no cap).',
 )
 _EVAL = flags.DEFINE_bool('eval', False, 'Run eval.py on each trial after training.')
 _EVAL_FLAGS = flags.DEFINE_string(
   'eval_flags', '', "eval.py's flags with --eval, e.g. '--checkpoint=avg:5 --split=validation'."
 )
-_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print every trial command; run nothing.')
+_DRY_RUN = flags.DEFINE_bool(
+  'dry_run', False, 'Print every trial command (and what Slurm would get); run nothing.'
+)
 _SUMMARIZE = flags.DEFINE_bool('summarize', False, 'Only rewrite the summary files.')
-_EMIT = flags.DEFINE_enum(
-  'emit',
-  None,
-  ['slurm'],
-  'Write WORKDIR/sweep.slurm (a job array) instead of running the trials here.',
+_LAUNCHER = flags.DEFINE_enum(
+  'launcher',
+  'local',
+  ['local', 'slurm'],
+  'local: run the trials here; slurm: submit them to Slurm as job arrays (submitit) and return.',
 )
 _SLURM_OPTIONS = flags.DEFINE_multi_string(
-  'slurm_option', [], "An extra '#SBATCH' option, e.g. --slurm_option=--gres=gpu:1 (repeatable)."
+  'slurm_option',
+  [],
+  'With --launcher=slurm, an sbatch option as KEY=VALUE (repeatable), e.g. '
+  f'--slurm_option=partition=gpu --slurm_option=gres=gpu:8; time=[D-]HH:MM:SS is the limit of '
+  f'each start of a trial (default {sweep_slurm.DEFAULT_TIME}; it is requeued on reaching it).',
 )
-_TRIAL = flags.DEFINE_string('trial', None, 'Run only the trial of this name (Slurm tasks).')
+_TRIAL = flags.DEFINE_string('trial', None, 'Run (or submit) only the trial of this name.')
 _SEEDS = flags.DEFINE_integer(
   'seeds',
   1,
@@ -81,7 +92,11 @@ def main(argv):
   signal.signal(signal.SIGINT, signal.default_int_handler)
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  sweep_runner.check_parallel(_PARALLEL.value, slurm=_EMIT.value == 'slurm')
+  slurm = _LAUNCHER.value == 'slurm'
+  sweep_runner.check_parallel(_PARALLEL.value, slurm=slurm)
+  if _SLURM_OPTIONS.value and not slurm:
+    raise app.UsageError('--slurm_option is for --launcher=slurm.')
+  slurm_options = sweep_slurm.parse_options(_SLURM_OPTIONS.value)
   sweep = sweeps.create(
     config_flags.get_config_filename(flags.FLAGS['config']),
     _CONFIG.value,
@@ -94,14 +109,24 @@ def main(argv):
   )
   sweep_runner.check_eval_flags(sweep)  # eval.py reads them only after training: checked now.
   if _DRY_RUN.value:
-    print('\n'.join(sweep_runner.dry_run(sweep)))
+    if slurm:
+      print('\n'.join(sweep_slurm.dry_run(sweep, _PARALLEL.value, slurm_options, _TRIAL.value)))
+    else:
+      print('\n'.join(sweep_runner.dry_run(sweep)))
     return
-  if _EMIT.value == 'slurm':
+  if slurm and not _SUMMARIZE.value:
     sweep_runner.prepare_data(sweep.trials)  # Once here, rather than racing in every task.
-    path = sweep_runner.write_slurm(
-      sweep, _PARALLEL.value if _PARALLEL.value > 1 else 0, _SLURM_OPTIONS.value
+    submitted, left = sweep_slurm.submit(sweep, _PARALLEL.value, slurm_options, _TRIAL.value)
+    for name, why in left.items():
+      logging.info('%s: %s', name, why)
+    jobs = sorted({job.job_id.split('_')[0] for job in submitted.values()})
+    print(
+      f'Submitted {len(submitted)} of {len(sweep.trials)} trials to Slurm as job array(s) '
+      f'{", ".join(jobs) or "(none)"}; their output is in {sweep.root}/{sweep_slurm.FOLDER}/. '
+      'Each trial rewrites the summary when it ends; run the same command again to submit '
+      'what failed or was stopped, or, to rewrite the summary:\n  '
+      + shlex.join(sweep_runner.sweep_command(sweep, '--summarize'))
     )
-    print(f'Wrote {path} ({len(sweep.trials)} trials); submit it with: sbatch {path}')
     return
   outcomes = {}
   try:

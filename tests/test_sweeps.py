@@ -7,7 +7,6 @@ import importlib
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -765,27 +764,6 @@ def test_interrupted_trial_resumes_from_its_checkpoint(two_by_two):
   assert len(provenance.read(str(root / name))) == 2
   rows = {r['trial']: r for r in _trial_rows(root)}
   assert rows[name]['status'] == 'finished' and rows[name]['steps'] == '6'
-
-
-@pytest.mark.slow
-def test_slurm_script_runs_trials_as_array_tasks(two_by_two):
-  root, run, first = two_by_two
-  assert first.returncode == 0, first.stderr[-3000:]
-  result = run('--emit=slurm', '--parallel=2', '--slurm_option=--time=0:30:00')
-  assert result.returncode == 0, result.stderr[-3000:]
-  script = (root / 'sweep.slurm').read_text()
-  assert '#SBATCH --array=0-3%2\n' in script and '#SBATCH --time=0:30:00\n' in script
-  assert all(f'  {shlex.quote(name)}\n' in script for name in TWO_BY_TWO)
-  assert subprocess.run(['bash', '-n', str(root / 'sweep.slurm')]).returncode == 0
-  before = _snapshot(root, TWO_BY_TWO)
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'SLURM_ARRAY_TASK_ID': '2'}
-  task = subprocess.run(
-    ['bash', str(root / 'sweep.slurm')], env=env, capture_output=True, text=True, timeout=300
-  )
-  assert task.returncode == 0, task.stderr[-3000:]
-  assert f'{TWO_BY_TWO[2]}: finished earlier with the same commands, skipped' in task.stderr
-  assert task.stderr.count('skipped') == 1  # Only its own trial.
-  assert _snapshot(root, TWO_BY_TWO) == before
 
 
 @pytest.mark.slow

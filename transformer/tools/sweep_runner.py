@@ -4,7 +4,7 @@ Each trial runs in ROOT/<name>/, recording its status, command lines and
 attempts in ROOT/<name>/trial.json and the output in ROOT/<name>/train.log
 (eval.log). A trial whose recorded commands equal the current ones and that
 finished is skipped; any other is (re)started, and train.py resumes it from its
-latest checkpoint. `write_slurm` runs the same trials as a Slurm job array.
+latest checkpoint. `sweep_slurm` runs the same trials as Slurm job arrays (submitit).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def check_parallel(parallel: int, slurm: bool = False) -> None:
     raise InvalidInput(
       f'--parallel={parallel} exceeds the {cores} CPU cores of this machine: each trial is a '
       'train.py process that uses every core it gets, so more at once than cores only slow '
-      f'each other down. Use --parallel={cores} or fewer (or --emit=slurm for a cluster).'
+      f'each other down. Use --parallel={cores} or fewer (or --launcher=slurm for a cluster).'
     )
 
 
@@ -100,13 +100,21 @@ def _write_state(workdir: str, state: dict[str, Any]) -> None:
 def _process_alive(state: Mapping[str, Any], workdir: str) -> bool | None:
   """Whether the process recorded as running the trial still runs; None if it cannot be known.
 
-  Only a process on this host can be looked at; on Linux it must also still be
+  A trial run by a Slurm job is dead when the scheduler says that start of the job ended.
+  Otherwise only a process on this host can be looked at; on Linux it must also still be
   the trial's (its command line names the workdir), not a later one that got its pid.
   """
   if not state.get('pid'):
     return False  # Between stages, or stopped cleanly.
+  job_alive = None
+  if state.get('slurm'):
+    from transformer.tools import sweep_slurm  # Its scheduler queries, for Slurm's trials only.
+
+    job_alive = sweep_slurm.job_alive(state['slurm'])
+    if job_alive is False:
+      return False
   if state.get('host') != socket.gethostname():
-    return None
+    return job_alive
   if os.path.isdir('/proc/self'):
     try:
       with open(f'/proc/{state["pid"]}/cmdline', 'rb') as f:
@@ -246,7 +254,7 @@ class _Runner:
         if self.stopping.is_set():
           return 'interrupted'
         process = subprocess.Popen(
-          command,
+          self.launch_command(stage, command),
           stdout=log,
           stderr=subprocess.STDOUT,
           stdin=subprocess.DEVNULL,
@@ -285,6 +293,14 @@ class _Runner:
     state['pid'] = None
     _write_state(workdir, state)
     return status
+
+  def launch_command(self, stage: str, command: list[str]) -> list[str]:
+    """The command line that runs `stage`: `command` (which trial.json records) here.
+
+    A launcher may add what only this start needs (`sweep_slurm`: the processes of a run).
+    """
+    del stage
+    return command
 
   def stop(self) -> None:
     """Stops every running trial (they resume from their checkpoints next time)."""
@@ -413,43 +429,3 @@ def sweep_command(sweep: Sweep, *extra: str) -> list[str]:
     f'--config.{key}={flag_value(value)}' for key, value in sweep.shared_overrides.items()
   ]
   return command + list(extra)
-
-
-def write_slurm(sweep: Sweep, parallel: int = 0, options: Sequence[str] = ()) -> str:
-  """Writes ROOT/sweep.slurm: a job array, task i runs trial i through `sweep.py --trial`.
-
-  Each task records its trial's state and log like a local run, skips it if it
-  finished, resumes it if interrupted, and then rewrites the summary files.
-  `parallel` > 0 caps the tasks running at once; `options` are extra `#SBATCH`
-  lines (e.g. '--gres=gpu:1', '--time=4:00:00').
-  """
-  if storage.is_url(sweep.root):
-    raise InvalidInput(
-      f"--emit=slurm writes its script and the tasks' Slurm logs into the sweep root, which "
-      f'must then be a shared file system, not {sweep.root}. Run the sweep locally '
-      '(sweep.py without --emit), or give --emit=slurm a shared folder.'
-    )
-  os.makedirs(sweep.root, exist_ok=True)
-  throttle = f'%{parallel}' if parallel > 0 else ''
-  names = '\n'.join(f'  {shlex.quote(t.name)}' for t in sweep.trials)
-  task = shlex.join(sweep_command(sweep)) + ' --trial="${TRIALS[$SLURM_ARRAY_TASK_ID]}"'
-  option_lines = ''.join(f'#SBATCH {option}\n' for option in options)
-  script = f"""#!/bin/bash
-# Sweep {sweep.sweep_file} over {sweep.config_file}: {len(sweep.trials)} trials,
-# one per array task. Submit with `sbatch {sweep.root}/sweep.slurm`; the summary
-# files in {sweep.root} are rewritten as tasks end, or on demand with:
-#   {shlex.join(sweep_command(sweep, '--summarize'))}
-#SBATCH --job-name={shlex.quote('sweep-' + os.path.basename(sweep.root))}
-#SBATCH --array=0-{len(sweep.trials) - 1}{throttle}
-#SBATCH --output={sweep.root}/slurm-%A_%a.out
-{option_lines}set -euo pipefail
-TRIALS=(
-{names}
-)
-cd {shlex.quote(sweep.cwd)}
-{task}
-"""
-  path = os.path.join(sweep.root, 'sweep.slurm')
-  with open(path, 'w') as f:
-    f.write(script)
-  return path

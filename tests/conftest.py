@@ -146,6 +146,22 @@ def write_lines(path: pathlib.Path, lines: Sequence[str] | bytes) -> pathlib.Pat
   return path
 
 
+def tensorboard_scalars(directory: pathlib.Path | str) -> dict[str, list[tuple[int, float]]]:
+  """{tag: [(step, value), ...]} of the event files in `directory` as TensorBoard reads them.
+
+  TensorBoard's own loader (`EventAccumulator`, every event kept), with its purge of the
+  steps that a later file's SessionLog.START supersedes.
+  """
+  from tensorboard.backend.event_processing import event_accumulator
+
+  accumulator = event_accumulator.EventAccumulator(str(directory), size_guidance={'scalars': 0})
+  accumulator.Reload()
+  return {
+    tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
+    for tag in accumulator.Tags()['scalars']
+  }
+
+
 @pytest.fixture(scope='session')
 def write_parallel_corpus() -> Callable[..., pathlib.Path]:
   """Returns `write(directory, sizes={'train': 50, 'val': 10}, langs=('en', 'de'),

@@ -16,7 +16,14 @@ import sys
 import time
 
 import pytest
-from test_reliability import _TIMING, REPO, _assert_same_state, sigterm_when, train  # noqa: F401  (the `train` fixture)
+from test_reliability import (  # noqa: F401  (the `train` fixture)
+  _TIMING,
+  REPO,
+  _assert_same_state,
+  _assert_tensorboard_shows_the_rows_once,
+  sigterm_when,
+  train,
+)
 from test_sweeps import (  # noqa: F401  (fixtures: sweep_env, synthetic_corpus)
   _sweep_py,
   _write_sweep,
@@ -67,7 +74,7 @@ def _eval(train, workdir, *flags):  # noqa: F811
   return _python(train.env, 'eval.py', f'--workdir={workdir}', '--split=validation', *flags)
 
 
-def test_gs_run_stopped_resumed_and_evaluated(train, local_reference, object_stores):  # noqa: F811
+def test_gs_run_stopped_resumed_and_evaluated(train, local_reference, object_stores, tmp_path):  # noqa: F811
   workdir = storage.join(object_stores.bucket('gs'), 'runs', 'tiny')
   # 1. Stopped by SIGTERM mid-run: the step in hand is checkpointed, the lock released.
   command = train.command(workdir, **RUN)
@@ -95,6 +102,10 @@ def test_gs_run_stopped_resumed_and_evaluated(train, local_reference, object_sto
   for step in (4, 6):
     _assert_same_state(local_reference, workdir, step)
   assert len(storage.listdir(storage.join(workdir, 'tensorboard'))) == 2  # One file per start.
+  local = tmp_path / 'copy'
+  storage.copytree(storage.join(workdir, 'tensorboard'), str(local / 'tensorboard'))
+  storage.copy_files(workdir, str(local), ['metrics.jsonl'])
+  _assert_tensorboard_shows_the_rows_once(local)
 
   # 3. eval.py reads the run from the bucket and writes its results beside it.
   for checkpoint in ('latest', 'avg:2', 'best'):

@@ -9,11 +9,16 @@ steps (`StepProfiler`).
 from __future__ import annotations
 
 import json
+import os
+import socket
+import struct
 import time
 from typing import Any
 
 import jax
 from absl import logging
+from tensorboardX.proto.event_pb2 import Event, SessionLog
+from tensorboardX.proto.summary_pb2 import Summary
 
 from transformer import storage
 
@@ -36,6 +41,9 @@ class MetricsWriter:
   row, of the whole file), so that a row is in the bucket when `write` returns and a
   preempted run loses none it wrote. Rows come every `log_every_steps` and
   `eval_every_steps`: a few requests a minute, of a file of ~200 bytes a row.
+
+  The same rows go to TensorBoard, one event file per start in WORKDIR/tensorboard/
+  (`EventFile`): locally a row is in it when `write` returns, as in metrics.jsonl.
   """
 
   def __init__(self, workdir: str, started: float | None = None):
@@ -44,20 +52,22 @@ class MetricsWriter:
     self._started = started
     self._offset = 0.0  # Seconds the kept rows of earlier processes had reached.
     self._text: str | None = None  # On a bucket: the object's content, rewritten per row.
-    self._tensorboard = None
-    if self._enabled:
-      from tensorboardX import SummaryWriter  # TF-free TensorBoard writer.
-
-      register_bucket_event_writers()
-      self._tensorboard = SummaryWriter(storage.join(workdir, 'tensorboard'))
+    self._tensorboard_dir = storage.join(workdir, 'tensorboard')
+    self._tensorboard: EventFile | None = None  # Opened by `truncate_after` or the first row.
 
   def truncate_after(self, step: int) -> None:
     """Drops rows written after `step` by a run that stopped before checkpointing them.
 
     A resumed run starts again from its last checkpoint; rows past it belong to a
-    timeline that no longer exists and would otherwise appear twice.
+    timeline that no longer exists and would otherwise appear twice. TensorBoard
+    hides them too: this start's event file purges steps after `step` of the earlier
+    files (`EventFile`'s `purge_step`).
     """
-    if not self._enabled or not storage.exists(self.path):
+    if not self._enabled:
+      return
+    self.close()
+    self._tensorboard = EventFile(self._tensorboard_dir, purge_step=step + 1)
+    if not storage.exists(self.path):
       return
     text = storage.read_text(self.path)
     rows = [line for line in text.splitlines(keepends=True) if line.strip()]
@@ -89,8 +99,9 @@ class MetricsWriter:
     else:
       with open(self.path, 'a') as f:
         f.write(line)
-    for name, value in metrics.items():
-      self._tensorboard.add_scalar(name, float(value), int(step))
+    if self._tensorboard is None:
+      self._tensorboard = EventFile(self._tensorboard_dir)
+    self._tensorboard.write_scalars(int(step), metrics)
 
   def flush(self) -> None:
     if self._tensorboard is not None:
@@ -101,12 +112,81 @@ class MetricsWriter:
       self._tensorboard.close()
 
 
+# On a bucket an event file is written whole at each flush (`_BucketEventFile`): at most this often.
+BUCKET_FLUSH_SECONDS = 120.0
+
+
+class EventFile:
+  """A TensorBoard event file, written in the calling thread (tensorboardX's records and protos).
+
+  Locally each `write_scalars` is flushed before it returns, so that a run killed at any
+  point has in TensorBoard the rows it has in metrics.jsonl; on a bucket, where a flush
+  rewrites the whole object (`_BucketEventFile`), at most every BUCKET_FLUSH_SECONDS and
+  at `flush` and `close`.
+
+  `purge_step`: the first step this file writes after a resume. Its first event is a
+  SessionLog.START at that step, upon which TensorBoard drops the events of earlier files
+  (those sort before this one) at that step and after: the steps a crashed run logged
+  past its last checkpoint show once, as this run writes them again (tensorboardX's
+  `SummaryWriter(purge_step=...)`, which writes the same event).
+  """
+
+  def __init__(self, directory: str, purge_step: int | None = None):
+    from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+
+    register_bucket_event_writers()
+    record_writer.directory_check(directory)
+    # Named by the time to the microsecond, so a later start's file sorts (and is read) later.
+    now = time.time()
+    name = f'events.out.tfevents.{now:017.6f}.{socket.gethostname()}.{os.getpid()}'
+    self.path = storage.join(directory, name)
+    self._records = record_writer.open_file(self.path)
+    self._local = not storage.is_url(directory)
+    self._flushed = time.monotonic()
+    self._write(Event(wall_time=now, file_version='brain.Event:2'))
+    if purge_step is not None:
+      self._write(
+        Event(wall_time=now, step=purge_step, session_log=SessionLog(status=SessionLog.START))
+      )
+    self.flush()
+
+  def _write(self, event: Event) -> None:
+    from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+
+    data = event.SerializeToString()
+    header = struct.pack('<Q', len(data))
+    crc = record_writer.masked_crc32c
+    self._records.write(
+      header + struct.pack('<I', crc(header)) + data + struct.pack('<I', crc(data))
+    )
+
+  def write_summary(self, step: int, summary: Summary, wall_time: float | None = None) -> None:
+    """Writes a Summary proto (scalars, the hparams plugin's data) at `step`."""
+    wall_time = time.time() if wall_time is None else wall_time
+    self._write(Event(wall_time=wall_time, step=int(step), summary=summary))
+
+  def write_scalars(self, step: int, values: dict[str, float]) -> None:
+    """Writes the scalars of one row at `step`; locally, flushed before returning."""
+    values = [Summary.Value(tag=name, simple_value=float(v)) for name, v in values.items()]
+    self.write_summary(step, Summary(value=values))
+    if self._local or time.monotonic() - self._flushed >= BUCKET_FLUSH_SECONDS:
+      self.flush()
+
+  def flush(self) -> None:
+    self._records.flush()
+    self._flushed = time.monotonic()
+
+  def close(self) -> None:
+    self.flush()
+    self._records.close()
+
+
 class _BucketEventFile:
   """A TensorBoard event file on a bucket, written whole at each flush (as tensorboardX's own).
 
   Through `storage` (one client and one set of credentials for every file of a run) rather
-  than tensorboardX's boto3 and google-cloud-storage writers. The writer flushes every
-  `flush_secs` (120 s) and at `MetricsWriter.flush` and `close`: one PUT each.
+  than tensorboardX's boto3 and google-cloud-storage writers. `EventFile` flushes at most every
+  BUCKET_FLUSH_SECONDS and at `MetricsWriter.flush` and `close`: one PUT each.
   """
 
   def __init__(self, path: str):

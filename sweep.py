@@ -28,7 +28,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from transformer import config as config_lib  # noqa: E402
 from transformer import errors  # noqa: E402
-from transformer.tools import sweep_runner, sweep_summary, sweeps  # noqa: E402
+from transformer.tools import sweep_runner, sweep_summary, sweep_tensorboard, sweeps  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Base config file of every trial.', lock_config=True
@@ -110,13 +110,14 @@ def main(argv):
       signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
       outcomes = sweep_runner.run(sweep, _PARALLEL.value, only=_TRIAL.value)
   except KeyboardInterrupt:
-    sweep_summary.write(sweep)  # What there is so far.
+    sweep_tensorboard.write(sweep, sweep_summary.write(sweep))  # What there is so far.
     logging.warning(
       'Interrupted: the running trials were stopped and marked interrupted; run '
       'the same command again to resume them.'
     )
     sys.exit(130)
   results = sweep_summary.write(sweep)
+  sweep_tensorboard.write(sweep, results)  # The table of `tensorboard --logdir ROOT`.
   logging.info(
     'Summary: %s/summary.{csv,md,png}; best: %s',
     sweep.root,

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import conftest
 import pytest
 from test_reliability import (  # noqa: F401  (the `train` fixture)
   _TIMING,
@@ -209,6 +210,16 @@ def test_sweep_with_its_root_in_a_bucket(object_stores, synthetic_corpus, sweep_
     assert state['status'] == 'finished'
     assert 'Restored checkpoint' in storage.read_text(storage.join(trial, 'eval.log'))
     results.append(storage.join(trial, state['stages']['eval']['result']))
+  # TensorBoard's hparams table: a session per trial, its event file in the bucket.
+  sessions = {
+    row['trial']: storage.join(root, row['trial'], 'tensorboard', 'hparams') for row in rows
+  }
+  for name, folder in sessions.items():
+    storage.copytree(folder, str(tmp_path / 'copy' / name))
+  _, shown = conftest.tensorboard_hparams(tmp_path / 'copy')
+  assert {name: shown[name]['hparams'] for name in sessions} == {
+    row['trial']: {'lr_scale': float(row['lr_scale'])} for row in rows
+  }
 
   # Run again: every trial is done, nothing trains or evaluates again.
   again = run()
@@ -216,6 +227,9 @@ def test_sweep_with_its_root_in_a_bucket(object_stores, synthetic_corpus, sweep_
   for row in rows:
     state = json.loads(storage.read_text(storage.join(root, row['trial'], 'trial.json')))
     assert [stage['attempts'] for stage in state['stages'].values()] == [1, 1]
+  assert {n: os.listdir(tmp_path / 'copy' / n) for n in sessions} == {
+    n: storage.listdir(folder) for n, folder in sessions.items()
+  }  # Nothing changed: no session written again.
 
   _python(env, 'compare.py', *results, '--n_samples=100')
 

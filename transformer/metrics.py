@@ -13,6 +13,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -116,6 +117,19 @@ class MetricsWriter:
 BUCKET_FLUSH_SECONDS = 120.0
 
 
+def encode_events(events: Iterable[Event]) -> bytes:
+  """Event protos as the records of an event file (TFRecord: length, CRCs, data)."""
+  from tensorboardX.record_writer import masked_crc32c  # pylint: disable=g-import-not-at-top
+
+  records = []
+  for event in events:
+    data = event.SerializeToString()
+    header = struct.pack('<Q', len(data))
+    records += [header, struct.pack('<I', masked_crc32c(header)), data]
+    records.append(struct.pack('<I', masked_crc32c(data)))
+  return b''.join(records)
+
+
 class EventFile:
   """A TensorBoard event file, written in the calling thread (tensorboardX's records and protos).
 
@@ -151,14 +165,7 @@ class EventFile:
     self.flush()
 
   def _write(self, event: Event) -> None:
-    from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
-
-    data = event.SerializeToString()
-    header = struct.pack('<Q', len(data))
-    crc = record_writer.masked_crc32c
-    self._records.write(
-      header + struct.pack('<I', crc(header)) + data + struct.pack('<I', crc(data))
-    )
+    self._records.write(encode_events([event]))
 
   def write_summary(self, step: int, summary: Summary, wall_time: float | None = None) -> None:
     """Writes a Summary proto (scalars, the hparams plugin's data) at `step`."""

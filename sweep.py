@@ -38,7 +38,8 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Sweep root: one subdirectory pe
 _PARALLEL = flags.DEFINE_integer(
   'parallel',
   1,
-  'Trials run at once; with --emit=slurm, a cap on the array tasks run at once (1: no cap).',
+  'Trials run at once, each on its own share of the GPUs or TPU chips (refused where they '
+  'do not split evenly); with --emit=slurm, a cap on the array tasks run at once (1: no cap).',
 )
 _EVAL = flags.DEFINE_bool('eval', False, 'Run eval.py on each trial after training.')
 _EVAL_FLAGS = flags.DEFINE_string(

@@ -122,7 +122,8 @@ def _process_alive(state: Mapping[str, Any], workdir: str) -> bool | None:
 
 
 def trial_status(workdir: str) -> str:
-  """'pending' (never started), 'running', 'interrupted', 'failed' or 'finished'."""
+  """'pending' (never started), 'running', 'interrupted', 'failed', 'finished' or, in an Optuna
+  study, 'pruned' (stopped by its pruner, with a checkpoint)."""
   state = read_state(workdir)
   if state is None:
     return 'pending'
@@ -192,6 +193,7 @@ class _Runner:
     self._slots: queue.SimpleQueue[Mapping[str, str]] = queue.SimpleQueue()
     for slot in slots:
       self._slots.put(slot)
+    self._stopped: dict[str, str] = {}  # Trial -> its status, when `_wait` stopped it (pruned).
 
   def run_trial(self, trial: Trial) -> str:
     """'skipped', 'finished', 'failed', 'interrupted' or 'running' (by another process)."""
@@ -277,10 +279,12 @@ class _Runner:
       state.update(status='running', host=socket.gethostname(), pid=process.pid)
       state['stages'][stage] = record
       _write_state(workdir, state)
-      returncode = process.wait()
+      returncode = self._wait(trial, stage, process)
       with self._lock:
         del self._processes[trial.name]
-    if self.stopping.is_set():
+    if trial.name in self._stopped:  # Stopped on purpose, by `_wait`: a status of its own.
+      status = self._stopped.pop(trial.name)
+    elif self.stopping.is_set():
       # train.py exits 0 after checkpointing on SIGTERM: stopped, not finished.
       status = 'interrupted'
     elif returncode != 0:
@@ -306,6 +310,12 @@ class _Runner:
     state['pid'] = None
     _write_state(workdir, state)
     return status
+
+  def _wait(self, trial: Trial, stage: str, process: subprocess.Popen) -> int:
+    """Waits for the stage's process; returns its exit code. A study watches it here
+    (`sweep_optuna`), and a trial it stops (SIGTERM) gets the status it puts in `_stopped`."""
+    del trial, stage
+    return process.wait()
 
   def stop(self) -> None:
     """Stops every running trial (they resume from their checkpoints next time)."""

@@ -55,7 +55,7 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from transformer import storage
+from transformer import runs, storage
 from transformer.errors import InvalidInput
 from transformer.tools import sweep_devices, sweep_runner, sweep_summary, sweeps
 from transformer.tools.sweeps import Overrides, Sweep, Trial
@@ -447,7 +447,9 @@ class _Runner(sweep_runner._Runner):
         continue
       for step, value in reports.new():  # After the exit too: the pruner sees whole curves.
         prune = self.driver.report(asked, step, value)
-        if prune and returncode is None and trial.name not in self._stopped:
+        # The last evaluation ends the run: nothing is left to prune.
+        last = step >= trial.config.num_train_steps
+        if prune and not last and returncode is None and trial.name not in self._stopped:
           logging.info(
             '%s: pruned at step %d (%s %.4f); it checkpoints and stops.',
             trial.name,
@@ -457,6 +459,8 @@ class _Runner(sweep_runner._Runner):
           )
           self._stopped[trial.name] = 'pruned'
           process.terminate()  # SIGTERM: train.py checkpoints the step in hand and exits.
+    if trial.name in self._stopped and runs.is_finished(self.sweep.workdir(trial), trial.config):
+      del self._stopped[trial.name]  # It ended before the signal came: finished, not pruned.
     return returncode
 
 

@@ -276,7 +276,7 @@ def test_a_study_of_two_workers_interrupted_and_resumed(
   logs = [worker.communicate(timeout=600)[1] for worker in workers]
   assert [worker.returncode for worker in workers] == [0, 0], [log[-3000:] for log in logs]
   assert sum(log.count('was left running by') for log in logs) == 1
-  assert all('Trial ' in log for log in logs)  # Both workers ran trials.
+  assert all(re.search(r'Trial \d+, lr_scale=', log) for log in logs)  # Both ran trials.
 
   with open(root / 'summary.csv') as f:
     rows = {row['trial']: row for row in csv.DictReader(f)}

@@ -18,8 +18,14 @@ With --launcher=slurm the trials are submitted to Slurm instead, as job arrays
 through submitit, and sweep.py returns; each trial runs through srun on
 config.launch.nodes x config.launch.tasks_per_node processes, is requeued on
 its time limit and rewrites the summary when it ends (transformer/tools/sweep_slurm.py).
+
+With --search=optuna (the default for a sweep file that defines space()) the sweep is an
+Optuna study: its workers, in this process (--parallel) and in others sharing --storage, ask
+the study for trials and prune the poor ones from their validation rows; trials run, resume
+and are summarized as above (see transformer/tools/sweep_optuna.py).
 """
 
+import dataclasses
 import shlex
 import signal
 import sys
@@ -33,7 +39,14 @@ from ml_collections import config_flags  # noqa: E402
 
 from transformer import config as config_lib  # noqa: E402
 from transformer import errors  # noqa: E402
-from transformer.tools import sweep_runner, sweep_slurm, sweep_summary, sweeps  # noqa: E402
+from transformer.tools import (  # noqa: E402
+  sweep_optuna,
+  sweep_runner,
+  sweep_slurm,
+  sweep_summary,
+  sweep_tensorboard,
+  sweeps,
+)
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Base config file of every trial.', lock_config=True
@@ -43,7 +56,9 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Sweep root: one subdirectory pe
 _PARALLEL = flags.DEFINE_integer(
   'parallel',
   1,
-  'Trials run at once; with --launcher=slurm, a cap on the array tasks run at once (1: no cap).',
+  'Trials run at once, each on its own share of the GPUs or TPU chips (refused where they '
+  'do not split evenly); with --launcher=slurm, a cap on the array tasks run at once (1: no '
+  'cap).',
 )
 _EVAL = flags.DEFINE_bool('eval', False, 'Run eval.py on each trial after training.')
 _EVAL_FLAGS = flags.DEFINE_string(
@@ -83,6 +98,37 @@ _COMPARE_TO = flags.DEFINE_string(
 )
 
 
+_SEARCH = flags.DEFINE_enum(
+  'search',
+  None,
+  sweep_optuna.SEARCHES,
+  "'list': the sweep file's trials; 'optuna': an Optuna study (its space(), or the values its "
+  'sweep() lists, searched, those trials first). Default: optuna for a file that defines space().',
+)
+_NUM_TRIALS = flags.DEFINE_integer(
+  'num_trials', 0, 'Optuna: trials of the whole study (default: as many as sweep() lists).'
+)
+_SAMPLER = flags.DEFINE_enum('sampler', 'tpe', sweep_optuna.SAMPLERS, 'Optuna: the sampler.')
+_PRUNER = flags.DEFINE_enum(
+  'pruner',
+  'median',
+  sweep_optuna.PRUNERS,
+  'Optuna: stops trials whose validation rows fall behind (SIGTERM: they checkpoint).',
+)
+_STARTUP_TRIALS = flags.DEFINE_integer(
+  'startup_trials', 5, 'Optuna, --pruner=median: trials that complete before it prunes any.'
+)
+_STORAGE = flags.DEFINE_string(
+  'storage',
+  '',
+  'Optuna: the study, shared by every worker: a database URL (sqlite:///, postgresql://, '
+  'mysql://) or a journal file on a shared file system. Default: sqlite:///WORKDIR/study.db.',
+)
+_STUDY_NAME = flags.DEFINE_string(
+  'study_name', '', "Optuna: the study's name in --storage (default: WORKDIR's last part)."
+)
+
+
 def _raise_keyboard_interrupt(signum, frame):
   del signum, frame
   raise KeyboardInterrupt('SIGTERM')
@@ -97,22 +143,46 @@ def main(argv):
   if _SLURM_OPTIONS.value and not slurm:
     raise app.UsageError('--slurm_option is for --launcher=slurm.')
   slurm_options = sweep_slurm.parse_options(_SLURM_OPTIONS.value)
-  sweep = sweeps.create(
+  arguments = (
     config_flags.get_config_filename(flags.FLAGS['config']),
     _CONFIG.value,
     _SWEEP.value,
     _WORKDIR.value,
-    shared_overrides=config_flags.get_override_values(flags.FLAGS['config']),
-    eval_flags=shlex.split(_EVAL_FLAGS.value) if _EVAL.value else None,
-    seeds=_SEEDS.value,
-    compare_to=_COMPARE_TO.value,
+    config_flags.get_override_values(flags.FLAGS['config']),
+    shlex.split(_EVAL_FLAGS.value) if _EVAL.value else None,
   )
-  sweep_runner.check_eval_flags(sweep)  # eval.py reads them only after training: checked now.
+  study = None
+  if (_SEARCH.value or sweep_optuna.search_of(_SWEEP.value)) == 'optuna':
+    if slurm or _TRIAL.value or _COMPARE_TO.value:
+      raise errors.InvalidInput(
+        'An Optuna study runs its trials here, each worker asking it for the next one: '
+        'no --launcher=slurm, --trial or --compare_to. On a cluster, run the same command on '
+        'each node with a shared --storage.'
+      )
+    sweep, study = sweep_optuna.create(
+      *arguments,
+      num_trials=_NUM_TRIALS.value,
+      sampler=_SAMPLER.value,
+      pruner=_PRUNER.value,
+      storage_spec=_STORAGE.value,
+      study_name=_STUDY_NAME.value,
+      startup_trials=_STARTUP_TRIALS.value,
+      seeds=_SEEDS.value,
+    )
+  else:
+    sweep = sweeps.create(*arguments, seeds=_SEEDS.value, compare_to=_COMPARE_TO.value)
+  # eval.py reads them only after training: checked now (on the base config, before a study).
+  sweep_runner.check_eval_flags(
+    sweep
+    if sweep.trials
+    else dataclasses.replace(sweep, trials=(sweeps.Trial('base', {}, sweep.config),))
+  )
   if _DRY_RUN.value:
     if slurm:
       print('\n'.join(sweep_slurm.dry_run(sweep, _PARALLEL.value, slurm_options, _TRIAL.value)))
     else:
-      print('\n'.join(sweep_runner.dry_run(sweep)))
+      described = sweep_optuna.describe(study) if study else []
+      print('\n'.join([*described, *sweep_runner.dry_run(sweep)]))
     return
   if slurm and not _SUMMARIZE.value:
     sweep_runner.prepare_data(sweep.trials)  # Once here, rather than racing in every task.
@@ -133,20 +203,30 @@ def main(argv):
     if not _SUMMARIZE.value:
       # Slurm and `kill` stop jobs with SIGTERM: stop the trials as on Ctrl-C, marked interrupted.
       signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-      outcomes = sweep_runner.run(sweep, _PARALLEL.value, only=_TRIAL.value)
+      if study:
+        outcomes = sweep_optuna.run(sweep, study, _PARALLEL.value)
+      else:
+        outcomes = sweep_runner.run(sweep, _PARALLEL.value, only=_TRIAL.value)
   except KeyboardInterrupt:
-    sweep_summary.write(sweep)  # What there is so far.
+    sweep = sweep_optuna.studied(sweep, study) if study else sweep
+    sweep_tensorboard.write(sweep, sweep_summary.write(sweep))  # What there is so far.
     logging.warning(
       'Interrupted: the running trials were stopped and marked interrupted; run '
       'the same command again to resume them.'
     )
     sys.exit(130)
+  sweep = sweep_optuna.studied(sweep, study) if study else sweep  # The trials a study ran.
   results = sweep_summary.write(sweep)
+  sweep_tensorboard.write(sweep, results)  # The table of `tensorboard --logdir ROOT`.
   logging.info(
     'Summary: %s/summary.{csv,md,png}; best: %s',
     sweep.root,
     next((r.name for r in results if r.rank == 1), 'none yet'),
   )
+  if study:
+    logging.info(
+      'The study %r in %s: best %s.', study.name, study.storage, sweep_optuna.best(sweep, study)
+    )
   failed = [name for name, outcome in outcomes.items() if outcome == 'failed']
   if failed:
     logging.error(

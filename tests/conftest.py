@@ -146,6 +146,71 @@ def write_lines(path: pathlib.Path, lines: Sequence[str] | bytes) -> pathlib.Pat
   return path
 
 
+def tensorboard_scalars(directory: pathlib.Path | str) -> dict[str, list[tuple[int, float]]]:
+  """{tag: [(step, value), ...]} of the event files in `directory` as TensorBoard reads them.
+
+  TensorBoard's own loader (`EventAccumulator`, every event kept), with its purge of the
+  steps that a later file's SessionLog.START supersedes.
+  """
+  from tensorboard.backend.event_processing import event_accumulator
+
+  accumulator = event_accumulator.EventAccumulator(str(directory), size_guidance={'scalars': 0})
+  accumulator.Reload()
+  return {
+    tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
+    for tag in accumulator.Tags()['scalars']
+  }
+
+
+def tensorboard_hparams(logdir: pathlib.Path | str) -> tuple[dict, dict[str, dict]]:
+  """The HPARAMS tab of `tensorboard --logdir LOGDIR`, from TensorBoard's own plugin code.
+
+  Returns ({'hparams': [column names], 'metrics': [tags]}, {session (run) name: {'group':
+  its session group, 'hparams': {name: value}, 'metrics': {tag: value}, 'status': name}}).
+  """
+  from tensorboard import context
+  from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+  from tensorboard.plugins import base_plugin
+  from tensorboard.plugins.hparams import (
+    api_pb2,
+    backend_context,
+    get_experiment,
+    list_session_groups,
+  )
+
+  multiplexer = plugin_event_multiplexer.EventMultiplexer()
+  multiplexer.AddRunsFromDirectory(str(logdir))
+  multiplexer.Reload()
+  provider = data_provider.MultiplexerDataProvider(multiplexer, str(logdir))
+  backend = backend_context.Context(
+    base_plugin.TBContext(logdir=str(logdir), data_provider=provider, multiplexer=multiplexer)
+  )
+  request = context.RequestContext()
+  experiment = get_experiment.Handler(request, backend, '', api_pb2.GetExperimentRequest()).run()
+  statuses = list(api_pb2.Status.values())
+  groups = list_session_groups.Handler(
+    request,
+    backend,
+    '',
+    api_pb2.ListSessionGroupsRequest(start_index=0, slice_size=1000, allowed_statuses=statuses),
+  ).run()
+  sessions = {}
+  for group in groups.session_groups:
+    for session in group.sessions:
+      sessions[session.name] = {
+        'group': group.name,
+        # The group's: those of its sessions (of the first, should they differ).
+        'hparams': {k: getattr(v, v.WhichOneof('kind')) for k, v in group.hparams.items()},
+        'metrics': {m.name.tag: m.value for m in session.metric_values},
+        'status': api_pb2.Status.Name(session.status),
+      }
+  columns = {
+    'hparams': [info.name for info in experiment.hparam_infos],
+    'metrics': [info.name.tag for info in experiment.metric_infos],
+  }
+  return columns, sessions
+
+
 @pytest.fixture(scope='session')
 def write_parallel_corpus() -> Callable[..., pathlib.Path]:
   """Returns `write(directory, sizes={'train': 50, 'val': 10}, langs=('en', 'de'),

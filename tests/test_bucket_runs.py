@@ -15,8 +15,16 @@ import subprocess
 import sys
 import time
 
+import conftest
 import pytest
-from test_reliability import _TIMING, REPO, _assert_same_state, sigterm_when, train  # noqa: F401  (the `train` fixture)
+from test_reliability import (  # noqa: F401  (the `train` fixture)
+  _TIMING,
+  REPO,
+  _assert_same_state,
+  _assert_tensorboard_shows_the_rows_once,
+  sigterm_when,
+  train,
+)
 from test_sweeps import (  # noqa: F401  (fixtures: sweep_env, synthetic_corpus)
   _sweep_py,
   _write_sweep,
@@ -67,7 +75,7 @@ def _eval(train, workdir, *flags):  # noqa: F811
   return _python(train.env, 'eval.py', f'--workdir={workdir}', '--split=validation', *flags)
 
 
-def test_gs_run_stopped_resumed_and_evaluated(train, local_reference, object_stores):  # noqa: F811
+def test_gs_run_stopped_resumed_and_evaluated(train, local_reference, object_stores, tmp_path):  # noqa: F811
   workdir = storage.join(object_stores.bucket('gs'), 'runs', 'tiny')
   # 1. Stopped by SIGTERM mid-run: the step in hand is checkpointed, the lock released.
   command = train.command(workdir, **RUN)
@@ -95,6 +103,10 @@ def test_gs_run_stopped_resumed_and_evaluated(train, local_reference, object_sto
   for step in (4, 6):
     _assert_same_state(local_reference, workdir, step)
   assert len(storage.listdir(storage.join(workdir, 'tensorboard'))) == 2  # One file per start.
+  local = tmp_path / 'copy'
+  storage.copytree(storage.join(workdir, 'tensorboard'), str(local / 'tensorboard'))
+  storage.copy_files(workdir, str(local), ['metrics.jsonl'])
+  _assert_tensorboard_shows_the_rows_once(local)
 
   # 3. eval.py reads the run from the bucket and writes its results beside it.
   for checkpoint in ('latest', 'avg:2', 'best'):
@@ -198,6 +210,16 @@ def test_sweep_with_its_root_in_a_bucket(object_stores, synthetic_corpus, sweep_
     assert state['status'] == 'finished'
     assert 'Restored checkpoint' in storage.read_text(storage.join(trial, 'eval.log'))
     results.append(storage.join(trial, state['stages']['eval']['result']))
+  # TensorBoard's hparams table: a session per trial, its event file in the bucket.
+  sessions = {
+    row['trial']: storage.join(root, row['trial'], 'tensorboard', 'hparams') for row in rows
+  }
+  for name, folder in sessions.items():
+    storage.copytree(folder, str(tmp_path / 'copy' / name))
+  _, shown = conftest.tensorboard_hparams(tmp_path / 'copy')
+  assert {name: shown[name]['hparams'] for name in sessions} == {
+    row['trial']: {'lr_scale': float(row['lr_scale'])} for row in rows
+  }
 
   # Run again: every trial is done, nothing trains or evaluates again.
   again = run()
@@ -205,6 +227,9 @@ def test_sweep_with_its_root_in_a_bucket(object_stores, synthetic_corpus, sweep_
   for row in rows:
     state = json.loads(storage.read_text(storage.join(root, row['trial'], 'trial.json')))
     assert [stage['attempts'] for stage in state['stages'].values()] == [1, 1]
+  assert {n: os.listdir(tmp_path / 'copy' / n) for n in sessions} == {
+    n: storage.listdir(folder) for n, folder in sessions.items()
+  }  # Nothing changed: no session written again.
 
   _python(env, 'compare.py', *results, '--n_samples=100')
 

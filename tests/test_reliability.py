@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import conftest
 import flax
 import jax
 import numpy as np
@@ -164,6 +165,21 @@ def _rows(workdir):
     return [{k: v for k, v in json.loads(line).items() if k not in _TIMING} for line in f]
 
 
+def _assert_tensorboard_shows_the_rows_once(workdir):
+  """TensorBoard shows each row of metrics.jsonl once, whatever the crashes and resumes."""
+  expected = {}
+  with open(Path(workdir) / 'metrics.jsonl') as f:
+    for row in map(json.loads, f):
+      for tag, value in row.items():
+        if tag not in ('step', 'wall_seconds'):
+          expected.setdefault(tag, []).append((row['step'], value))
+  shown = conftest.tensorboard_scalars(Path(workdir) / 'tensorboard')
+  assert sorted(shown) == sorted(expected)
+  for tag, points in shown.items():
+    assert [step for step, _ in points] == [step for step, _ in expected[tag]], tag
+    np.testing.assert_allclose([v for _, v in points], [v for _, v in expected[tag]], rtol=1e-6)
+
+
 def _snapshot(workdir) -> dict[str, bytes | None]:
   """Every path under `workdir` with a digest of its bytes (None for folders)."""
   root = Path(workdir)
@@ -197,6 +213,9 @@ def test_killed_at_named_points_resumes_to_the_uninterrupted_result(train, refer
   assert restored.findall(result.stderr) == ['2']
   assert f'Removing {workdir}/checkpoints/{entries[1]}' in result.stderr
   assert _entries(workdir) == ['2', '4']
+  # Each step in TensorBoard once, although steps 1, 3 and 4 were logged twice (runs 1-3).
+  assert [r['step'] for r in _rows(workdir)] == [1, 2, 3, 4, 5]
+  _assert_tensorboard_shows_the_rows_once(workdir)
 
   # 4. To the end.
   result = train(workdir)
@@ -205,6 +224,8 @@ def test_killed_at_named_points_resumes_to_the_uninterrupted_result(train, refer
   assert _entries(workdir) == ['2', '4', '6']
   _assert_same_state(reference, workdir, 6)
   assert _rows(workdir) == _rows(reference)
+  assert len(os.listdir(workdir / 'tensorboard')) == 4  # One event file per start.
+  _assert_tensorboard_shows_the_rows_once(workdir)
 
 
 def sigterm_when(train, command, marker: str) -> tuple[subprocess.Popen, str]:

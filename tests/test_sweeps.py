@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import conftest
 import jax
 import numpy as np
 import pytest
@@ -723,6 +724,27 @@ def test_two_by_two_sweep_with_seeds_writes_grouped_summaries(two_by_two):
       ['git', 'rev-parse', 'HEAD'], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
     assert entry['git']['commit'] == head
+
+
+@pytest.mark.slow
+def test_tensorboard_shows_the_sweep_as_an_hparams_table(two_by_two):
+  """`tensorboard --logdir ROOT`: a session per trial, grouped by configuration."""
+  root, _, result = two_by_two
+  assert result.returncode == 0, result.stderr[-3000:]
+  columns, sessions = conftest.tensorboard_hparams(root)
+  assert columns['hparams'] == ['lr_scale']  # The seed tells the sessions of a group apart.
+  assert {'eval_loss', 'decode_bleu', 'decode_bleu_lc', 'steps'} <= set(columns['metrics'])
+  trials = {r['trial']: r for r in _trial_rows(root)}
+  assert sorted(sessions) == sorted(f'{name}/tensorboard/hparams' for name in TWO_BY_TWO)
+  for name, row in trials.items():
+    session = sessions[f'{name}/tensorboard/hparams']
+    assert session['group'] == name.split(',')[0]
+    assert session['hparams'] == {'lr_scale': float(row['lr_scale'])}
+    assert session['status'] == 'STATUS_SUCCESS'
+    assert session['metrics']['eval_loss'] == pytest.approx(float(row['eval_loss']), rel=1e-6)
+    assert session['metrics']['steps'] == 6
+  # The training curves are the trials' own runs beside them.
+  assert 'train_loss' in conftest.tensorboard_scalars(root / TWO_BY_TWO[0] / 'tensorboard')
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import conftest
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -170,6 +171,28 @@ def test_wall_seconds_go_on_from_the_kept_rows_and_stay_out_of_older_runs(tmp_pa
   resumed.write(20, {'train_loss': 1.4})
   resumed.close()
   assert [sorted(r) for r in _metrics(older)] == [['step', 'train_loss']] * 2
+
+
+def test_tensorboard_shows_each_step_once_after_a_resume_from_an_earlier_checkpoint(tmp_path):
+  """The steps a crashed run logged past its checkpoint are hidden once the resume logs them."""
+  first = metrics.MetricsWriter(str(tmp_path))
+  first.truncate_after(0)
+  for step in range(1, 6):  # Crashed after step 5; its last checkpoint is at step 3.
+    first.write(step, {'train_loss': 10.0 - step})
+  # No close: written row by row, like metrics.jsonl, as a process killed there leaves them.
+  before = conftest.tensorboard_scalars(tmp_path / 'tensorboard')
+  assert before == {'train_loss': [(s, 10.0 - s) for s in range(1, 6)]}
+  resumed = metrics.MetricsWriter(str(tmp_path))
+  resumed.truncate_after(3)
+  for step in range(4, 8):
+    resumed.write(step, {'train_loss': 20.0 - step})
+  resumed.close()
+  assert len(os.listdir(tmp_path / 'tensorboard')) == 2  # One file per start.
+  assert conftest.tensorboard_scalars(tmp_path / 'tensorboard') == {
+    'train_loss': [(1, 9.0), (2, 8.0), (3, 7.0), (4, 16.0), (5, 15.0), (6, 14.0), (7, 13.0)]
+  }
+  assert [r['step'] for r in _metrics(tmp_path)] == list(range(1, 8))
+  first.close()
 
 
 def _best_params(workdir):

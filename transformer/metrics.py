@@ -11,12 +11,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
+import struct
 import tempfile
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import jax
 from absl import logging
+from tensorboardX.proto.event_pb2 import Event, SessionLog
+from tensorboardX.proto.summary_pb2 import Summary
 
 from transformer import storage
 from transformer.errors import InvalidInput, Refusal
@@ -80,6 +85,9 @@ class MetricsWriter:
   row, of the whole file), so that a row is in the bucket when `write` returns and a
   preempted run loses none it wrote. Rows come every `log_every_steps` and
   `eval_every_steps`: a few requests a minute, of a file of ~200 bytes a row.
+
+  The same rows go to TensorBoard, one event file per start in WORKDIR/tensorboard/
+  (`EventFile`): locally a row is in it when `write` returns, as in metrics.jsonl.
   """
 
   def __init__(self, workdir: str, started: float | None = None):
@@ -88,22 +96,24 @@ class MetricsWriter:
     self._started = started
     self._offset = 0.0  # Seconds the kept rows of earlier processes had reached.
     self._text: str | None = None  # On a bucket: the object's content, rewritten per row.
-    self._tensorboard = None
+    self._tensorboard_dir = storage.join(workdir, 'tensorboard')
+    self._tensorboard: EventFile | None = None  # Opened by `truncate_after` or the first row.
     self._pending: list[str] = []  # Rows not yet in the file (`_append_pending`).
     self._failure = ''
-    if self._enabled:
-      from tensorboardX import SummaryWriter  # TF-free TensorBoard writer.
-
-      register_bucket_event_writers()
-      self._tensorboard = SummaryWriter(storage.join(workdir, 'tensorboard'))
 
   def truncate_after(self, step: int) -> None:
     """Drops rows written after `step` by a run that stopped before checkpointing them.
 
     A resumed run starts again from its last checkpoint; rows past it belong to a
-    timeline that no longer exists and would otherwise appear twice.
+    timeline that no longer exists and would otherwise appear twice. TensorBoard
+    hides them too: this start's event file purges steps after `step` of the earlier
+    files (`EventFile`'s `purge_step`).
     """
-    if not self._enabled or not storage.exists(self.path):
+    if not self._enabled:
+      return
+    self.close()
+    self._tensorboard = EventFile(self._tensorboard_dir, purge_step=step + 1)
+    if not storage.exists(self.path):
       return
     text = storage.read_text(self.path)
     rows = _parse_rows(text, self.path)  # Without a last line cut short by a crash.
@@ -129,8 +139,12 @@ class MetricsWriter:
       row[WALL_SECONDS] = round(self._offset + time.time() - self._started, 3)
     self._pending.append(json.dumps(row) + '\n')
     self._append_pending()
-    for name, value in metrics.items():
-      self._tensorboard.add_scalar(name, float(value), int(step))
+    try:
+      if self._tensorboard is None:
+        self._tensorboard = EventFile(self._tensorboard_dir)
+      self._tensorboard.write_scalars(int(step), metrics)
+    except OSError as e:  # metrics.jsonl is the record; TensorBoard shows it.
+      logging.warning('TensorBoard events of step %d not written: %s', step, e)
 
   def _append_pending(self) -> None:
     """Appends the rows not yet in the file; a failure keeps them for the next try.
@@ -184,7 +198,10 @@ class MetricsWriter:
         in the temporary folder, to append once the file can be written.
     """
     if self._tensorboard is not None:
-      self._tensorboard.close()
+      try:
+        self._tensorboard.close()
+      except OSError as e:
+        logging.warning('TensorBoard events not written at close: %s', e)
     self._append_pending()
     if self._pending:
       descriptor, kept = tempfile.mkstemp(prefix='metrics.kept-', suffix='.jsonl')
@@ -197,12 +214,87 @@ class MetricsWriter:
       )
 
 
+# On a bucket an event file is written whole at each flush (`_BucketEventFile`): at most this often.
+BUCKET_FLUSH_SECONDS = 120.0
+
+
+def encode_events(events: Iterable[Event]) -> bytes:
+  """Event protos as the records of an event file (TFRecord: length, CRCs, data)."""
+  from tensorboardX.record_writer import masked_crc32c  # pylint: disable=g-import-not-at-top
+
+  records = []
+  for event in events:
+    data = event.SerializeToString()
+    header = struct.pack('<Q', len(data))
+    records += [header, struct.pack('<I', masked_crc32c(header)), data]
+    records.append(struct.pack('<I', masked_crc32c(data)))
+  return b''.join(records)
+
+
+class EventFile:
+  """A TensorBoard event file, written in the calling thread (tensorboardX's records and protos).
+
+  Locally each `write_scalars` is flushed before it returns, so that a run killed at any
+  point has in TensorBoard the rows it has in metrics.jsonl; on a bucket, where a flush
+  rewrites the whole object (`_BucketEventFile`), at most every BUCKET_FLUSH_SECONDS and
+  at `flush` and `close`.
+
+  `purge_step`: the first step this file writes after a resume. Its first event is a
+  SessionLog.START at that step, upon which TensorBoard drops the events of earlier files
+  (those sort before this one) at that step and after: the steps a crashed run logged
+  past its last checkpoint show once, as this run writes them again (tensorboardX's
+  `SummaryWriter(purge_step=...)`, which writes the same event).
+  """
+
+  def __init__(self, directory: str, purge_step: int | None = None):
+    from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+
+    register_bucket_event_writers()
+    record_writer.directory_check(directory)
+    # Named by the time to the microsecond, so a later start's file sorts (and is read) later.
+    now = time.time()
+    name = f'events.out.tfevents.{now:017.6f}.{socket.gethostname()}.{os.getpid()}'
+    self.path = storage.join(directory, name)
+    self._records = record_writer.open_file(self.path)
+    self._local = not storage.is_url(directory)
+    self._flushed = time.monotonic()
+    self._write(Event(wall_time=now, file_version='brain.Event:2'))
+    if purge_step is not None:
+      self._write(
+        Event(wall_time=now, step=purge_step, session_log=SessionLog(status=SessionLog.START))
+      )
+    self.flush()
+
+  def _write(self, event: Event) -> None:
+    self._records.write(encode_events([event]))
+
+  def write_summary(self, step: int, summary: Summary, wall_time: float | None = None) -> None:
+    """Writes a Summary proto (scalars, the hparams plugin's data) at `step`."""
+    wall_time = time.time() if wall_time is None else wall_time
+    self._write(Event(wall_time=wall_time, step=int(step), summary=summary))
+
+  def write_scalars(self, step: int, values: dict[str, float]) -> None:
+    """Writes the scalars of one row at `step`; locally, flushed before returning."""
+    values = [Summary.Value(tag=name, simple_value=float(v)) for name, v in values.items()]
+    self.write_summary(step, Summary(value=values))
+    if self._local or time.monotonic() - self._flushed >= BUCKET_FLUSH_SECONDS:
+      self.flush()
+
+  def flush(self) -> None:
+    self._records.flush()
+    self._flushed = time.monotonic()
+
+  def close(self) -> None:
+    self.flush()
+    self._records.close()
+
+
 class _BucketEventFile:
   """A TensorBoard event file on a bucket, written whole at each flush (as tensorboardX's own).
 
   Through `storage` (one client and one set of credentials for every file of a run) rather
-  than tensorboardX's boto3 and google-cloud-storage writers. The writer flushes every
-  `flush_secs` (120 s) and at `MetricsWriter.flush` and `close`: one PUT each.
+  than tensorboardX's boto3 and google-cloud-storage writers. `EventFile` flushes at most every
+  BUCKET_FLUSH_SECONDS and at `MetricsWriter.flush` and `close`: one PUT each.
   """
 
   def __init__(self, path: str):

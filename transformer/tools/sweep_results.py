@@ -86,13 +86,14 @@ def collect(sweep: sweeps.Sweep, trial: sweeps.Trial) -> TrialResult:
 
 
 def rank(results: list[TrialResult], target_metric: str) -> list[TrialResult]:
-  """Best first by the target metric; trials without it keep their order after the others."""
+  """Best first by the target metric; trials without it keep their order after the others,
+  as do pruned ones (an Optuna study's: stopped early, their numbers are not final)."""
   column, higher_is_better = sweeps.TARGET_METRICS[target_metric]
-  scored = [r for r in results if getattr(r, column) is not None]
+  scored = [r for r in results if getattr(r, column) is not None and r.status != 'pruned']
   scored.sort(key=lambda r: getattr(r, column), reverse=higher_is_better)
   for position, result in enumerate(scored, start=1):
     result.rank = position
-  return scored + [r for r in results if getattr(r, column) is None]
+  return scored + [r for r in results if r.rank is None]
 
 
 # --- Seeds: one row per configuration ---------------------------------------------------------

@@ -4,7 +4,8 @@ Each trial runs in ROOT/<name>/, recording its status, command lines and
 attempts in ROOT/<name>/trial.json and the output in ROOT/<name>/train.log
 (eval.log). A trial whose recorded commands equal the current ones and that
 finished is skipped; any other is (re)started, and train.py resumes it from its
-latest checkpoint. `sweep_slurm` runs the same trials as Slurm job arrays (submitit).
+latest checkpoint. Trials run at once get devices of their own (`sweep_devices`).
+`sweep_slurm` runs the same trials as Slurm job arrays (submitit).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import datetime
 import itertools
 import os
+import queue
 import re
 import shlex
 import socket
@@ -29,6 +31,7 @@ from absl import logging
 
 from transformer import runs, storage, workdir_lock
 from transformer.errors import InvalidInput
+from transformer.tools import sweep_devices
 from transformer.tools.sweeps import REPO_DIR, Sweep, Trial, flag_value
 
 STATE_FILE = 'trial.json'
@@ -131,7 +134,8 @@ def _process_alive(state: Mapping[str, Any], workdir: str) -> bool | None:
 
 
 def trial_status(workdir: str) -> str:
-  """'pending' (never started), 'running', 'interrupted', 'failed' or 'finished'."""
+  """'pending' (never started), 'running', 'interrupted', 'failed', 'finished' or, in an Optuna
+  study, 'pruned' (stopped by its pruner, with a checkpoint)."""
   state = read_state(workdir)
   if state is None:
     return 'pending'
@@ -192,11 +196,16 @@ def prepare_data(trials: Sequence[Trial]) -> None:
 class _Runner:
   """Runs trials as subprocesses, each in its workdir, recording their state."""
 
-  def __init__(self, sweep: Sweep):
+  def __init__(self, sweep: Sweep, slots: Sequence[Mapping[str, str]] = ({},)):
+    """`slots`: the environment of each trial running at once (`sweep_devices`: its devices)."""
     self.sweep = sweep
     self.stopping = threading.Event()
     self._processes: dict[str, subprocess.Popen] = {}
     self._lock = threading.Lock()
+    self._slots: queue.SimpleQueue[Mapping[str, str]] = queue.SimpleQueue()
+    for slot in slots:
+      self._slots.put(slot)
+    self._stopped: dict[str, str] = {}  # Trial -> its status, when `_wait` stopped it (pruned).
 
   def run_trial(self, trial: Trial) -> str:
     """'skipped', 'finished', 'failed', 'interrupted' or 'running' (by another process)."""
@@ -224,17 +233,28 @@ class _Runner:
     storage.makedirs(workdir)
     state = state or {'stages': {}}
     state.update(name=trial.name, overrides=trial.overrides)
-    for stage, command in commands[first:]:
-      if self.stopping.is_set():
-        state['status'] = 'interrupted'
-        _write_state(workdir, state)
-        return 'interrupted'
-      status = self._run_stage(trial, state, stage, command)
-      if status != 'finished':
-        return status
+    slot = self._slots.get()  # Its devices, while its stages run.
+    try:
+      for stage, command in commands[first:]:
+        if self.stopping.is_set():
+          state['status'] = 'interrupted'
+          _write_state(workdir, state)
+          return 'interrupted'
+        status = self._run_stage(trial, state, stage, command, slot)
+        if status != 'finished':
+          return status
+    finally:
+      self._slots.put(slot)
     return 'finished'
 
-  def _run_stage(self, trial: Trial, state: dict[str, Any], stage: str, command: list[str]) -> str:
+  def _run_stage(
+    self,
+    trial: Trial,
+    state: dict[str, Any],
+    stage: str,
+    command: list[str],
+    environment: Mapping[str, str],
+  ) -> str:
     workdir = self.sweep.workdir(trial)
     log_path = storage.join(workdir, f'{stage}.log')
     previous = state['stages'].get(stage, {})
@@ -245,9 +265,15 @@ class _Runner:
       'attempts': previous.get('attempts', 0) + 1,
       'log': storage.basename(log_path),
     }
+    if environment:
+      record['environment'] = dict(environment)  # The devices of its share (`sweep_devices`).
     started = time.time()
     with _stage_log(log_path) as local_log, open(local_log, 'a') as log:
-      log.write(f'\n=== {record["started"]} attempt {record["attempts"]}: {shlex.join(command)}\n')
+      variables = ''.join(f'{k}={shlex.quote(v)} ' for k, v in environment.items())
+      log.write(
+        f'\n=== {record["started"]} attempt {record["attempts"]}: '
+        f'{variables}{shlex.join(command)}\n'
+      )
       log.flush()
       offset = log.tell()
       with self._lock:
@@ -259,15 +285,18 @@ class _Runner:
           stderr=subprocess.STDOUT,
           stdin=subprocess.DEVNULL,
           cwd=self.sweep.cwd,
+          env={**os.environ, **environment},
         )
         self._processes[trial.name] = process
       state.update(status='running', host=socket.gethostname(), pid=process.pid)
       state['stages'][stage] = record
       _write_state(workdir, state)
-      returncode = process.wait()
+      returncode = self._wait(trial, stage, process)
       with self._lock:
         del self._processes[trial.name]
-    if self.stopping.is_set():
+    if trial.name in self._stopped:  # Stopped on purpose, by `_wait`: a status of its own.
+      status = self._stopped.pop(trial.name)
+    elif self.stopping.is_set():
       # train.py exits 0 after checkpointing on SIGTERM: stopped, not finished.
       status = 'interrupted'
     elif returncode != 0:
@@ -301,6 +330,12 @@ class _Runner:
     """
     del stage
     return command
+
+  def _wait(self, trial: Trial, stage: str, process: subprocess.Popen) -> int:
+    """Waits for the stage's process; returns its exit code. A study watches it here
+    (`sweep_optuna`), and a trial it stops (SIGTERM) gets the status it puts in `_stopped`."""
+    del trial, stage
+    return process.wait()
 
   def stop(self) -> None:
     """Stops every running trial (they resume from their checkpoints next time)."""
@@ -356,9 +391,10 @@ def run(sweep: Sweep, parallel: int = 1, only: str | None = None) -> dict[str, s
       _is_done(read_state(sweep.workdir(t)), stage, command) for stage, command in sweep.commands(t)
     )
   ]
+  slots = sweep_devices.trial_environments(pending, parallel)  # Before anything starts.
   if parallel > 1 and len(pending) > 1:
     prepare_data(pending)
-  runner = _Runner(sweep)
+  runner = _Runner(sweep, slots)
   pending_names = {t.name for t in pending}
   outcomes = {t.name: 'skipped' for t in trials if t.name not in pending_names}
   for name in outcomes:

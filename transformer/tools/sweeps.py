@@ -26,7 +26,8 @@ import os
 import random
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import types
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -101,33 +102,73 @@ def product(*sweeps: Sequence[Overrides]) -> list[Overrides]:
   return combined
 
 
-Sampler = Callable[[random.Random], Any]
+class Sampler:
+  """Draws one value of a key: `sampler(rng)` with a `random.Random`; `random_search`'s, and
+  an Optuna study's search space (`space()` of a sweep file: `sweep_optuna`)."""
+
+  def __call__(self, rng: random.Random) -> Any:
+    raise NotImplementedError
 
 
-def uniform(low: float, high: float) -> Sampler:
+@dataclasses.dataclass(frozen=True)
+class Uniform(Sampler):
+  """A float uniform in [low, high], or with `log` one whose logarithm is."""
+
+  low: float
+  high: float
+  log: bool = False
+
+  def __call__(self, rng: random.Random) -> float:
+    if self.log:
+      return math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
+    return rng.uniform(self.low, self.high)
+
+
+@dataclasses.dataclass(frozen=True)
+class IntUniform(Sampler):
+  """An integer uniform in low..high, both included."""
+
+  low: int
+  high: int
+
+  def __call__(self, rng: random.Random) -> int:
+    return rng.randint(self.low, self.high)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice(Sampler):
+  """One of `values`, each equally likely."""
+
+  values: tuple[Any, ...]
+
+  def __call__(self, rng: random.Random) -> Any:
+    return rng.choice(self.values)
+
+
+def uniform(low: float, high: float) -> Uniform:
   """A float drawn uniformly from [low, high]."""
-  return lambda rng: rng.uniform(low, high)
+  return Uniform(low, high)
 
 
-def log_uniform(low: float, high: float) -> Sampler:
+def log_uniform(low: float, high: float) -> Uniform:
   """A float whose logarithm is uniform in [log low, log high] (learning rates, scales)."""
   if low <= 0 or high <= 0:
     raise InvalidInput(f'log_uniform needs positive bounds, got ({low}, {high}).')
-  return lambda rng: math.exp(rng.uniform(math.log(low), math.log(high)))
+  return Uniform(low, high, log=True)
 
 
-def int_uniform(low: int, high: int) -> Sampler:
+def int_uniform(low: int, high: int) -> IntUniform:
   """An integer drawn uniformly from low..high, both included."""
-  return lambda rng: rng.randint(low, high)
+  return IntUniform(low, high)
 
 
-def choice(values: Sequence[Any]) -> Sampler:
+def choice(values: Sequence[Any]) -> Choice:
   """One of `values`, each equally likely."""
-  values = list(values)
-  return lambda rng: rng.choice(values)
+  return Choice(tuple(values))
 
 
-def _round_significant(value: Any, digits: int) -> Any:
+def round_significant(value: Any, digits: int = 3) -> Any:
+  """A float rounded to `digits` significant digits (others as they are)."""
   if isinstance(value, float) and value != 0 and math.isfinite(value):
     return float(f'{value:.{digits}g}')
   return value
@@ -147,7 +188,7 @@ def random_search(
   for _ in range(100 * num_trials):
     if len(trials) == num_trials:
       break
-    draw = {key: _round_significant(sampler(rng), digits) for key, sampler in space.items()}
+    draw = {key: round_significant(sampler(rng), digits) for key, sampler in space.items()}
     signature = tuple(sorted(draw.items()))
     if signature not in seen:
       seen.add(signature)
@@ -162,8 +203,8 @@ def random_search(
 # --- Loading, checking and naming -----------------------------------------------------------------
 
 
-def load_overrides(sweep_file: str) -> list[Overrides]:
-  """Calls `sweep()` of the Python file `sweep_file`; checks that it returned override dicts."""
+def load_module(sweep_file: str) -> types.ModuleType:
+  """The Python file `sweep_file`, imported."""
   path = os.path.abspath(os.path.expanduser(sweep_file))
   if not os.path.isfile(path):
     raise MissingInput(f'No sweep file at {path}.')
@@ -171,6 +212,12 @@ def load_overrides(sweep_file: str) -> list[Overrides]:
   spec = importlib.util.spec_from_file_location(module_name, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  return module
+
+
+def load_overrides(sweep_file: str) -> list[Overrides]:
+  """Calls `sweep()` of the Python file `sweep_file`; checks that it returned override dicts."""
+  module = load_module(sweep_file)
   if not callable(getattr(module, 'sweep', None)):
     raise InvalidInput(f'{sweep_file} defines no function sweep() returning override dicts.')
   trials = module.sweep()
@@ -293,11 +340,14 @@ def make_trials(
   overrides_list: Sequence[Overrides],
   source: str = 'sweep()',
   fixed: Mapping[str, Any] | None = None,
+  keys: Sequence[str] = (),
 ) -> list[Trial]:
   """Checks every override against `config` and names the trials; nothing runs.
 
   `fixed` are the keys set for every trial on the command line; a trial may not
-  set them too. Errors name `source`, the trial index and the key.
+  set them too. Errors name `source`, the trial index and the key. Names shorten
+  each key to its last component where that is unambiguous among the keys the
+  trials set and `keys` (a study's search space, whose trials come one by one).
   """
   fixed = fixed or {}
   typed_list = []
@@ -312,7 +362,7 @@ def make_trials(
         f'{source}: trial {index} sets {both}, which the command line already sets for every trial.'
       )
     typed_list.append(typed)
-  all_keys = sorted({key for typed in typed_list for key in typed})
+  all_keys = sorted({key for typed in typed_list for key in typed} | set(keys))
   short_keys = _short_keys(all_keys)
   trials, first_index = [], {}
   for index, typed in enumerate(typed_list):
@@ -459,12 +509,14 @@ def create(
   eval_flags: Sequence[str] | None = None,
   seeds: int = 1,
   compare_to: str | None = None,
+  overrides_list: Sequence[Overrides] | None = None,
 ) -> Sweep:
   """Loads and checks the sweep file against `config` (before anything runs).
 
   With `seeds` > 1 every trial of the file runs that many times (`with_seeds`),
   and the summary tests every configuration against `compare_to` (a
-  configuration's name, e.g. 'base'; None: the best one).
+  configuration's name, e.g. 'base'; None: the best one). `overrides_list`: the
+  trials, if not the file's `sweep()` (an Optuna study's first ones: `sweep_optuna`).
   """
   config_lib.validate(config)
   check_seeds(seeds)
@@ -473,7 +525,8 @@ def create(
     config_lib.raise_if(eval_flag_errors(eval_flags), 'flags')
   path, colon, argument = config_file.partition(':')
   shared_overrides = dict(shared_overrides or {})
-  overrides_list = load_overrides(sweep_file)
+  if overrides_list is None:
+    overrides_list = load_overrides(sweep_file)
   if seeds > 1:
     trials = with_seeds(config, overrides_list, seeds, source=sweep_file, fixed=shared_overrides)
   else:

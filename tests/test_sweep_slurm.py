@@ -27,7 +27,7 @@ from conftest import synthetic_pairs, write_lines
 from configs import tiny
 from transformer import workdir_lock
 from transformer.errors import InvalidInput
-from transformer.tools import sweep_runner, sweep_slurm, sweeps
+from transformer.tools import slurm_jobs, sweep_runner, sweep_slurm, sweeps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -184,7 +184,7 @@ class _Jobs:
 
   def _wait(self, job: str, state: str) -> None:
     deadline = time.time() + 30
-    while (found := sweep_slurm.job_state(job)) is None or found.state != state:
+    while (found := slurm_jobs.job_state(job)) is None or found.state != state:
       assert time.time() < deadline, f'job {job}: {found}, not {state}'
       time.sleep(0.2)
 
@@ -221,7 +221,7 @@ def test_a_trial_whose_slurm_job_ended_is_not_running_and_its_lock_is_removed(
   jobs.cancel(job)
   assert status({'job_id': job, 'restarts': 0}) == 'interrupted'
   assert status({'job_id': '999999', 'restarts': 0}) == 'interrupted'  # Unknown to Slurm.
-  assert sweep_slurm.job_state('999999') == sweep_slurm.JobState('GONE', 0)
+  assert slurm_jobs.job_state('999999') == slurm_jobs.JobState('GONE', 0)
   sweep_slurm._remove_lock_of_an_ended_job(str(workdir))
   assert workdir_lock.read_holder(str(workdir)) is None
   assert sweep_slurm.plan(sweep) == sweep_slurm.Plan({sweep_slurm.Shape(1, 1): [*sweep.trials]}, {})

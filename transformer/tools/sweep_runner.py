@@ -31,7 +31,7 @@ from absl import logging
 
 from transformer import runs, storage, workdir_lock
 from transformer.errors import InvalidInput
-from transformer.tools import sweep_devices
+from transformer.tools import slurm_jobs, sweep_devices
 from transformer.tools.sweeps import REPO_DIR, Sweep, Trial, flag_value
 
 STATE_FILE = 'trial.json'
@@ -111,9 +111,7 @@ def _process_alive(state: Mapping[str, Any], workdir: str) -> bool | None:
     return False  # Between stages, or stopped cleanly.
   job_alive = None
   if state.get('slurm'):
-    from transformer.tools import sweep_slurm  # Its scheduler queries, for Slurm's trials only.
-
-    job_alive = sweep_slurm.job_alive(state['slurm'])
+    job_alive = slurm_jobs.job_alive(state['slurm'])
     if job_alive is False:
       return False
   if state.get('host') != socket.gethostname():

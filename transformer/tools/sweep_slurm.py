@@ -24,7 +24,7 @@ the checkpoint. The jobs are also submitted with `--requeue`, so that Slurm requ
 whose node failed.
 
 A dead holder is recognised through the scheduler: trial.json (`slurm`) and train.lock
-(`slurm_job`) name the job and the start of it that runs the trial, and `job_alive` asks
+(`slurm_job`) name the job and the start of it that runs the trial, and `slurm_jobs.job_alive` asks
 `scontrol` whether that start still runs. A trial whose job ended, was cancelled or requeued is
 not shown running, and the lock it left on another host is removed before the trial starts again.
 
@@ -58,7 +58,7 @@ from submitit.slurm import slurm as submitit_slurm
 
 from transformer import storage, workdir_lock
 from transformer.errors import InvalidInput
-from transformer.tools import sweep_runner
+from transformer.tools import slurm_jobs, sweep_runner
 from transformer.tools.sweeps import REPO_DIR, Sweep, Trial
 
 FOLDER = 'slurm'  # Under the sweep root.
@@ -68,13 +68,6 @@ DEFAULT_TIME = '4:00:00'  # A trial's time limit per start; it is requeued on re
 MAX_TIMEOUTS = 100
 # How long the other processes of a trial wait for the leader's word.
 _GO_TIMEOUT_SECONDS = 600.0
-
-# Job states (`scontrol show job`) in which a start of a job runs.
-_RUNNING = frozenset(
-  {'RUNNING', 'COMPLETING', 'CONFIGURING', 'SUSPENDED', 'STOPPED', 'SIGNALING', 'STAGE_OUT'}
-)
-# Job states in which a job waits to run (again).
-_QUEUED = frozenset({'PENDING', 'REQUEUED', 'REQUEUE_HOLD', 'REQUEUE_FED', 'RESV_DEL_HOLD'})
 
 # --slurm_option keys that the sweep sets itself.
 _OWN_OPTIONS = {
@@ -91,53 +84,9 @@ _OWN_OPTIONS = {
 _INT_OPTIONS = ('cpus_per_task', 'gpus_per_node', 'gpus_per_task', 'signal_delay_s')
 
 
-# --- The scheduler: does a start of a job still run? -------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class JobState:
-  state: str  # Slurm's JobState ('RUNNING', 'PENDING', 'COMPLETED', ...); 'GONE': forgotten.
-  restarts: int  # How often the job was requeued.
-
-
-def job_state(job_id: str) -> JobState | None:
-  """What `scontrol show job` says of `job_id` ('12' or array task '12_3'); None: no answer.
-
-  A job that Slurm no longer knows (it forgets ended jobs after `MinJobAge`, 300 s by
-  default) is 'GONE'. None where there is no scontrol or no controller answers.
-  """
-  try:
-    result = subprocess.run(
-      ['scontrol', '--oneliner', 'show', 'job', str(job_id)],
-      capture_output=True,
-      text=True,
-      timeout=30,
-    )
-  except (OSError, subprocess.TimeoutExpired):
-    return None
-  if result.returncode != 0:
-    return JobState('GONE', 0) if 'Invalid job id' in result.stderr else None
-  fields = dict(re.findall(r'(\w+)=(\S*)', result.stdout))
-  if 'JobState' not in fields:
-    return None
-  return JobState(fields['JobState'], int(fields.get('Restarts') or 0))
-
-
-def job_alive(record: Mapping[str, Any]) -> bool | None:
-  """Whether the start of a job that `record` names ({'job_id', 'restarts'}) still runs.
-
-  False once the job ended, was forgotten, or was requeued since (a later start, or one that
-  waits); None where the scheduler cannot be asked.
-  """
-  state = job_state(record['job_id'])
-  if state is None:
-    return None
-  return state.state in _RUNNING and state.restarts == int(record.get('restarts') or 0)
-
-
 def _job_waiting_or_running(job_id: str) -> bool:
-  state = job_state(job_id)
-  return state is not None and state.state in _RUNNING | _QUEUED
+  state = slurm_jobs.job_state(job_id)
+  return state is not None and state.state in slurm_jobs.RUNNING | slurm_jobs.QUEUED
 
 
 # --- Submitting ----------------------------------------------------------------------------------
@@ -396,7 +345,7 @@ class _Start:
     return f'{self.job_id}.{self.restarts}.{self.requeues}'
 
   def record(self) -> dict[str, Any]:
-    """trial.json's `slurm`: what `job_alive` asks about."""
+    """trial.json's `slurm`: what `slurm_jobs.job_alive` asks about."""
     return {'job_id': self.job_id, 'restarts': self.restarts, 'tasks': self.tasks}
 
   def process_flags(self, coordinator: str | None) -> list[str]:
@@ -571,7 +520,7 @@ def _remove_lock_of_an_ended_job(workdir: str) -> None:
   """Removes a train.lock whose holder ran in a start of a job that Slurm says has ended."""
   holder = workdir_lock.read_holder(workdir)
   job = holder.get('slurm_job') if holder else None
-  if isinstance(job, dict) and job_alive(job) is False:
+  if isinstance(job, dict) and slurm_jobs.job_alive(job) is False:
     logging.warning(
       'The Slurm job of %s, which holds %s/%s, no longer runs (a failed node, a requeue).',
       workdir_lock.describe(holder),

@@ -1303,3 +1303,67 @@ def test_a_healthy_resume_and_eval_print_no_warning(train, reference, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert len((tmp_path / 'out.txt').read_text().splitlines()) == 1
   assert _warnings(result.stderr) == []
+
+
+# --- Misuse, round three --------------------------------------------------------------------------
+
+# train.py run through `python -c` with every SharedMemory that its processes create or open
+# recorded (one name a line) in the file given as the first argument: the training process's
+# and, through a wrapped `worker_init_fn`, its grain workers'.
+_RECORDING_SHARED_MEMORY = r"""
+import runpy, sys
+import grain
+record = sys.argv.pop(1)
+
+def record_shared_memory():
+  from multiprocessing import shared_memory
+  opened = shared_memory.SharedMemory.__init__
+  def recording(self, *args, **kwargs):
+    opened(self, *args, **kwargs)
+    with open(record, 'a') as f:
+      f.write(self.name + '\n')
+  shared_memory.SharedMemory.__init__ = recording
+
+mp_prefetch = grain.IterDataset.mp_prefetch
+def recording_mp_prefetch(self, options=None, worker_init_fn=None, **kwargs):
+  def init(*args):
+    record_shared_memory()
+    if worker_init_fn is not None:
+      worker_init_fn(*args)
+  return mp_prefetch(self, options, worker_init_fn=init, **kwargs)
+
+record_shared_memory()
+grain.IterDataset.mp_prefetch = recording_mp_prefetch
+sys.argv[0] = 'train.py'
+runpy.run_path('train.py', run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize('stop', ['end', 'sigterm'])
+def test_grain_workers_leave_no_shared_memory(train, tmp_path, stop):
+  """Batches cross from grain's workers in /dev/shm segments: none outlives the run, whether it
+  ends or SIGTERM reaches all its processes (as Slurm and Ctrl-C do)."""
+  record = tmp_path / 'shared_memory.txt'
+  steps = 6 if stop == 'end' else 1000
+  command = train.command(tmp_path / 'run', num_train_steps=steps, **{'data.num_workers': 2})
+  command[1:2] = ['-c', _RECORDING_SHARED_MEMORY, str(record)]
+  process = subprocess.Popen(
+    command, cwd=REPO, env=train.env, stderr=subprocess.PIPE, text=True, start_new_session=True
+  )
+  log = []
+  if stop == 'sigterm':
+    for line in process.stderr:
+      log.append(line)
+      if 'step 2/1000' in line:
+        os.killpg(process.pid, signal.SIGTERM)  # The training process and its workers.
+        break
+  log = ''.join(log) + process.communicate(timeout=300)[1]
+  assert process.returncode == 0, log[-3000:]
+  if stop == 'sigterm':
+    assert 'Stopped by SIGTERM after step' in log
+  names = set(record.read_text().split())
+  assert len(names) > 10, names  # The batches did cross in shared memory.
+  # Each was unlinked by the run itself: not left for Python's resource tracker to remove after
+  # the exit (with a warning), nor in /dev/shm.
+  assert 'leaked shared_memory' not in log, log[-3000:]
+  assert sorted(names & set(os.listdir('/dev/shm'))) == []

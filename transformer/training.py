@@ -355,6 +355,9 @@ def _train_and_evaluate(
     lambda batch: sharding.global_batch(batch, mesh, rules),
     PREFETCH_BATCHES,
   )
+  # However the run ends: its worker processes (config.data.num_workers) stop, and the shared
+  # memory of their batches is unlinked (`DevicePrefetch.close`).
+  cleanup.callback(train_iter.close)
   # Every split is prepared and checked (e.g. that config.data.eval_split exists) before the
   # workdir changes.
   validation_metrics = task.validation_metrics_fn(config, eval_model.config, vocab, mesh, rules)

@@ -1367,3 +1367,25 @@ def test_grain_workers_leave_no_shared_memory(train, tmp_path, stop):
   # the exit (with a warning), nor in /dev/shm.
   assert 'leaked shared_memory' not in log, log[-3000:]
   assert sorted(names & set(os.listdir('/dev/shm'))) == []
+
+
+def test_eval_input_with_nul_bytes_is_refused_by_line_before_any_restore(copied_run, tmp_path):
+  workdir, before = copied_run
+  source = tmp_path / 'in.txt'
+  source.write_bytes('Bada kelo.\nSopi ra.\n'.encode('utf-16-le'))  # No byte order mark.
+  result = _subprocess(
+    'eval.py',
+    f'--workdir={workdir}',
+    f'--input_file={source}',
+    f'--output_file={tmp_path / "out.txt"}',
+    '--decoder=greedy',
+  )
+  assert result.returncode == 1
+  assert _last_lines(result, 1) == [
+    f'eval.py: error: --input_file={source}: line 1 holds a NUL byte (byte 2 of the line), '
+    'which no text holds: UTF-16 text without a byte order mark, or not text; eval.py reads '
+    f'UTF-8: convert it (iconv -f UTF-16LE -t UTF-8 < {source} > {source}.utf8).'
+  ], result.stderr[-3000:]
+  assert 'Restored checkpoint' not in result.stderr
+  assert not (tmp_path / 'out.txt').exists()
+  assert _snapshot(workdir) == before

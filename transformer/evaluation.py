@@ -302,18 +302,50 @@ def available_steps(workdir: str) -> list[int]:
     checkpointer.close()
 
 
+_UTF8_BOM = b'\xef\xbb\xbf'
+_UTF16_BOMS = (b'\xff\xfe', b'\xfe\xff')  # Little-, big-endian (UTF-32 LE starts the same).
+
+
+_UTF8_BOM = b'\xef\xbb\xbf'
+_UTF16_BOMS = (b'\xff\xfe', b'\xfe\xff')  # Little- and big-endian (UTF-32 LE starts so too).
+
+
 def read_input_lines(path: str) -> list[str]:
-  """Lines of a UTF-8 file ('-' for stdin); invalid UTF-8 is an error naming the line."""
+  """Lines of a UTF-8 file ('-' for stdin), or an error naming the file and the line.
+
+  A UTF-8 byte order mark is dropped. Text in another encoding is refused, never translated
+  as what it decodes to: invalid UTF-8 (Latin-1, say) by line, UTF-16 by its byte order mark,
+  and a NUL byte (UTF-16 without one, binary data) by line.
+  """
   raw = sys.stdin.buffer.read() if path == '-' else storage.read_bytes(path)
-  lines = raw.split(b'\n')
+  name = f'--input_file={path}' + (' (standard input)' if path == '-' else '')
+
+  def convert(encoding: str) -> str:
+    source = '' if path == '-' else f' < {path} > {path}.utf8'
+    return f'eval.py reads UTF-8: convert it (iconv -f {encoding} -t UTF-8{source})'
+
+  if raw.startswith(_UTF16_BOMS):
+    raise InvalidInput(
+      f'{name} starts with a UTF-16 byte order mark: it is UTF-16 text; {convert("UTF-16")}.'
+    )
+  lines = raw.removeprefix(_UTF8_BOM).split(b'\n')
   if lines and lines[-1] == b'':
     lines.pop()
   decoded = []
   for number, line in enumerate(lines, start=1):
+    nul = line.find(b'\0')
+    if nul >= 0:
+      raise InvalidInput(
+        f'{name}: line {number} holds a NUL byte (byte {nul + 1} of the line), which no text '
+        f'holds: UTF-16 text without a byte order mark, or not text; {convert("UTF-16LE")}.'
+      )
     try:
       decoded.append(line.decode('utf-8').rstrip('\r'))
     except UnicodeDecodeError as e:
-      raise InvalidInput(f'{path}: line {number} is not valid UTF-8 ({e.reason}).') from None
+      raise InvalidInput(
+        f'{name}: line {number} is not valid UTF-8 ({e.reason} at byte {e.start + 1} of the '
+        f'line); {convert("ENCODING")}, with ENCODING the one it was written in, e.g. LATIN1.'
+      ) from None
   return decoded
 
 

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from conftest import synthetic_pairs, write_lines
+from orbax.checkpoint._src.path import step as orbax_step
 
 from configs import tiny
 from transformer import (
@@ -1389,3 +1391,70 @@ def test_eval_input_with_nul_bytes_is_refused_by_line_before_any_restore(copied_
   assert 'Restored checkpoint' not in result.stderr
   assert not (tmp_path / 'out.txt').exists()
   assert _snapshot(workdir) == before
+
+
+def test_eval_avg_racing_the_rotation_twice_selects_again_each_time(reference, tmp_path, caplog):
+  """The run rotates a checkpoint out while eval.py reads it, then another while eval.py lists
+  the checkpoints to select again (Orbax lists the step folders, then reads each one's time)."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference, workdir)
+  folder = workdir / 'checkpoints'
+  run = evaluation.setup(evaluation.load_run_config(str(workdir)))
+  assert run.config.keep_checkpoints == 3 and _steps(workdir) == [2, 4, 6]
+  restore, commit_time = checkpoints.Checkpointer.restore, orbax_step.Metadata.commit_timestamp
+  calls, listing_rotations, lock = [], [], threading.Lock()
+
+  def rotate() -> None:
+    """The run commits its next checkpoint and removes its oldest."""
+    steps = _steps(workdir)
+    shutil.copytree(folder / str(steps[-1]), folder / str(steps[-1] + 2))
+    shutil.rmtree(folder / str(steps[0]))
+
+  def rotating_restore(every_time):
+    def restore_while_rotating(self, step, *args):
+      if (every_time or not calls) and step == _steps(workdir)[0]:
+        rotate()  # While eval.py reads its oldest checkpoint.
+        if not every_time:
+          listing_rotations.append('once more')  # In the next listing.
+      calls.append(step)
+      return restore(self, step, *args)
+
+    return restore_while_rotating
+
+  @property
+  def commit_time_while_rotating(step_folder):
+    with lock:  # Orbax reads the step folders' times in threads.
+      if listing_rotations and step_folder.step == _steps(workdir)[0]:
+        listing_rotations.pop()
+        rotate()  # Between the listing of the step folders and the reading of this one's time.
+    return commit_time.fget(step_folder)
+
+  caplog.set_level('INFO')
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(checkpoints.Checkpointer, 'restore', rotating_restore(False))
+    patch.setattr(orbax_step.Metadata, 'commit_timestamp', commit_time_while_rotating)
+    _, label = evaluation.restore_params(run, str(workdir), 'avg:3')
+  # Read 2 (gone: 8 came); listed 4 (gone: 10 came) and listed again; then read 6, 8 and 10.
+  assert label == 'avg3_6-10' and calls == [2, 6, 8, 10], calls
+  assert 'Checkpoint 2 ' in caplog.text and 'was removed while it was read' in caplog.text
+  assert f'{folder}/4 was removed while the checkpoints were listed' in caplog.text
+  assert 'corrupt' not in caplog.text.lower() and 'cannot be restored' not in caplog.text
+
+  # A run that rotates on every read: a bounded number of selections, then one clear refusal.
+  calls.clear()
+  with (
+    pytest.MonkeyPatch.context() as patch,
+    pytest.raises(errors.Refusal) as error,
+  ):
+    patch.setattr(checkpoints.Checkpointer, 'restore', rotating_restore(True))
+    evaluation.restore_params(run, str(workdir), 'avg:3')
+  attempts = evaluation.ROTATION_RETRIES + 1
+  assert str(error.value).startswith(
+    f"--checkpoint='avg:3': the training run removed a checkpoint while it was read, "
+    f'{attempts} times in a row'
+  ), error.value
+  assert len(calls) == attempts
+
+
+def _steps(workdir) -> list[int]:
+  return sorted(int(e) for e in os.listdir(Path(workdir) / 'checkpoints') if e.isdigit())

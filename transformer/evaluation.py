@@ -197,8 +197,9 @@ def _is_best(checkpoint: str) -> bool:
   return checkpoint == 'best' or checkpoint.startswith('avg_best:')
 
 
-# Times `load_params` reads the checkpoints anew after the run rotated one out under it.
-_ROTATION_RETRIES = 3
+# Times `load_params` selects and reads the checkpoints anew after the run rotated one out under
+# it (each time a new listing: the checkpoints there now).
+ROTATION_RETRIES = 3
 
 
 def load_params(
@@ -215,7 +216,8 @@ def load_params(
   averaged).
   `keep`: the checkpoints the training run keeps (`config.keep_checkpoints`). If the run
   rotates out a checkpoint while it is read, 'latest' and 'avg:N' are selected again
-  among the checkpoints now there; a step number is `checkpoints.CheckpointGoneError`.
+  among the checkpoints now there, up to `ROTATION_RETRIES` times; then, or for a step
+  number, `checkpoints.CheckpointGoneError`.
   `best_metric`: the BLEU that ranks the best checkpoints
   (`config_lib.selection_metric(config.target_metric)`).
   Returns the parameters and a label naming them (`step_1500`, `avg5_1100-1500`,
@@ -223,9 +225,15 @@ def load_params(
   """
   if _is_best(checkpoint):
     return _load_best_params(workdir, abstract_state, checkpoint, best_metric)
+  # 'latest' and 'avg:N' move with the run; a step and 'avg:N@STEP' name fixed steps.
+  moves = checkpoint == 'latest' or (
+    checkpoint.startswith('avg:') and domains.averaged_last_step(checkpoint) is None
+  )
   checkpointer = checkpoints.Checkpointer(workdir, read_only=True, keep=keep)
   try:
-    for attempt in range(_ROTATION_RETRIES + 1):
+    for attempt in range(ROTATION_RETRIES + 1):
+      if attempt:
+        checkpointer.reload()  # Listed anew, also if the run removes one meanwhile.
       steps = select_steps(checkpointer.all_steps(), checkpoint)
       try:
         total = None
@@ -234,14 +242,17 @@ def load_params(
           total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
         break
       except checkpoints.CheckpointGoneError as e:
-        # 'latest' and 'avg:N' move with the run; a step and 'avg:N@STEP' name fixed steps.
-        moves = checkpoint == 'latest' or (
-          checkpoint.startswith('avg:') and domains.averaged_last_step(checkpoint) is None
-        )
-        if attempt == _ROTATION_RETRIES or not moves:
+        if not moves:
           raise
+        if attempt == ROTATION_RETRIES:
+          raise checkpoints.CheckpointGoneError(
+            f'--checkpoint={checkpoint!r}: the training run removed a checkpoint while it was '
+            f'read, {attempt + 1} times in a row: it rotates its checkpoints (it keeps the '
+            f'last {keep}, config.keep_checkpoints) faster than they are read here. Evaluate '
+            'once it has ended, or checkpoints less often (config.checkpoint_every_steps). '
+            f'The last time: {e}'
+          ) from None
         logging.info('%s Selecting --checkpoint=%s among them again.', e, checkpoint)
-        checkpointer.reload()
   finally:
     checkpointer.close()
   params = jax.tree.map(lambda x: x / len(steps), total) if len(steps) > 1 else total

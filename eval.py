@@ -163,7 +163,17 @@ def main(argv):
   )
 
   if _WATCH.value:
-    evaluation.watch(run, _WORKDIR.value, request, poll_seconds=_POLL_SECONDS.value)
+    # SIGTERM stops the watch as Ctrl-C does: its lock (WORKDIR/eval/watch.lock) is released.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+      evaluation.watch(run, _WORKDIR.value, request, poll_seconds=_POLL_SECONDS.value)
+    except KeyboardInterrupt:
+      logging.warning(
+        'Stopped watching %s: interrupted. The steps evaluated so far are in %s/eval/.',
+        _WORKDIR.value,
+        _WORKDIR.value,
+      )
+      sys.exit(130)
     return
 
   lines = None

@@ -1458,3 +1458,107 @@ def test_eval_avg_racing_the_rotation_twice_selects_again_each_time(reference, t
 
 def _steps(workdir) -> list[int]:
   return sorted(int(e) for e in os.listdir(Path(workdir) / 'checkpoints') if e.isdigit())
+
+
+def _watch_until_it_waits(workdir) -> tuple[subprocess.Popen, str]:
+  """Starts `eval.py --watch`; returns once it waits for a checkpoint (or ends), with its log."""
+  process = subprocess.Popen(
+    [
+      sys.executable,
+      'eval.py',
+      f'--workdir={workdir}',
+      '--watch',
+      '--decoder=greedy',
+      '--split=validation',
+      '--poll_seconds=0.1',
+    ],
+    cwd=REPO,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  log = []
+  for line in process.stderr:
+    log.append(line)
+    if 'Waiting for a checkpoint after' in line:
+      break
+  return process, ''.join(log)
+
+
+def test_a_second_eval_watch_of_a_run_is_refused_and_the_watch_lock_released_however_it_ends(
+  copied_run, caplog
+):
+  workdir, _ = copied_run
+  lock, metrics_file = workdir / 'eval' / 'watch.lock', workdir / 'eval' / 'metrics.jsonl'
+  steps_written = lambda: [json.loads(row)['step'] for row in metrics_file.read_text().splitlines()]
+  saved = json.loads((workdir / 'config.json').read_text())
+  (workdir / 'config.json').write_text(json.dumps({**saved, 'num_train_steps': 4}))
+  started = []  # Every eval.py, stopped at the end whatever happens.
+
+  def watch_until_it_waits():
+    process, log = _watch_until_it_waits(workdir)
+    started.append(process)
+    return process, log
+
+  try:
+    with workdir_lock.WorkdirLock(str(workdir)):  # The run trains on (this process holds it).
+      first, log = watch_until_it_waits()  # It evaluated step 2 and waits for step 4.
+      assert steps_written() == [2], log[-3000:]
+      second, log = watch_until_it_waits()
+      if second.poll() is None:  # It waits for step 4 too.
+        second.kill()
+      log += second.communicate(timeout=120)[1]
+      assert second.returncode == 1, log[-3000:]
+      [message] = _last_lines(subprocess.CompletedProcess([], 1, '', log), 1)
+      assert message.startswith(
+        f'eval.py: error: Another eval.py --watch follows the run in {workdir}: pid '
+        f'{first.pid} on host {socket.gethostname()} (started '
+      ), log[-3000:]
+      assert message.endswith(
+        f'which holds {lock}. Nothing was changed: two would evaluate every checkpoint twice '
+        f'and write each step twice to {workdir}/eval/metrics.jsonl. Let it follow the run, or '
+        'stop it (Ctrl-C) before watching with other flags.'
+      ), message
+      assert steps_written() == [2]
+      # SIGTERM stops the first one as Ctrl-C does, and it releases its lock.
+      first.send_signal(signal.SIGTERM)
+      log = first.communicate(timeout=120)[1]
+      assert first.returncode == 130, log[-3000:]
+      assert f'Stopped watching {workdir}: interrupted.' in log
+      assert not lock.exists()
+      # kill -9 leaves it behind: stale, the next watcher removes it.
+      killed, log = watch_until_it_waits()
+      assert lock.exists(), log[-3000:]
+      killed.kill()
+      killed.wait()
+  finally:
+    for process in started:
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+
+  # The run is gone (no train.lock): the next watcher evaluates what it left and stops.
+  config = evaluation.load_run_config(str(workdir))
+  run = evaluation.setup(config)
+  request = tasks.EvalRequest(
+    config,
+    run.model_config,
+    run.mesh,
+    run.rules,
+    'validation',
+    inference.DecodeOptions(decoder='greedy'),
+    batch_size=16,
+  )
+  caplog.set_level('INFO')
+  assert evaluation.watch(run, str(workdir), request, poll_seconds=0.01) == [2]
+  assert f'Removed the stale lock {lock} of pid {killed.pid}' in caplog.text
+  assert not lock.exists()
+
+  # Released when the watch fails, too.
+  def disk_full(workdir):
+    raise OSError('disk full')
+
+  with pytest.MonkeyPatch.context() as patch, pytest.raises(OSError, match='disk full'):
+    patch.setattr(evaluation, 'available_steps', disk_full)
+    evaluation.watch(run, str(workdir), request, poll_seconds=0.01)
+  assert not lock.exists()

@@ -405,7 +405,8 @@ def watch(
   lock; it reads it (`workdir_lock`) to know whether the run is still
   training, logs what it waits for, and stops with a warning once the run is
   no longer running and every checkpoint it left has been evaluated (no new one
-  can come).
+  can come). It holds WORKDIR/eval/watch.lock (`workdir_lock.WatchLock`) from
+  before its first compile to its end: a second watcher of the run is refused.
 
   Args:
     run: The run's set-up (`setup`), its task and restore target.
@@ -416,7 +417,22 @@ def watch(
 
   Returns:
     The steps evaluated, in order.
+
+  Raises:
+    workdir_lock.WorkdirLockedError: Another watcher follows the run.
   """
+  with workdir_lock.WatchLock(workdir):
+    return _watch(run, workdir, request, poll_seconds, timeout_seconds)
+
+
+def _watch(
+  run: Setup,
+  workdir: str,
+  request: tasks.EvalRequest,
+  poll_seconds: float,
+  timeout_seconds: float | None,
+) -> list[int]:
+  """`watch`, holding its lock."""
   config = request.config
   evaluate = run.task.evaluator(request)  # Compiled once, for every checkpoint.
   writer = metrics.MetricsWriter(storage.join(workdir, 'eval'))

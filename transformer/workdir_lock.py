@@ -24,7 +24,8 @@ fraction of the lease (NTP does). A multi-host run's process 0 holds the lock.
 
 Evaluation (`eval.py`, also `--watch`) reads checkpoints while training runs
 and never takes the lock; `--watch` reads it to know whether the run it
-follows is still running.
+follows is still running, and holds a lock of its own, WORKDIR/eval/watch.lock
+(`WatchLock`, the same kind): one watcher per run.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ configuration's (or --compare_to's) eval.py translations against each other's
 (see sweep_summary.py).
 """
 
-import shlex
 import signal
 import sys
 
@@ -88,7 +87,7 @@ def main(argv):
     _SWEEP.value,
     _WORKDIR.value,
     shared_overrides=config_flags.get_override_values(flags.FLAGS['config']),
-    eval_flags=shlex.split(_EVAL_FLAGS.value) if _EVAL.value else None,
+    eval_flags=sweeps.parse_eval_flags(_EVAL_FLAGS.value, _EVAL.value),
     seeds=_SEEDS.value,
     compare_to=_COMPARE_TO.value,
   )

@@ -13,6 +13,7 @@ writes it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -67,6 +68,25 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
     )
     config.mesh.update(data=-1, fsdp=1, tensor=1)
   return config
+
+
+def read_dry_run_configs(path: str) -> dict[str, ml_collections.ConfigDict]:
+  """{name: config} of `eval.py --dry_run_configs` (`sweep_runner.check_eval_flags`), validated."""
+  try:
+    loaded = json.loads(storage.read_text(path))
+    if not isinstance(loaded, dict) or not all(isinstance(c, dict) for c in loaded.values()):
+      raise InvalidInput('not a JSON object of configs')
+    configs = {name: runs.upgrade(ml_collections.ConfigDict(c)) for name, c in loaded.items()}
+  except (ValueError, KeyError, TypeError) as e:
+    raise InvalidInput(
+      f'--dry_run_configs={path} is not a JSON object {{name: config}} of the configs to '
+      f'check the flags against ({type(e).__name__}: {e}).'
+    ) from None
+  for name, config in configs.items():
+    errors = config_lib.config_errors(config)
+    if errors:
+      config_lib.raise_if(errors, f'config {name} of --dry_run_configs={path}')
+  return configs
 
 
 def _check_vocabulary(config: ml_collections.ConfigDict, workdir: str) -> None:

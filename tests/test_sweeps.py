@@ -911,6 +911,19 @@ def test_eval_flags_are_checked_against_each_trials_config_before_any_trial(
     "['train', 'validation'].",
   ]
   assert not root.exists()
+  # Without --dry_run the same, before the first trial trains.
+  result = _sweep_py(
+    sweep_file,
+    root,
+    data_dirs,
+    env,
+    '--config.data.dataset=parallel_text',
+    '--config.eval_bleu_sentences=8',
+    '--eval',
+    '--eval_flags=--split=foo',
+  )
+  assert "every trial: --split='foo' is not a split" in _refusal(result)
+  assert not root.exists()
   # What every trial accepts passes.
   result = dry_run('--eval', '--eval_flags=--split=validation --checkpoint=avg:2')
   assert result.returncode == 0, result.stderr[-3000:]

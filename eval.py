@@ -21,6 +21,7 @@ language model) or sample (--temperature, --top_k, --top_p, --seed); at most
 """
 
 import signal
+import sys
 
 # Ctrl-C ends this process at once while the libraries import (as in train.py); `main` makes it
 # a KeyboardInterrupt again.
@@ -30,6 +31,7 @@ from absl import app, flags, logging  # noqa: E402
 
 from transformer import config as config_lib  # noqa: E402
 from transformer import (  # noqa: E402
+  datasets,
   domains,
   errors,
   evaluation,
@@ -108,6 +110,13 @@ _DRY_RUN = flags.DEFINE_bool(
   'Check the flags (against the run in --workdir where it has a config.json) and exit, '
   'reading no checkpoint or data (sweep.py checks --eval_flags this way).',
 )
+_DRY_RUN_CONFIGS = flags.DEFINE_string(
+  'dry_run_configs',
+  None,
+  'With --dry_run: a JSON file {name: resolved config} of runs still to be trained, to check '
+  "the flags against each (instead of --workdir's config.json); sweep.py --eval passes its "
+  "trials'.",
+)
 _LENGTHS = flags.DEFINE_list(
   'lengths',
   None,
@@ -128,30 +137,21 @@ def main(argv):
     _WORKDIR.value, '--workdir'
   ):
     raise app.UsageError(problems[0])
+  if _DRY_RUN_CONFIGS.value is not None:  # Runs still to be trained (sweep.py --eval).
+    if not _DRY_RUN.value:
+      raise app.UsageError('--dry_run_configs is for --dry_run.')
+    _dry_run_against(evaluation.read_dry_run_configs(_DRY_RUN_CONFIGS.value))
+    return
   config = None
   if not _DRY_RUN.value or storage.exists(storage.join(_WORKDIR.value, 'config.json')):
     config = evaluation.load_run_config(_WORKDIR.value)
   _check_flags(config)
-  if config is None:  # A dry run for a run still to be trained (sweep.py --eval).
+  if config is None:  # A dry run for a run still to be trained.
     print('eval.py --dry_run: the flags are valid (no run config yet to check them against).')
     return
-  task = tasks.get_task(config)
-  unsupported = [f'--{name}' for name in task.unsupported_eval_flags if flags.FLAGS[name].value]
-  if unsupported:
-    verb = 'is' if len(unsupported) == 1 else 'are'
-    raise app.UsageError(f'{" and ".join(unsupported)} {verb} not for a {task.name} model.')
-  decoder = _DECODER.value or task.default_decoder
-  options = inference.DecodeOptions.from_config(
-    config,
-    decoder,
-    **{f.name: f.value for f in (_BEAM_SIZE, _ALPHA, _MAX_EXTRA_LEN) if f.value is not None},
-    temperature=_TEMPERATURE.value,
-    top_k=_TOP_K.value,
-    top_p=_TOP_P.value,
-  )
-  errors = task.decode_option_errors(config, options)
+  task, options, errors = _against_the_run(config)
   if errors:
-    raise app.UsageError('\n'.join(errors))
+    raise app.UsageError('Invalid flags:\n  ' + '\n  '.join(errors))
   if _DRY_RUN.value:
     print(f'eval.py --dry_run: the flags are valid for the {task.name} model in {_WORKDIR.value}.')
     return
@@ -171,7 +171,17 @@ def main(argv):
   )
 
   if _WATCH.value:
-    evaluation.watch(run, _WORKDIR.value, request, poll_seconds=_POLL_SECONDS.value)
+    # SIGTERM stops the watch as Ctrl-C does: its lock (WORKDIR/eval/watch.lock) is released.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+      evaluation.watch(run, _WORKDIR.value, request, poll_seconds=_POLL_SECONDS.value)
+    except KeyboardInterrupt:
+      logging.warning(
+        'Stopped watching %s: interrupted. The steps evaluated so far are in %s/eval/.',
+        _WORKDIR.value,
+        _WORKDIR.value,
+      )
+      sys.exit(130)
     return
 
   lines = None
@@ -243,6 +253,71 @@ def _check_flags(config) -> None:
     errors += path_checks.writable_dir_errors(storage.join(_WORKDIR.value, 'eval'), '--workdir')
   if errors:
     raise app.UsageError('Invalid flags:\n  ' + '\n  '.join(errors))
+
+
+def _against_the_run(
+  config, to_be_trained: bool = False
+) -> tuple[tasks.Task, inference.DecodeOptions, list[str]]:
+  """The run's task, the decoding options of the flags, and the flags' errors for the run.
+
+  Flags its task does not take, decoding options its model cannot decode with, a split its
+  dataset lacks and, for a run `to_be_trained`, checkpoints it will not keep
+  (`--checkpoint=best` where config.keep_best_checkpoints=0, 'avg:N' beyond
+  config.keep_checkpoints; a trained run's error lists the checkpoints it kept).
+  """
+  task = tasks.get_task(config)
+  errors = []
+  unsupported = [f'--{name}' for name in task.unsupported_eval_flags if flags.FLAGS[name].value]
+  if unsupported:
+    verb = 'is' if len(unsupported) == 1 else 'are'
+    errors.append(f'{" and ".join(unsupported)} {verb} not for a {task.name} model.')
+  decoder = _DECODER.value or task.default_decoder
+  options = inference.DecodeOptions.from_config(
+    config,
+    decoder,
+    **{f.name: f.value for f in (_BEAM_SIZE, _ALPHA, _MAX_EXTRA_LEN) if f.value is not None},
+    temperature=_TEMPERATURE.value,
+    top_k=_TOP_K.value,
+    top_p=_TOP_P.value,
+  )
+  errors += task.decode_option_errors(config, options)
+  # The default, config.decode.checkpoint, is checked with the config.
+  if to_be_trained and _CHECKPOINT.value is not None:
+    errors += config_lib.checkpoint_kept_errors(
+      config, _CHECKPOINT.value, '--checkpoint', advice=True
+    )
+  if _INPUT_FILE.value is None and not _PROMPT.value and not _ATTENTION_PLOT.value:
+    errors += (
+      datasets.split_errors(config.data, _SPLIT.value, '--split')
+      if _SPLIT.value
+      else datasets.split_errors(
+        config.data, config.data.test_split, 'config.data.test_split', ' (the default --split)'
+      )
+    )
+  return task, options, errors
+
+
+def _dry_run_against(configs) -> None:
+  """`--dry_run` of the flags for each of `configs` ({name: config}), the runs to be trained.
+
+  Each error is said once, with the runs it concerns. Flag values in their domains and
+  output locations are checked first, once (`_check_flags`).
+  """
+  _check_flags(None)
+  runs_of = {}
+  for name, config in configs.items():
+    for error in _against_the_run(config, to_be_trained=True)[2]:
+      runs_of.setdefault(error, []).append(name)
+  if runs_of:
+    raise app.UsageError(
+      'Invalid flags:\n  '
+      + '\n  '.join(
+        ('every trial' if len(names) == len(configs) else f'trials {"; ".join(names)}')
+        + f': {error}'
+        for error, names in runs_of.items()
+      )
+    )
+  print(f'eval.py --dry_run: the flags are valid for each of the {len(configs)} runs.')
 
 
 def _write_output(lines) -> None:

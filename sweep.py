@@ -149,7 +149,7 @@ def main(argv):
     _SWEEP.value,
     _WORKDIR.value,
     config_flags.get_override_values(flags.FLAGS['config']),
-    shlex.split(_EVAL_FLAGS.value) if _EVAL.value else None,
+    sweeps.parse_eval_flags(_EVAL_FLAGS.value, _EVAL.value),
   )
   study = None
   if (_SEARCH.value or sweep_optuna.search_of(_SWEEP.value)) == 'optuna':

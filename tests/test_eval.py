@@ -13,7 +13,7 @@ import pytest
 import sacrebleu
 
 from configs import tiny
-from transformer import domains, evaluation, inference, training
+from transformer import domains, errors, evaluation, inference, training
 from transformer.tasks import translation
 
 REPO = Path(__file__).resolve().parents[1]
@@ -260,6 +260,31 @@ def test_invalid_utf8_input_names_the_line(tmp_path):
   path.write_bytes(b'good line\n\xff\xfe bad\n')
   with pytest.raises(ValueError, match=r'in.txt: line 2 is not valid UTF-8'):
     evaluation.read_input_lines(str(path))
+
+
+@pytest.mark.parametrize(
+  ('data', 'message'),
+  [
+    (b'Hello.\nZw\x00ei.\n', 'line 2 holds a NUL byte (byte 3 of the line)'),
+    ('Hello.\nZwei.\n'.encode('utf-16-le'), 'line 1 holds a NUL byte (byte 2 of the line)'),
+    ('Hello.\nZwei.\n'.encode('utf-16'), 'starts with a UTF-16 byte order mark'),
+    ('Hello.\nCaf\u00e9.\n'.encode('latin-1'), 'line 2 is not valid UTF-8 (invalid '),
+  ],
+  ids=['nul', 'utf16_without_bom', 'utf16_with_bom', 'latin1'],
+)
+def test_input_in_another_encoding_is_refused_naming_the_file_and_line(tmp_path, data, message):
+  path = tmp_path / 'in.txt'
+  path.write_bytes(data)
+  with pytest.raises(errors.InvalidInput) as error:
+    evaluation.read_input_lines(str(path))
+  assert str(error.value).startswith(f'--input_file={path}'), error.value
+  assert message in str(error.value) and 'iconv -f ' in str(error.value)
+
+
+def test_a_utf8_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
+  path = tmp_path / 'in.txt'
+  path.write_bytes('Hello.\r\nZwei.\n'.encode('utf-8-sig'))
+  assert evaluation.read_input_lines(str(path)) == ['Hello.', 'Zwei.']
 
 
 def test_attention_plot_writes_one_png_per_kind_and_layer(run, tmp_path):

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from conftest import synthetic_pairs, write_lines
+from orbax.checkpoint._src.path import step as orbax_step
 
 from configs import tiny
 from transformer import (
@@ -1341,3 +1343,260 @@ def test_a_healthy_resume_and_eval_print_no_warning(train, reference, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert len((tmp_path / 'out.txt').read_text().splitlines()) == 1
   assert _warnings(result.stderr) == []
+
+
+# --- Misuse, round three --------------------------------------------------------------------------
+
+# train.py run through `python -c` with every SharedMemory that its processes create or open
+# recorded (one name a line) in the file given as the first argument: the training process's
+# and, through a wrapped `worker_init_fn`, its grain workers'.
+_RECORDING_SHARED_MEMORY = r"""
+import runpy, sys
+import grain
+record = sys.argv.pop(1)
+
+def record_shared_memory():
+  from multiprocessing import shared_memory
+  opened = shared_memory.SharedMemory.__init__
+  def recording(self, *args, **kwargs):
+    opened(self, *args, **kwargs)
+    with open(record, 'a') as f:
+      f.write(self.name + '\n')
+  shared_memory.SharedMemory.__init__ = recording
+
+mp_prefetch = grain.IterDataset.mp_prefetch
+def recording_mp_prefetch(self, options=None, worker_init_fn=None, **kwargs):
+  def init(*args):
+    record_shared_memory()
+    if worker_init_fn is not None:
+      worker_init_fn(*args)
+  return mp_prefetch(self, options, worker_init_fn=init, **kwargs)
+
+record_shared_memory()
+grain.IterDataset.mp_prefetch = recording_mp_prefetch
+sys.argv[0] = 'train.py'
+runpy.run_path('train.py', run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize('stop', ['end', 'sigterm'])
+def test_grain_workers_leave_no_shared_memory(train, tmp_path, stop):
+  """Batches cross from grain's workers in /dev/shm segments: none outlives the run, whether it
+  ends or SIGTERM reaches all its processes (as Slurm and Ctrl-C do)."""
+  record = tmp_path / 'shared_memory.txt'
+  steps = 6 if stop == 'end' else 1000
+  command = train.command(tmp_path / 'run', num_train_steps=steps, **{'data.num_workers': 2})
+  command[1:2] = ['-c', _RECORDING_SHARED_MEMORY, str(record)]
+  process = subprocess.Popen(
+    command, cwd=REPO, env=train.env, stderr=subprocess.PIPE, text=True, start_new_session=True
+  )
+  log = []
+  if stop == 'sigterm':
+    for line in process.stderr:
+      log.append(line)
+      if 'step 2/1000' in line:
+        os.killpg(process.pid, signal.SIGTERM)  # The training process and its workers.
+        break
+  log = ''.join(log) + process.communicate(timeout=300)[1]
+  assert process.returncode == 0, log[-3000:]
+  if stop == 'sigterm':
+    assert 'Stopped by SIGTERM after step' in log
+  names = set(record.read_text().split())
+  assert len(names) > 10, names  # The batches did cross in shared memory.
+  # Each was unlinked by the run itself: not left for Python's resource tracker to remove after
+  # the exit (with a warning), nor in /dev/shm.
+  assert 'leaked shared_memory' not in log, log[-3000:]
+  assert sorted(names & set(os.listdir('/dev/shm'))) == []
+
+
+def test_eval_input_with_nul_bytes_is_refused_by_line_before_any_restore(copied_run, tmp_path):
+  workdir, before = copied_run
+  source = tmp_path / 'in.txt'
+  source.write_bytes('Bada kelo.\nSopi ra.\n'.encode('utf-16-le'))  # No byte order mark.
+  result = _subprocess(
+    'eval.py',
+    f'--workdir={workdir}',
+    f'--input_file={source}',
+    f'--output_file={tmp_path / "out.txt"}',
+    '--decoder=greedy',
+  )
+  assert result.returncode == 1
+  assert _last_lines(result, 1) == [
+    f'eval.py: error: --input_file={source}: line 1 holds a NUL byte (byte 2 of the line), '
+    'which no text holds: UTF-16 text without a byte order mark, or not text; eval.py reads '
+    f'UTF-8: convert it (iconv -f UTF-16LE -t UTF-8 < {source} > {source}.utf8).'
+  ], result.stderr[-3000:]
+  assert 'Restored checkpoint' not in result.stderr
+  assert not (tmp_path / 'out.txt').exists()
+  assert _snapshot(workdir) == before
+
+
+def test_eval_avg_racing_the_rotation_twice_selects_again_each_time(reference, tmp_path, caplog):
+  """The run rotates a checkpoint out while eval.py reads it, then another while eval.py lists
+  the checkpoints to select again (Orbax lists the step folders, then reads each one's time)."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference, workdir)
+  folder = workdir / 'checkpoints'
+  run = evaluation.setup(evaluation.load_run_config(str(workdir)))
+  assert run.config.keep_checkpoints == 3 and _steps(workdir) == [2, 4, 6]
+  restore, commit_time = checkpoints.Checkpointer.restore, orbax_step.Metadata.commit_timestamp
+  calls, listing_rotations, lock = [], [], threading.Lock()
+
+  def rotate() -> None:
+    """The run commits its next checkpoint and removes its oldest."""
+    steps = _steps(workdir)
+    shutil.copytree(folder / str(steps[-1]), folder / str(steps[-1] + 2))
+    shutil.rmtree(folder / str(steps[0]))
+
+  def rotating_restore(every_time):
+    def restore_while_rotating(self, step, *args):
+      if (every_time or not calls) and step == _steps(workdir)[0]:
+        rotate()  # While eval.py reads its oldest checkpoint.
+        if not every_time:
+          listing_rotations.append('once more')  # In the next listing.
+      calls.append(step)
+      return restore(self, step, *args)
+
+    return restore_while_rotating
+
+  @property
+  def commit_time_while_rotating(step_folder):
+    with lock:  # Orbax reads the step folders' times in threads.
+      if listing_rotations and step_folder.step == _steps(workdir)[0]:
+        listing_rotations.pop()
+        rotate()  # Between the listing of the step folders and the reading of this one's time.
+    return commit_time.fget(step_folder)
+
+  caplog.set_level('INFO')
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(checkpoints.Checkpointer, 'restore', rotating_restore(False))
+    patch.setattr(orbax_step.Metadata, 'commit_timestamp', commit_time_while_rotating)
+    _, label = evaluation.restore_params(run, str(workdir), 'avg:3')
+  # Read 2 (gone: 8 came); listed 4 (gone: 10 came) and listed again; then read 6, 8 and 10.
+  assert label == 'avg3_6-10' and calls == [2, 6, 8, 10], calls
+  assert 'Checkpoint 2 ' in caplog.text and 'was removed while it was read' in caplog.text
+  assert f'{folder}/4 was removed while the checkpoints were listed' in caplog.text
+  assert 'corrupt' not in caplog.text.lower() and 'cannot be restored' not in caplog.text
+
+  # A run that rotates on every read: a bounded number of selections, then one clear refusal.
+  calls.clear()
+  with (
+    pytest.MonkeyPatch.context() as patch,
+    pytest.raises(errors.Refusal) as error,
+  ):
+    patch.setattr(checkpoints.Checkpointer, 'restore', rotating_restore(True))
+    evaluation.restore_params(run, str(workdir), 'avg:3')
+  attempts = evaluation.ROTATION_RETRIES + 1
+  assert str(error.value).startswith(
+    f"--checkpoint='avg:3': the training run removed a checkpoint while it was read, "
+    f'{attempts} times in a row'
+  ), error.value
+  assert len(calls) == attempts
+
+
+def _steps(workdir) -> list[int]:
+  return sorted(int(e) for e in os.listdir(Path(workdir) / 'checkpoints') if e.isdigit())
+
+
+def _watch_until_it_waits(workdir) -> tuple[subprocess.Popen, str]:
+  """Starts `eval.py --watch`; returns once it waits for a checkpoint (or ends), with its log."""
+  process = subprocess.Popen(
+    [
+      sys.executable,
+      'eval.py',
+      f'--workdir={workdir}',
+      '--watch',
+      '--decoder=greedy',
+      '--split=validation',
+      '--poll_seconds=0.1',
+    ],
+    cwd=REPO,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  log = []
+  for line in process.stderr:
+    log.append(line)
+    if 'Waiting for a checkpoint after' in line:
+      break
+  return process, ''.join(log)
+
+
+def test_a_second_eval_watch_of_a_run_is_refused_and_the_watch_lock_released_however_it_ends(
+  copied_run, caplog
+):
+  workdir, _ = copied_run
+  lock, metrics_file = workdir / 'eval' / 'watch.lock', workdir / 'eval' / 'metrics.jsonl'
+  steps_written = lambda: [json.loads(row)['step'] for row in metrics_file.read_text().splitlines()]
+  saved = json.loads((workdir / 'config.json').read_text())
+  (workdir / 'config.json').write_text(json.dumps({**saved, 'num_train_steps': 4}))
+  started = []  # Every eval.py, stopped at the end whatever happens.
+
+  def watch_until_it_waits():
+    process, log = _watch_until_it_waits(workdir)
+    started.append(process)
+    return process, log
+
+  try:
+    with workdir_lock.WorkdirLock(str(workdir)):  # The run trains on (this process holds it).
+      first, log = watch_until_it_waits()  # It evaluated step 2 and waits for step 4.
+      assert steps_written() == [2], log[-3000:]
+      second, log = watch_until_it_waits()
+      if second.poll() is None:  # It waits for step 4 too.
+        second.kill()
+      log += second.communicate(timeout=120)[1]
+      assert second.returncode == 1, log[-3000:]
+      [message] = _last_lines(subprocess.CompletedProcess([], 1, '', log), 1)
+      assert message.startswith(
+        f'eval.py: error: Another eval.py --watch follows the run in {workdir}: pid '
+        f'{first.pid} on host {socket.gethostname()} (started '
+      ), log[-3000:]
+      assert message.endswith(
+        f'which holds {lock}. Nothing was changed: two would evaluate every checkpoint twice '
+        f'and write each step twice to {workdir}/eval/metrics.jsonl. Let it follow the run, or '
+        'stop it (Ctrl-C) before watching with other flags.'
+      ), message
+      assert steps_written() == [2]
+      # SIGTERM stops the first one as Ctrl-C does, and it releases its lock.
+      first.send_signal(signal.SIGTERM)
+      log = first.communicate(timeout=120)[1]
+      assert first.returncode == 130, log[-3000:]
+      assert f'Stopped watching {workdir}: interrupted.' in log
+      assert not lock.exists()
+      # kill -9 leaves it behind: stale, the next watcher removes it.
+      killed, log = watch_until_it_waits()
+      assert lock.exists(), log[-3000:]
+      killed.kill()
+      killed.wait()
+  finally:
+    for process in started:
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+
+  # The run is gone (no train.lock): the next watcher evaluates what it left and stops.
+  config = evaluation.load_run_config(str(workdir))
+  run = evaluation.setup(config)
+  request = tasks.EvalRequest(
+    config,
+    run.model_config,
+    run.mesh,
+    run.rules,
+    'validation',
+    inference.DecodeOptions(decoder='greedy'),
+    batch_size=16,
+  )
+  caplog.set_level('INFO')
+  assert evaluation.watch(run, str(workdir), request, poll_seconds=0.01) == [2]
+  assert f'Removed the stale lock {lock} of pid {killed.pid}' in caplog.text
+  assert not lock.exists()
+
+  # Released when the watch fails, too.
+  def disk_full(workdir):
+    raise OSError('disk full')
+
+  with pytest.MonkeyPatch.context() as patch, pytest.raises(OSError, match='disk full'):
+    patch.setattr(evaluation, 'available_steps', disk_full)
+    evaluation.watch(run, str(workdir), request, poll_seconds=0.01)
+  assert not lock.exists()

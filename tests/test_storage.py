@@ -117,6 +117,22 @@ def test_lock_is_exclusive_and_released(root):
   assert workdir_lock.read_holder(workdir) is None
 
 
+def test_watch_lock_is_exclusive_separate_from_the_run_and_released(root):
+  """eval.py --watch's WORKDIR/eval/watch.lock, beside the training run's lock, on buckets too."""
+  workdir = storage.join(root, 'run')
+  storage.makedirs(workdir)
+  with workdir_lock.WorkdirLock(workdir), workdir_lock.WatchLock(workdir) as lock:
+    assert lock.path == storage.join(storage.resolve(workdir), 'eval', 'watch.lock')
+    with pytest.raises(workdir_lock.WorkdirLockedError) as refused:
+      workdir_lock.WatchLock(workdir).acquire()
+    assert str(refused.value).startswith(
+      f'Another eval.py --watch follows the run in {storage.resolve(workdir)}: pid {os.getpid()}'
+    )
+    assert workdir_lock.read_holder(workdir)['pid'] == os.getpid()  # The run's lock: its own.
+  assert not storage.exists(lock.path)
+  assert workdir_lock.read_holder(workdir) is None
+
+
 @pytest.mark.parametrize('scheme', ['gs', 's3'])
 def test_bucket_lock_of_another_host(object_stores, scheme, monkeypatch):
   """A live holder on another host is refused by its lease; a lapsed lease is taken over."""

@@ -845,3 +845,149 @@ def test_unknown_override_key_is_rejected_before_any_trial_starts(tmp_path):
   assert "trial 1 {'model.num_layer': 3}: 'model.num_layer' is not a key" in result.stderr
   assert "Did you mean 'model.num_layers'" in result.stderr
   assert not root.exists()
+
+
+# --- What a trial's eval.py and summary will need, checked before the first trial --------------
+
+
+def _refusal(result) -> str:
+  """The message of a refusal (`errors.run`): stderr from 'sweep.py: error: ' to the hint."""
+  stderr = result.stderr
+  assert result.returncode == 1, stderr[-3000:]
+  start = stderr.rindex('sweep.py: error: ')
+  return stderr[start : stderr.index('\n(set TRANSFORMER_TRACEBACK=1', start)]
+
+
+def test_eval_flags_are_checked_against_each_trials_config_before_any_trial(
+  tmp_path, write_parallel_corpus
+):
+  """A trial that keeps no best checkpoints, or whose dataset lacks the split: its eval.py
+  would fail only after it trained. `sweep.py --dry_run` refuses, naming those trials."""
+  corpus = write_parallel_corpus(tmp_path / 'raw')  # train and val: no test_2016_flickr.
+  data_dirs = (corpus, tmp_path / 'tfds')
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  sweep_file = _write_sweep(
+    tmp_path / 's.py', "[{'keep_best_checkpoints': 2}, {'seed': 1}, {'data.test_split': 'x'}]"
+  )
+  root = tmp_path / 'root'
+  dry_run = lambda *flags: _sweep_py(
+    sweep_file,
+    root,
+    data_dirs,
+    env,
+    '--config.data.dataset=parallel_text',
+    '--config.eval_bleu_sentences=8',
+    '--dry_run',
+    *flags,
+  )
+  message = _refusal(dry_run('--eval', '--eval_flags=--checkpoint=best --split=validation'))
+  assert message.splitlines() == [
+    'sweep.py: error: --eval_flags=--checkpoint=best --split=validation: eval.py refuses them, '
+    'so no trial was run:',
+    '  Invalid flags:',
+    "    trials seed=1; test_split=x: --checkpoint='best' reads the best checkpoint by "
+    'validation BLEU, but config.keep_best_checkpoints=0 keeps none. Train with '
+    'config.keep_best_checkpoints=1 (and config.eval_bleu_sentences > 0), or read another '
+    "checkpoint ('latest', 'avg:N').",
+  ]
+  message = _refusal(dry_run('--eval', '--eval_flags=--checkpoint=avg:4 --split=validation'))
+  assert message.splitlines()[2:] == [
+    "    every trial: --checkpoint='avg:4' averages the last 4 checkpoints, but "
+    'config.keep_checkpoints=3 keeps 3. Average at most 3.'
+  ]
+  message = _refusal(dry_run('--eval', '--eval_flags=--split=foo'))
+  assert (
+    f"    every trial: --split='foo' is not a split of dataset 'parallel_text' in {corpus} "
+    "(config.data.manual_dir); its splits are ['train', 'validation']."
+  ) in message.splitlines()
+  # The split each trial's eval.py reads by default: its config.data.test_split.
+  message = _refusal(dry_run('--eval', '--eval_flags=--n_bootstrap=100'))
+  assert message.splitlines()[2:] == [
+    "    trials keep_best_checkpoints=2; seed=1: config.data.test_split='test_2016_flickr' (the "
+    "default --split) is not a split of dataset 'parallel_text' in "
+    f"{corpus} (config.data.manual_dir); its splits are ['train', 'validation'].",
+    "    trials test_split=x: config.data.test_split='x' (the default --split) is not a split "
+    f"of dataset 'parallel_text' in {corpus} (config.data.manual_dir); its splits are "
+    "['train', 'validation'].",
+  ]
+  assert not root.exists()
+  # Without --dry_run the same, before the first trial trains.
+  result = _sweep_py(
+    sweep_file,
+    root,
+    data_dirs,
+    env,
+    '--config.data.dataset=parallel_text',
+    '--config.eval_bleu_sentences=8',
+    '--eval',
+    '--eval_flags=--split=foo',
+  )
+  assert "every trial: --split='foo' is not a split" in _refusal(result)
+  assert not root.exists()
+  # What every trial accepts passes.
+  result = dry_run('--eval', '--eval_flags=--split=validation --checkpoint=avg:2')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert not root.exists()
+
+
+def test_eval_flags_that_cannot_be_read_or_would_be_ignored_are_refused(tmp_path):
+  sweep_file = _write_sweep(tmp_path / 's.py', "[{'seed': 1}]")
+  root = tmp_path / 'root'
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  result = _sweep_py(
+    sweep_file,
+    root,
+    ('/nowhere', tmp_path),
+    env,
+    '--eval',
+    "--eval_flags=--split='val",
+    '--dry_run',
+  )
+  assert _refusal(result) == (
+    "sweep.py: error: --eval_flags=--split='val: No closing quotation (a quote without its "
+    'closing one), so it cannot be split into eval.py flags as a shell would. Close the quote '
+    'or drop it; e.g. --eval_flags="--split=validation --checkpoint=avg:5".'
+  )
+  assert 'Traceback' not in result.stderr
+  result = _sweep_py(
+    sweep_file, root, ('/nowhere', tmp_path), env, '--eval_flags=--split=validation', '--dry_run'
+  )
+  assert _refusal(result) == (
+    'sweep.py: error: --eval_flags=--split=validation is given without --eval, so no eval.py '
+    'would run to take them. Add --eval (eval.py evaluates each trial after it trains), or drop '
+    '--eval_flags.'
+  )
+  assert not root.exists()
+
+
+@pytest.mark.parametrize('target_metric', ['eval_bleu', 'eval_bleu_lc'])
+def test_a_target_metric_that_no_trial_would_produce_is_refused(tmp_path, target_metric):
+  config = tiny.get_config()
+  config.target_metric = target_metric
+  expected = (
+    f"config.target_metric='{target_metric}' ranks the trials by their validation BLEU, but "
+    'config.eval_bleu_sentences=0 computes none, so no trial could be ranked: set '
+    'config.eval_bleu_sentences > 0 (validation sentences decoded for BLEU at each '
+    "evaluation), or config.target_metric='eval_loss'."
+  )
+  # A trial's own override: that trial is named.
+  with pytest.raises(ValueError) as error:
+    sweeps.make_trials(config, [{'seed': 1}, {'eval_bleu_sentences': 0}])
+  assert str(error.value) == (
+    f"sweep(): trial 1 {{'eval_bleu_sentences': 0}} gives an invalid config:\n  {expected}"
+  )
+  # The command line's, for every trial: sweep.py --dry_run refuses it at once.
+  sweep_file = _write_sweep(tmp_path / 's.py', "[{'seed': 1}]")
+  result = _sweep_py(
+    sweep_file,
+    tmp_path / 'root',
+    ('/nowhere', tmp_path),
+    {**os.environ, 'JAX_PLATFORMS': 'cpu'},  # TINY_TRIAL_FLAGS set eval_bleu_sentences=0.
+    f'--config.target_metric={target_metric}',
+    '--dry_run',
+  )
+  assert _refusal(result) == f'sweep.py: error: Invalid config:\n  {expected}'
+  assert not (tmp_path / 'root').exists()
+  # A train.py run alone may do without: the target metric only ranks a sweep's trials.
+  config.eval_bleu_sentences = 0
+  config_lib.validate(config)

@@ -24,7 +24,9 @@ from __future__ import annotations
 import contextlib
 import logging as py_logging
 import shutil
+import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import grain
 import jax
@@ -37,6 +39,7 @@ from jax.experimental import multihost_utils
 from transformer import storage
 from transformer.errors import InvalidInput, MissingInput, Refusal
 
+T = TypeVar('T')
 # custom_metadata key of each checkpoint: {array path: checksum} (`array_checksums`).
 _CHECKSUMS_KEY = 'array_checksums'
 
@@ -49,8 +52,45 @@ class CheckpointSaveError(Refusal, RuntimeError):
   """Writing a checkpoint failed (e.g. the disk is full); committed ones are untouched."""
 
 
-class CheckpointGoneError(RuntimeError):
+class CheckpointGoneError(Refusal, RuntimeError):
   """A checkpoint was removed while it was read: the training run rotated it out."""
+
+
+# Times a reader lists the checkpoints when the training run removed one while they were
+# listed (Orbax lists the step folders, then reads each one's commit time), and the pause
+# before each new listing.
+_LISTING_ATTEMPTS = 5
+_LISTING_PAUSE_SECONDS = 0.2
+
+
+def _listed_while_rotating(directory: str, list_checkpoints: Callable[[], T]) -> T:
+  """`list_checkpoints()`, which lists `directory`; again if a step folder vanished meanwhile.
+
+  A training run removes its oldest checkpoint (`keep_checkpoints`) after committing a new
+  one; if that happens between Orbax's listing of the step folders and its reading of one of
+  them, the listing raises FileNotFoundError: a new one sees the folders now there.
+  """
+  for attempt in range(1, _LISTING_ATTEMPTS + 1):
+    try:
+      return list_checkpoints()
+    except FileNotFoundError as e:
+      if isinstance(e, MissingInput) or not storage.isdir(directory):
+        raise
+      gone = e.filename or str(e)
+      if attempt == _LISTING_ATTEMPTS:
+        raise CheckpointGoneError(
+          f'The checkpoints in {directory} changed while they were listed, {attempt} times in '
+          f'a row (the last time {gone} was removed): the training run removes checkpoints '
+          'faster than they can be listed here. Evaluate once it has ended, or checkpoints '
+          'less often (config.checkpoint_every_steps).'
+        ) from e
+      logging.info(
+        '%s was removed while the checkpoints were listed (the training run rotates them); '
+        'listing them again.',
+        gone,
+      )
+      time.sleep(_LISTING_PAUSE_SECONDS)
+  raise AssertionError('unreachable')
 
 
 class _ReadOnlyNotice(py_logging.Filter):
@@ -170,24 +210,31 @@ class Checkpointer:
       async_options = ocp.AsyncOptions(
         post_finalization_callback=lambda: during_save(self._saving_step)
       )
-    with _quiet_read_only_notice():
-      self._manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(
-          max_to_keep=None if read_only else keep,
-          save_interval_steps=0 if read_only else 1,
-          create=not read_only,
-          read_only=read_only,
-          cleanup_tmp_directories=not read_only,
-          async_options=async_options,
-          atomicity_options=_atomicity(self.directory),
-        ),
-        # Both items' handlers, so that restoring the state alone (eval.py) is not a warning.
-        item_handlers={
-          'state': ocp.StandardCheckpointHandler(),
-          'data': grain.checkpoint.CheckpointHandler(),
-        },
-      )
+
+    def open_manager() -> ocp.CheckpointManager:  # It lists the checkpoints.
+      with _quiet_read_only_notice():
+        return ocp.CheckpointManager(
+          self.directory,
+          options=ocp.CheckpointManagerOptions(
+            max_to_keep=None if read_only else keep,
+            save_interval_steps=0 if read_only else 1,
+            create=not read_only,
+            read_only=read_only,
+            cleanup_tmp_directories=not read_only,
+            async_options=async_options,
+            atomicity_options=_atomicity(self.directory),
+          ),
+          # Both items' handlers, so that restoring the state alone (eval.py) is not a warning.
+          item_handlers={
+            'state': ocp.StandardCheckpointHandler(),
+            'data': grain.checkpoint.CheckpointHandler(),
+          },
+        )
+
+    if read_only:  # A reader lists the checkpoints of a run that may be rotating them.
+      self._manager = _listed_while_rotating(self.directory, open_manager)
+    else:
+      self._manager = open_manager()
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -197,7 +244,7 @@ class Checkpointer:
 
   def reload(self) -> None:
     """Reads the list of checkpoints anew (another process saves and rotates them)."""
-    self._manager.reload()
+    _listed_while_rotating(self.directory, self._manager.reload)
 
   def save(self, step: int, state, data_iterator: grain.DatasetIterator, *, force=False) -> bool:
     """Starts an asynchronous save of `state` and the iterator's position at `step`.

@@ -219,19 +219,35 @@ def _schedule_errors(c) -> list[str]:
 
 def _decode_checkpoint_errors(c) -> list[str]:
   """eval.py's default checkpoint must be one the run keeps."""
-  spec = c.decode.checkpoint
+  return checkpoint_kept_errors(c, c.decode.checkpoint, 'config.decode.checkpoint')
+
+
+def checkpoint_kept_errors(c, spec: str, name: str, advice: bool = False) -> list[str]:
+  """[An error] if a run of config `c` keeps fewer checkpoints than eval.py's `spec` reads.
+
+  'avg:N' reads the last N of the `keep_checkpoints`, 'best' and 'avg_best:N' the best of
+  the `keep_best_checkpoints`; `name` names the value ('--checkpoint', ...), `advice` adds
+  what to do instead. `spec` is in its domain (`domains.checkpoint_spec_error`).
+  """
   count = domains.averaged_count(spec)
   if spec.startswith('avg:') and count > c.keep_checkpoints:
     return [
-      f'config.decode.checkpoint={spec!r} averages the last {count} checkpoints, but '
+      f'{name}={spec!r} averages the last {count} checkpoints, but '
       f'config.keep_checkpoints={c.keep_checkpoints} keeps {c.keep_checkpoints}.'
+      + (f' Average at most {c.keep_checkpoints}.' if advice else '')
     ]
   if (spec == 'best' or spec.startswith('avg_best:')) and count > c.keep_best_checkpoints:
     best = 'the best checkpoint' if count == 1 else f'the {count} best checkpoints'
     return [
-      f'config.decode.checkpoint={spec!r} reads {best} by validation '
+      f'{name}={spec!r} reads {best} by validation '
       f'BLEU, but config.keep_best_checkpoints={c.keep_best_checkpoints} keeps '
       f'{c.keep_best_checkpoints or "none"}.'
+      + (
+        f' Train with config.keep_best_checkpoints={count} (and config.eval_bleu_sentences '
+        "> 0), or read another checkpoint ('latest', 'avg:N')."
+        if advice
+        else ''
+      )
     ]
   return []
 
@@ -324,6 +340,22 @@ def _task_errors(c) -> list[str]:
   elif not decoder_only and c.data.source_lang == c.data.target_lang:
     errors.append(f'config.data.source_lang and target_lang are both {c.data.source_lang!r}.')
   return errors
+
+
+def sweep_target_errors(c) -> list[str]:
+  """[An error] if nothing a run of `c` writes ranks it by `config.target_metric` (a sweep's).
+
+  A BLEU target needs the validation BLEU of `config.eval_bleu_sentences` sentences. A single
+  train.py run may do without (the target only ranks a sweep's trials); a sweep may not.
+  """
+  if c.target_metric in ('eval_bleu', 'eval_bleu_lc') and not c.eval_bleu_sentences:
+    return [
+      f'config.target_metric={c.target_metric!r} ranks the trials by their validation BLEU, '
+      f'but config.eval_bleu_sentences={c.eval_bleu_sentences} computes none, so no trial '
+      'could be ranked: set config.eval_bleu_sentences > 0 (validation sentences decoded '
+      "for BLEU at each evaluation), or config.target_metric='eval_loss'."
+    ]
+  return []
 
 
 def _mesh_rule_errors(c) -> list[str]:

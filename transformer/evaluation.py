@@ -71,6 +71,25 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   return config
 
 
+def read_dry_run_configs(path: str) -> dict[str, ml_collections.ConfigDict]:
+  """{name: config} of `eval.py --dry_run_configs` (`sweep_runner.check_eval_flags`), validated."""
+  try:
+    loaded = json.loads(storage.read_text(path))
+    if not isinstance(loaded, dict) or not all(isinstance(c, dict) for c in loaded.values()):
+      raise InvalidInput('not a JSON object of configs')
+    configs = {name: runs.upgrade(ml_collections.ConfigDict(c)) for name, c in loaded.items()}
+  except (ValueError, KeyError, TypeError) as e:
+    raise InvalidInput(
+      f'--dry_run_configs={path} is not a JSON object {{name: config}} of the configs to '
+      f'check the flags against ({type(e).__name__}: {e}).'
+    ) from None
+  for name, config in configs.items():
+    errors = config_lib.config_errors(config)
+    if errors:
+      config_lib.raise_if(errors, f'config {name} of --dry_run_configs={path}')
+  return configs
+
+
 def _check_vocabulary(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses a vocabulary whose content differs from the one the run trained with."""
   recorded = provenance.recorded_inputs(workdir).get('vocabulary')
@@ -205,8 +224,9 @@ def _is_best(checkpoint: str) -> bool:
   return checkpoint == 'best' or checkpoint.startswith('avg_best:')
 
 
-# Times `load_params` reads the checkpoints anew after the run rotated one out under it.
-_ROTATION_RETRIES = 3
+# Times `load_params` selects and reads the checkpoints anew after the run rotated one out under
+# it (each time a new listing: the checkpoints there now).
+ROTATION_RETRIES = 3
 
 
 def load_params(
@@ -223,7 +243,8 @@ def load_params(
   averaged).
   `keep`: the checkpoints the training run keeps (`config.keep_checkpoints`). If the run
   rotates out a checkpoint while it is read, 'latest' and 'avg:N' are selected again
-  among the checkpoints now there; a step number is `checkpoints.CheckpointGoneError`.
+  among the checkpoints now there, up to `ROTATION_RETRIES` times; then, or for a step
+  number, `checkpoints.CheckpointGoneError`.
   `best_metric`: the BLEU that ranks the best checkpoints
   (`config_lib.selection_metric(config.target_metric)`).
   Returns the parameters and a label naming them (`step_1500`, `avg5_1100-1500`,
@@ -231,9 +252,15 @@ def load_params(
   """
   if _is_best(checkpoint):
     return _load_best_params(workdir, abstract_state, checkpoint, best_metric)
+  # 'latest' and 'avg:N' move with the run; a step and 'avg:N@STEP' name fixed steps.
+  moves = checkpoint == 'latest' or (
+    checkpoint.startswith('avg:') and domains.averaged_last_step(checkpoint) is None
+  )
   checkpointer = checkpoints.Checkpointer(workdir, read_only=True, keep=keep)
   try:
-    for attempt in range(_ROTATION_RETRIES + 1):
+    for attempt in range(ROTATION_RETRIES + 1):
+      if attempt:
+        checkpointer.reload()  # Listed anew, also if the run removes one meanwhile.
       steps = select_steps(checkpointer.all_steps(), checkpoint)
       try:
         total = None
@@ -242,14 +269,17 @@ def load_params(
           total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
         break
       except checkpoints.CheckpointGoneError as e:
-        # 'latest' and 'avg:N' move with the run; a step and 'avg:N@STEP' name fixed steps.
-        moves = checkpoint == 'latest' or (
-          checkpoint.startswith('avg:') and domains.averaged_last_step(checkpoint) is None
-        )
-        if attempt == _ROTATION_RETRIES or not moves:
+        if not moves:
           raise
+        if attempt == ROTATION_RETRIES:
+          raise checkpoints.CheckpointGoneError(
+            f'--checkpoint={checkpoint!r}: the training run removed a checkpoint while it was '
+            f'read, {attempt + 1} times in a row: it rotates its checkpoints (it keeps the '
+            f'last {keep}, config.keep_checkpoints) faster than they are read here. Evaluate '
+            'once it has ended, or checkpoints less often (config.checkpoint_every_steps). '
+            f'The last time: {e}'
+          ) from None
         logging.info('%s Selecting --checkpoint=%s among them again.', e, checkpoint)
-        checkpointer.reload()
   finally:
     checkpointer.close()
   params = jax.tree.map(lambda x: x / len(steps), total) if len(steps) > 1 else total
@@ -310,18 +340,50 @@ def available_steps(workdir: str) -> list[int]:
     checkpointer.close()
 
 
+_UTF8_BOM = b'\xef\xbb\xbf'
+_UTF16_BOMS = (b'\xff\xfe', b'\xfe\xff')  # Little-, big-endian (UTF-32 LE starts the same).
+
+
+_UTF8_BOM = b'\xef\xbb\xbf'
+_UTF16_BOMS = (b'\xff\xfe', b'\xfe\xff')  # Little- and big-endian (UTF-32 LE starts so too).
+
+
 def read_input_lines(path: str) -> list[str]:
-  """Lines of a UTF-8 file ('-' for stdin); invalid UTF-8 is an error naming the line."""
+  """Lines of a UTF-8 file ('-' for stdin), or an error naming the file and the line.
+
+  A UTF-8 byte order mark is dropped. Text in another encoding is refused, never translated
+  as what it decodes to: invalid UTF-8 (Latin-1, say) by line, UTF-16 by its byte order mark,
+  and a NUL byte (UTF-16 without one, binary data) by line.
+  """
   raw = sys.stdin.buffer.read() if path == '-' else storage.read_bytes(path)
-  lines = raw.split(b'\n')
+  name = f'--input_file={path}' + (' (standard input)' if path == '-' else '')
+
+  def convert(encoding: str) -> str:
+    source = '' if path == '-' else f' < {path} > {path}.utf8'
+    return f'eval.py reads UTF-8: convert it (iconv -f {encoding} -t UTF-8{source})'
+
+  if raw.startswith(_UTF16_BOMS):
+    raise InvalidInput(
+      f'{name} starts with a UTF-16 byte order mark: it is UTF-16 text; {convert("UTF-16")}.'
+    )
+  lines = raw.removeprefix(_UTF8_BOM).split(b'\n')
   if lines and lines[-1] == b'':
     lines.pop()
   decoded = []
   for number, line in enumerate(lines, start=1):
+    nul = line.find(b'\0')
+    if nul >= 0:
+      raise InvalidInput(
+        f'{name}: line {number} holds a NUL byte (byte {nul + 1} of the line), which no text '
+        f'holds: UTF-16 text without a byte order mark, or not text; {convert("UTF-16LE")}.'
+      )
     try:
       decoded.append(line.decode('utf-8').rstrip('\r'))
     except UnicodeDecodeError as e:
-      raise InvalidInput(f'{path}: line {number} is not valid UTF-8 ({e.reason}).') from None
+      raise InvalidInput(
+        f'{name}: line {number} is not valid UTF-8 ({e.reason} at byte {e.start + 1} of the '
+        f'line); {convert("ENCODING")}, with ENCODING the one it was written in, e.g. LATIN1.'
+      ) from None
   return decoded
 
 
@@ -370,7 +432,8 @@ def watch(
   lock; it reads it (`workdir_lock`) to know whether the run is still
   training, logs what it waits for, and stops with a warning once the run is
   no longer running and every checkpoint it left has been evaluated (no new one
-  can come).
+  can come). It holds WORKDIR/eval/watch.lock (`workdir_lock.WatchLock`) from
+  before its first compile to its end: a second watcher of the run is refused.
 
   Args:
     run: The run's set-up (`setup`), its task and restore target.
@@ -381,7 +444,22 @@ def watch(
 
   Returns:
     The steps evaluated, in order.
+
+  Raises:
+    workdir_lock.WorkdirLockedError: Another watcher follows the run.
   """
+  with workdir_lock.WatchLock(workdir):
+    return _watch(run, workdir, request, poll_seconds, timeout_seconds)
+
+
+def _watch(
+  run: Setup,
+  workdir: str,
+  request: tasks.EvalRequest,
+  poll_seconds: float,
+  timeout_seconds: float | None,
+) -> list[int]:
+  """`watch`, holding its lock."""
   config = request.config
   evaluate = run.task.evaluator(request)  # Compiled once, for every checkpoint.
   writer = metrics.MetricsWriter(storage.join(workdir, 'eval'))

@@ -12,7 +12,10 @@ and segment 0 mean padding.
 
 import collections
 import dataclasses
+import gc
 import math
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +25,7 @@ import grain
 import ml_collections
 import numpy as np
 from absl import logging
+from grain._src.python.ipc import shared_memory_array  # The pool that unlinks it (grain 0.2.18).
 
 from transformer import data_position
 from transformer.errors import InvalidInput
@@ -83,8 +87,52 @@ def packed_batches(
   it = chunks.to_iter_dataset(READ_OPTIONS)
   it = grain.experimental.RebatchIterDataset(it, rows, drop_remainder=drop_remainder)
   if num_workers:
-    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
+    it = it.mp_prefetch(
+      grain.MultiprocessingOptions(num_workers=num_workers), worker_init_fn=_init_worker
+    )
   return it
+
+
+# How often a worker process looks whether the training process that started it still runs.
+_PARENT_POLL_SECONDS = 1.0
+
+
+def _init_worker(worker_index: int, worker_count: int) -> None:
+  """Runs first in each grain worker process: it is stopped by the training process only.
+
+  A worker copies each batch into shared memory (/dev/shm) before it queues it; killed by a
+  signal in between, it leaves that memory behind. SIGTERM and SIGINT reach the workers too
+  (Slurm signals every process of a job, Ctrl-C the terminal's process group), so the workers
+  ignore them: the training process stops on them, closes its iterator (`DevicePrefetch.close`)
+  and grain stops each worker, which unlinks what it holds. A worker whose training process
+  died without stopping it (`kill -9`) exits on its own within `_PARENT_POLL_SECONDS`.
+  """
+  del worker_index, worker_count
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  parent = os.getppid()
+
+  def exit_when_orphaned() -> None:
+    while os.getppid() == parent:
+      time.sleep(_PARENT_POLL_SECONDS)
+    os._exit(1)
+
+  threading.Thread(target=exit_when_orphaned, name='exit-when-orphaned', daemon=True).start()
+
+
+def release_shared_memory() -> None:
+  """Unlinks the shared memory of the batches this process received from grain's workers.
+
+  Each array of such a batch is a shared memory segment, unlinked when the array is garbage
+  collected: some only by the cycle collector, and then in grain's background thread. Without
+  this, a run's last batches stay in /dev/shm until Python's resource tracker removes them
+  after the process exited (warning 'There appear to be N leaked shared_memory objects'), or
+  for good where the tracker cannot (killed with the job).
+  """
+  gc.collect()
+  pool = getattr(shared_memory_array.SharedMemoryArray, '_del_thread_pool', None)
+  if pool is not None:
+    pool.apply(lambda: None)  # Its one thread runs in order: every unlink queued before is done.
 
 
 class DevicePrefetch(grain.DatasetIterator):
@@ -122,6 +170,12 @@ class DevicePrefetch(grain.DatasetIterator):
   def set_state(self, state: dict[str, Any]) -> None:
     self._placed.clear()
     self._parent.set_state(state)
+
+  def close(self) -> None:
+    """Stops the worker processes (if any) and unlinks every batch's shared memory."""
+    self._placed.clear()
+    super().close()
+    release_shared_memory()
 
 
 def train_rows(config: ml_collections.ConfigDict, shard_count: int = 1) -> int:

@@ -199,7 +199,7 @@ def _set_up(
   # Before any data preparation or compile: a foreign checkpoint is an error.
   checkpoints.check_latest_compatible(workdir, abstract_state)
   train_iter, eval_batches, validation_metrics, run_inputs = _data(
-    config, workdir, task, eval_model, mesh, rules
+    config, workdir, task, eval_model, mesh, rules, cleanup
   )
 
   # Created only now, after every check on the config and the data: it starts Orbax's background
@@ -254,6 +254,7 @@ def _data(
   eval_model: Transformer,
   mesh: Mesh,
   rules: sharding.Rules,
+  cleanup: contextlib.ExitStack,
 ):
   """The training iterator, the validation batches and metrics, and the inputs' content.
 
@@ -270,6 +271,9 @@ def _data(
     lambda batch: sharding.global_batch(batch, mesh, rules),
     PREFETCH_BATCHES,
   )
+  # However the run ends: its worker processes (config.data.num_workers) stop, and the shared
+  # memory of their batches is unlinked (`DevicePrefetch.close`).
+  cleanup.callback(train_iter.close)
   validation_metrics = task.validation_metrics_fn(config, eval_model.config, vocab, mesh, rules)
   eval_batches = task.eval_batches(
     config,

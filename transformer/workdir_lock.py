@@ -26,7 +26,8 @@ fraction of the lease (NTP does). A multi-host run's process 0 holds the lock.
 
 Evaluation (`eval.py`, also `--watch`) reads checkpoints while training runs
 and never takes the lock; `--watch` reads it to know whether the run it
-follows is still running.
+follows is still running, and holds a lock of its own, WORKDIR/eval/watch.lock
+(`WatchLock`, the same kind): one watcher per run.
 """
 
 from __future__ import annotations
@@ -105,8 +106,13 @@ def read_holder(workdir: str) -> dict[str, Any] | None:
   written, or damaged) reads as a holder with unknown fields and its content under
   'unreadable': alive as far as anyone can tell.
   """
+  return _read_record(lock_path(workdir))
+
+
+def _read_record(path: str) -> dict[str, Any] | None:
+  """`read_holder` of the lock file at `path`."""
   try:
-    text = storage.read_bytes(lock_path(workdir))
+    text = storage.read_bytes(path)
   except FileNotFoundError:
     return None
   try:
@@ -170,8 +176,10 @@ def remove_stale(workdir: str, holder: dict[str, Any]) -> None:
 class WorkdirLock:
   """Context manager holding WORKDIR/train.lock for this process (see the module docstring)."""
 
-  def __init__(self, workdir: str):
-    self.path = lock_path(workdir)
+  def __init__(self, workdir: str, name: str = LOCK_FILE):
+    """`name`: the lock file's path in the workdir (another lock than the training run's)."""
+    self.workdir = storage.resolve(workdir)
+    self.path = storage.join(self.workdir, name)
     self._record: str | None = None
     self._on_bucket = storage.is_url(self.path)
     self._renewer: threading.Thread | None = None
@@ -195,10 +203,10 @@ class WorkdirLock:
       try:
         storage.create_exclusive(self.path, text.encode('utf-8'))
       except FileExistsError:
-        holder = read_holder(storage.dirname(self.path))
+        holder = _read_record(self.path)
         if holder is not None and 'unreadable' in holder:
           time.sleep(_WRITE_GRACE_SECONDS)  # A lock being written: its record follows at once.
-          holder = read_holder(storage.dirname(self.path))
+          holder = _read_record(self.path)
         if holder is None:
           continue  # Released meanwhile.
         alive = holder_alive(holder)
@@ -265,7 +273,7 @@ class WorkdirLock:
       time.sleep(_WRITE_GRACE_SECONDS)  # Another run breaks it; then both race to create.
       return
     try:
-      if read_holder(storage.dirname(self.path)) == holder:  # Still the dead one's.
+      if _read_record(self.path) == holder:  # Still the dead one's.
         storage.remove(self.path)
         reason = (
           f'its lease of {holder.get("lease_seconds")} s lapsed'
@@ -280,7 +288,7 @@ class WorkdirLock:
         storage.remove(marker)
 
   def _refusal(self, holder: dict[str, Any], alive: bool | None) -> str:
-    workdir = storage.dirname(self.path)
+    workdir = self.workdir
     if 'unreadable' in holder:
       return (
         f'The workdir {workdir} holds a lock, {self.path}, that names no run: its content, '
@@ -333,3 +341,54 @@ class WorkdirLock:
 
   def __exit__(self, *exc_info) -> None:
     self.release()
+
+
+# One `eval.py --watch` per training run, in the folder it writes.
+WATCH_LOCK_FILE = 'eval/watch.lock'
+
+
+class WatchLock(WorkdirLock):
+  """WORKDIR/eval/watch.lock, held by `eval.py --watch` while it follows the run.
+
+  A second watcher of the same run would evaluate every checkpoint again and write each
+  step twice to WORKDIR/eval/metrics.jsonl: it is refused, naming the first. Taken,
+  released however the watcher ends and found stale (its holder dead, its lease lapsed)
+  as WORKDIR/train.lock is; the training run's own lock is only read.
+  """
+
+  def __init__(self, workdir: str):
+    super().__init__(workdir, WATCH_LOCK_FILE)
+
+  def acquire(self) -> None:
+    storage.makedirs(storage.dirname(self.path))  # WORKDIR/eval/, where the watcher writes.
+    super().acquire()
+
+  def _refusal(self, holder: dict[str, Any], alive: bool | None) -> str:
+    workdir, path = self.workdir, self.path
+    if 'unreadable' in holder:
+      return (
+        f'{path} holds no record of an eval.py --watch: its content, '
+        f'{holder["unreadable"]!r}, is not what eval.py writes (damaged, or written by '
+        'something else). Nothing was changed. If no eval.py --watch follows the run in '
+        f'{workdir} (check `ps aux | grep {workdir}` on every host that sees it), remove the '
+        f'file (rm {path}) and run again.'
+      )
+    if alive is None and isinstance(holder.get('renewed'), int | float):
+      ago = max(time.time() - holder['renewed'], 0.0)
+      how = (
+        f'It renewed its lease {ago:.0f} s ago; a holder silent for '
+        f'{holder.get("lease_seconds")} s is taken as dead, and the next eval.py --watch '
+        'takes the lock over.'
+      )
+    elif alive is None and holder.get('host') is not None:
+      how = (
+        f'This host cannot see processes of host {holder.get("host")}: if that eval.py is '
+        f'over (check `ps -p {holder.get("pid")}` there), remove {path} and run again.'
+      )
+    else:
+      how = 'Let it follow the run, or stop it (Ctrl-C) before watching with other flags.'
+    return (
+      f'Another eval.py --watch follows the run in {workdir}: {describe(holder)}, which '
+      f'holds {path}. Nothing was changed: two would evaluate every checkpoint twice and '
+      f'write each step twice to {workdir}/eval/metrics.jsonl. {how}'
+    )

@@ -16,6 +16,8 @@ from transformer.datasets.sources import (
   local_dataset_dir,
   prepare,
   read_examples,
+  split_errors,
+  split_names,
   split_num_lines,
   translation_pair,
 )
@@ -31,6 +33,8 @@ __all__ = [
   'local_dataset_dir',
   'prepare',
   'read_examples',
+  'split_errors',
+  'split_names',
   'split_num_lines',
   'translation_pair',
 ]

@@ -34,6 +34,7 @@ class Lm1b(catalog.Builder, skip_registration=True):
   """The catalog's lm1b builder without TensorFlow; reads a local copy if given."""
 
   name = 'lm1b'
+  SPLITS = ('train', 'test')  # Those `_split_generators` writes.
 
   @tfds.core.utils.classproperty
   @classmethod

@@ -220,6 +220,47 @@ def split_languages(builder: tfds.core.DatasetBuilder, split: str) -> list[str]:
   return list(by_split.get(split, languages(builder)))
 
 
+def split_names(data_config: ml_collections.ConfigDict) -> list[str] | None:
+  """The splits `config.data` has, known without preparing it; None where that takes reading.
+
+  A catalog dataset's are fixed (its builder's `SPLITS`); a local one's are those of its
+  source files in `config.data.manual_dir` (Multi30k's to download: its known ones). None
+  when they cannot be listed (no such folder, required files missing: the run that prepares
+  the data says so).
+  """
+  entry = registry.get(data_config)
+  if entry.catalog:
+    splits = getattr(entry.builder, 'SPLITS', None)
+    return None if splits is None else sorted(splits)
+  try:
+    files, _ = entry.builder.select_files(
+      _manual_dir(data_config), entry.required_languages(data_config)
+    )
+  except (InvalidInput, OSError):
+    return None
+  if files is None:  # Downloaded later.
+    known = getattr(entry.builder, 'KNOWN_SPLITS', None)
+    return None if known is None else sorted(known)
+  return sorted(files)
+
+
+def split_errors(
+  data_config: ml_collections.ConfigDict, split: str, name: str, note: str = ''
+) -> list[str]:
+  """[An error] if `config.data` has no split `split` (`split_names`).
+
+  `name` names the value (`--split`), `note` follows it (e.g. where a default comes from).
+  """
+  splits = split_names(data_config)
+  if splits is None or split in splits:
+    return []
+  where = f' in {data_config.manual_dir} (config.data.manual_dir)' if data_config.manual_dir else ''
+  return [
+    f'{name}={split!r}{note} is not a split of dataset {data_config.dataset!r}{where}; '
+    f'its splits are {splits}.'
+  ]
+
+
 def split_num_lines(data_config: ml_collections.ConfigDict, split: str) -> int | None:
   """Lines in the split's source files, counting dropped empty lines.
 

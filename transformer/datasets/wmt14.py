@@ -94,6 +94,7 @@ class Wmt14Translate(wmt14.Wmt14Translate, skip_registration=True):
   """The catalog's wmt14_translate builder; reads the release archives from a manual_dir."""
 
   name = 'wmt14_translate'
+  SPLITS = ('train', 'validation', 'test')  # The catalog's (newstest2013, newstest2014).
 
   @tfds.core.utils.classproperty
   @classmethod

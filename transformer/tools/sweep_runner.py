@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import datetime
 import itertools
+import json
 import os
 import queue
 import re
@@ -43,15 +44,24 @@ STATE_FILE = 'trial.json'
 def check_eval_flags(sweep: Sweep) -> None:
   """eval.py checks the sweep's `--eval_flags` itself (`eval.py --dry_run`), before any trial.
 
-  Names, types and domains of every flag, as the eval.py of each trial would read them.
-  Raises `ValueError` with eval.py's error. Takes one eval.py start (a few seconds).
+  Names, types and domains of every flag, and what each trial's own config makes of them
+  (`--dry_run_configs`): checkpoints it does not keep (`--checkpoint=best` without
+  config.keep_best_checkpoints), a split its dataset lacks, flags its task does not take.
+  Raises `InvalidInput` with eval.py's error. Takes one eval.py start (a few seconds).
   """
   if sweep.eval_flags is None:
     return
-  command = sweep.commands(sweep.trials[0])[-1][1] + ['--dry_run']
-  result = subprocess.run(
-    command, cwd=sweep.cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600
-  )
+  with tempfile.TemporaryDirectory(prefix='sweep-eval-flags-') as folder:
+    configs = os.path.join(folder, 'trial_configs.json')
+    with open(configs, 'w') as f:
+      json.dump({t.name: json.loads(t.config.to_json_best_effort()) for t in sweep.trials}, f)
+    command = sweep.commands(sweep.trials[0])[-1][1] + [
+      '--dry_run',
+      f'--dry_run_configs={configs}',
+    ]
+    result = subprocess.run(
+      command, cwd=sweep.cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600
+    )
   if result.returncode != 0:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     start = next(

@@ -25,6 +25,7 @@ import numbers
 import os
 import random
 import re
+import shlex
 import sys
 import types
 from collections.abc import Mapping, Sequence
@@ -374,8 +375,9 @@ def make_trials(
       )
     first_index[name] = index
     resolved = apply_overrides(config, typed)
-    errors = config_lib.config_errors(resolved)
-    if errors:  # Every value in its domain before any trial runs.
+    # Every value in its domain before any trial runs, and a target metric that ranks it.
+    errors = config_lib.config_errors(resolved) or config_lib.sweep_target_errors(resolved)
+    if errors:
       raise InvalidInput(
         f'{source}: trial {index} {typed} gives an invalid config:\n  ' + '\n  '.join(errors)
       )
@@ -519,6 +521,7 @@ def create(
   trials, if not the file's `sweep()` (an Optuna study's first ones: `sweep_optuna`).
   """
   config_lib.validate(config)
+  config_lib.raise_if(config_lib.sweep_target_errors(config))  # Before the trials' own.
   check_seeds(seeds)
   config_lib.raise_if(root_errors(config, root), 'paths')
   if eval_flags is not None:
@@ -580,6 +583,7 @@ def root_errors(config: ml_collections.ConfigDict, root: str) -> list[str]:
 _EVAL_FLAGS_OF_THE_SWEEP = (
   'workdir',
   'dry_run',
+  'dry_run_configs',
   'watch',
   'input_file',
   'output_file',
@@ -587,6 +591,30 @@ _EVAL_FLAGS_OF_THE_SWEEP = (
   'attention_plot',
   'input_text',
 )
+
+
+def parse_eval_flags(text: str, evaluate: bool) -> list[str] | None:
+  """sweep.py's `--eval_flags` as eval.py's argv (None without `--eval`: no eval.py runs).
+
+  Split as a shell would; flags given without `--eval` are an error, not ignored.
+  """
+  if not evaluate:
+    if text.strip():
+      raise InvalidInput(
+        f'--eval_flags={text} is given without --eval, so no eval.py would run to take them. '
+        'Add --eval (eval.py evaluates each trial after it trains), or drop --eval_flags.'
+      )
+    return None
+  try:
+    return shlex.split(text)
+  except ValueError as e:  # An unbalanced quote, or a backslash at the end.
+    what, fix = ('a quote without its closing one', 'Close the quote or drop it')
+    if 'quotation' not in str(e):
+      what, fix = ('a \\ at the end', 'Drop the \\')
+    raise InvalidInput(
+      f'--eval_flags={text}: {e} ({what}), so it cannot be split into eval.py flags as a '
+      f'shell would. {fix}; e.g. --eval_flags="--split=validation --checkpoint=avg:5".'
+    ) from None
 
 
 def eval_flag_errors(eval_flags: Sequence[str]) -> list[str]:

@@ -290,7 +290,10 @@ def main(argv):
   unknown = sorted(set(_CONFIGS.value) - set(CONFIGS))
   if unknown:
     raise app.UsageError(f'--configs: {unknown} are not among {sorted(CONFIGS)}.')
-  if not _PREPARE_ONLY.value and (problems := path_checks.output_errors(_OUT.value, '--out')):
+  problems = [] if _PREPARE_ONLY.value else path_checks.output_errors(_OUT.value, '--out')
+  if _ROOT.value:
+    problems += path_checks.output_dir_errors(_ROOT.value, '--root')
+  if problems:
     raise app.UsageError(problems[0])  # Before minutes of paid accelerator time, not after.
   start = time.perf_counter()
   if not (root / 'corpus' / 'train.en.gz').exists():

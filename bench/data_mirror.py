@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / 'tests'))
 sys.path.insert(0, str(REPO / 'bench'))
+from transformer import path_checks  # noqa: E402
 
 
 def main() -> None:
@@ -32,6 +33,8 @@ def main() -> None:
   parser.add_argument('--pairs', type=int, default=1_015_000, help='Training pairs (>= 1).')
   parser.add_argument('--root', default=os.path.join(tempfile.gettempdir(), 'data_mirror'))
   args = parser.parse_args()
+  if problems := path_checks.output_dir_errors(args.root, '--root'):
+    parser.error(problems[0])
   if args.pairs < 1:
     parser.error(f'--pairs={args.pairs} must be >= 1.')
 

@@ -34,6 +34,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from transformer import path_checks  # noqa: E402
+
 MULTI30K = REPO.parent / 'shared' / 'data' / 'multi30k'
 
 
@@ -171,6 +173,8 @@ def main():
   parser.add_argument('--batches', type=int, default=200, help='Timed batches after the first.')
   parser.add_argument('--measure_workers', type=int, default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if problems := path_checks.output_dir_errors(args.root, '--root'):
+    parser.error(problems[0])
 
   if args.measure_workers is not None:
     print(json.dumps(measure(args)))

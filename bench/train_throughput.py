@@ -51,6 +51,7 @@ from transformer import config as config_lib  # noqa: E402
 from transformer import (  # noqa: E402
   errors,
   optim,
+  path_checks,
   sharding,
   summary,
   tasks,
@@ -176,6 +177,10 @@ def main(argv):
   del argv
   config = _CONFIG.value
   config_lib.validate(config, jax.device_count())
+  if _PROFILE_DIR.value and (
+    problems := path_checks.output_dir_errors(_PROFILE_DIR.value, '--profile_dir')
+  ):
+    raise app.UsageError(problems[0])
   task = tasks.get_task(config)
   fixed = _BATCH_ROWS.value > 0 or _BATCH_LEN.value > 0
   if fixed:

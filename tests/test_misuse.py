@@ -93,6 +93,13 @@ def test_accelerator_check_refuses_its_output_before_the_benchmark(tmp_path, cas
   assert not (root / 'corpus').exists()  # Refused before the corpus, the runs, the devices.
 
 
+@pytest.mark.parametrize('script', ['input_pipeline.py', 'data_mirror.py'])
+def test_a_benchmark_root_in_the_code_is_refused(script):
+  result = _run(f'bench/{script}', f'--root={REPO}', '--pairs=10')
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert f'error: --root={REPO} is the code' in result.stderr.splitlines()[-1]
+
+
 def test_eval_output_on_a_full_disk_keeps_the_translations(copied_run, tmp_path):
   workdir, before = copied_run
   source = tmp_path / 'in.txt'

@@ -199,6 +199,13 @@ def output_errors(
   return protected_path_errors(path, flag, inputs) or writable_file_errors(path, flag)
 
 
+def output_dir_errors(
+  path: str, flag: str, inputs: Mapping[str, str | None] | None = None
+) -> list[str]:
+  """`output_errors` for a folder a command writes into (a benchmark's --root, a trace)."""
+  return protected_path_errors(path, flag, inputs) or writable_dir_errors(path, flag)
+
+
 def writable_file_errors(path: str, flag: str) -> list[str]:
   """Whether `path` can be written (its folder exists and is writable), checked before any work.
 

@@ -330,7 +330,7 @@ def test_eval_names_where_a_default_checkpoint_came_from(copied_run):
   saved = json.loads((workdir / 'config.json').read_text())
   saved['decode']['checkpoint'], saved['keep_checkpoints'] = 'avg:10', 10
   (workdir / 'config.json').write_text(json.dumps(saved, indent=2, sort_keys=True))
-  result = _run('eval.py', f'--workdir={workdir}', '--decoder=greedy')
+  result = _run('eval.py', f'--workdir={workdir}', '--decoder=greedy', '--split=test')
   assert result.returncode == 1, result.stderr[-3000:]
   [message] = _last_lines(result, 1)
   assert "checkpoint='avg:10' needs 10 checkpoints, but there are only 1: [2]." in message

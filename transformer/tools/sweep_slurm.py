@@ -376,10 +376,17 @@ class _TaskRunner(sweep_runner._Runner):
     self.start = start
     self.told = False
 
-  def _run_stage(self, trial: Trial, state: dict[str, Any], stage: str, command: list[str]) -> str:
+  def _run_stage(
+    self,
+    trial: Trial,
+    state: dict[str, Any],
+    stage: str,
+    command: list[str],
+    environment: Mapping[str, str],
+  ) -> str:
     if self.start.cluster == 'slurm':
       state['slurm'] = self.start.record()  # Written with the stage's start.
-    return super()._run_stage(trial, state, stage, command)
+    return super()._run_stage(trial, state, stage, command, environment)
 
   def launch_command(self, stage: str, command: list[str]) -> list[str]:
     if stage != 'train' or self.start.tasks == 1:

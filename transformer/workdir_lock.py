@@ -287,37 +287,49 @@ class WorkdirLock:
       with contextlib.suppress(FileNotFoundError):
         storage.remove(marker)
 
+  # What the refusal calls the holder ("if that run is over"), who takes a lapsed lease over,
+  # and what to do about a live holder (also said of a lease that still runs).
+  _HOLDER = 'run'
+  _TAKER = 'the next run'
+  _LIVE_ADVICE = (
+    'Wait for it to finish or stop it (SIGTERM checkpoints it), or give this run another --workdir.'
+  )
+  _LEASE_ADVICE = ' ' + _LIVE_ADVICE
+
   def _refusal(self, holder: dict[str, Any], alive: bool | None) -> str:
-    workdir = self.workdir
+    """The error for a lock that another holder has (`_unreadable` and `_in_use` say whose)."""
     if 'unreadable' in holder:
-      return (
-        f'The workdir {workdir} holds a lock, {self.path}, that names no run: its content, '
-        f'{holder["unreadable"]!r}, is not the record train.py writes (damaged, or written by '
-        'something else). Nothing was changed. If no train.py runs on this workdir (check '
-        f'`ps aux | grep {workdir}` on every host that sees it), remove the file (rm '
-        f'{self.path}) and run again.'
-      )
+      return self._unreadable(holder['unreadable'])
     if alive is None and isinstance(holder.get('renewed'), int | float):
       ago = max(time.time() - holder['renewed'], 0.0)
       how = (
         f'It renewed its lease {ago:.0f} s ago; a holder silent for '
-        f'{holder.get("lease_seconds")} s is taken as dead, and the next run takes the lock '
-        'over. Wait for it to finish or stop it (SIGTERM checkpoints it), or give this run '
-        'another --workdir.'
+        f'{holder.get("lease_seconds")} s is taken as dead, and {self._TAKER} takes the lock '
+        f'over.{self._LEASE_ADVICE}'
       )
     elif alive is None and holder.get('host') is not None:
       how = (
-        f'This host cannot see processes of host {holder.get("host")}: if that run is '
-        f'over (check `ps -p {holder.get("pid")}` there), remove {self.path} and run again.'
+        f'This host cannot see processes of host {holder.get("host")}: if that '
+        f'{self._HOLDER} is over (check `ps -p {holder.get("pid")}` there), remove '
+        f'{self.path} and run again.'
       )
     else:
-      how = (
-        'Wait for it to finish or stop it (SIGTERM checkpoints it), or give this run '
-        'another --workdir.'
-      )
+      how = self._LIVE_ADVICE
+    return f'{self._in_use(holder)} {how}'
+
+  def _unreadable(self, content: str) -> str:
+    workdir = self.workdir
     return (
-      f'The workdir {workdir} is in use by another training run: {describe(holder)}, '
-      f'which holds {self.path}. Nothing was changed. {how}'
+      f'The workdir {workdir} holds a lock, {self.path}, that names no run: its content, '
+      f'{content!r}, is not the record train.py writes (damaged, or written by something '
+      f'else). Nothing was changed. If no train.py runs on this workdir (check `ps aux | grep '
+      f'{workdir}` on every host that sees it), remove the file (rm {self.path}) and run again.'
+    )
+
+  def _in_use(self, holder: dict[str, Any]) -> str:
+    return (
+      f'The workdir {self.workdir} is in use by another training run: {describe(holder)}, '
+      f'which holds {self.path}. Nothing was changed.'
     )
 
   def release(self) -> None:
@@ -363,32 +375,24 @@ class WatchLock(WorkdirLock):
     storage.makedirs(storage.dirname(self.path))  # WORKDIR/eval/, where the watcher writes.
     super().acquire()
 
-  def _refusal(self, holder: dict[str, Any], alive: bool | None) -> str:
+  _HOLDER = 'eval.py'
+  _TAKER = 'the next eval.py --watch'
+  _LIVE_ADVICE = 'Let it follow the run, or stop it (Ctrl-C) before watching with other flags.'
+  _LEASE_ADVICE = ''
+
+  def _unreadable(self, content: str) -> str:
     workdir, path = self.workdir, self.path
-    if 'unreadable' in holder:
-      return (
-        f'{path} holds no record of an eval.py --watch: its content, '
-        f'{holder["unreadable"]!r}, is not what eval.py writes (damaged, or written by '
-        'something else). Nothing was changed. If no eval.py --watch follows the run in '
-        f'{workdir} (check `ps aux | grep {workdir}` on every host that sees it), remove the '
-        f'file (rm {path}) and run again.'
-      )
-    if alive is None and isinstance(holder.get('renewed'), int | float):
-      ago = max(time.time() - holder['renewed'], 0.0)
-      how = (
-        f'It renewed its lease {ago:.0f} s ago; a holder silent for '
-        f'{holder.get("lease_seconds")} s is taken as dead, and the next eval.py --watch '
-        'takes the lock over.'
-      )
-    elif alive is None and holder.get('host') is not None:
-      how = (
-        f'This host cannot see processes of host {holder.get("host")}: if that eval.py is '
-        f'over (check `ps -p {holder.get("pid")}` there), remove {path} and run again.'
-      )
-    else:
-      how = 'Let it follow the run, or stop it (Ctrl-C) before watching with other flags.'
+    return (
+      f'{path} holds no record of an eval.py --watch: its content, {content!r}, is not what '
+      'eval.py writes (damaged, or written by something else). Nothing was changed. If no '
+      f'eval.py --watch follows the run in {workdir} (check `ps aux | grep {workdir}` on every '
+      f'host that sees it), remove the file (rm {path}) and run again.'
+    )
+
+  def _in_use(self, holder: dict[str, Any]) -> str:
+    workdir = self.workdir
     return (
       f'Another eval.py --watch follows the run in {workdir}: {describe(holder)}, which '
-      f'holds {path}. Nothing was changed: two would evaluate every checkpoint twice and '
-      f'write each step twice to {workdir}/eval/metrics.jsonl. {how}'
+      f'holds {self.path}. Nothing was changed: two would evaluate every checkpoint twice and '
+      f'write each step twice to {workdir}/eval/metrics.jsonl.'
     )

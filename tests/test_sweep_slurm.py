@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 import slurm_cluster
-from conftest import synthetic_pairs, write_lines
+from conftest import write_lines
+from test_sweeps import synthetic_corpus  # noqa: F401  (a fixture: the sweeps' corpus)
 
 from configs import tiny
 from transformer import workdir_lock
@@ -247,17 +248,6 @@ _SHARED = {
 }
 
 
-@pytest.fixture(scope='module')
-def corpus(tmp_path_factory):
-  """(raw files, data_dir) of a made-up parallel corpus: 400 training and 40 validation pairs."""
-  directory = tmp_path_factory.mktemp('corpus')
-  for split, size, seed in (('train', 400, 0), ('val', 40, 1000)):
-    pairs = synthetic_pairs(size, seed=seed)
-    write_lines(directory / 'raw' / f'{split}.en', [en for en, _ in pairs])
-    write_lines(directory / 'raw' / f'{split}.de', [de for _, de in pairs])
-  return directory / 'raw', directory / 'tfds'
-
-
 def _environment(tmp_path: Path, scheduler: Scheduler) -> dict[str, str]:
   """What sweep.py and the jobs run with: CPU, fast compiles shared through JAX's disk cache."""
   base = scheduler.cluster.env if scheduler.cluster else os.environ
@@ -273,13 +263,16 @@ def _environment(tmp_path: Path, scheduler: Scheduler) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_a_sweep_on_slurm_trains_over_two_tasks_requeues_a_stopped_trial_and_summarizes(
-  scheduler, corpus, tmp_path, monkeypatch
+  scheduler,
+  synthetic_corpus,  # noqa: F811
+  tmp_path,
+  monkeypatch,
 ):
   _note_fallback(scheduler, "submitit's LocalExecutor")
   sweep_file = _write_sweep(tmp_path / 'three.py', _TRIALS)
   root = tmp_path / 'root'
   env = _environment(tmp_path, scheduler)
-  manual_dir, data_dir = corpus
+  manual_dir, data_dir = synthetic_corpus
   shared = _SHARED | {'data.manual_dir': str(manual_dir), 'data.data_dir': str(data_dir)}
   config = sweeps.apply_overrides(tiny.get_config(), shared)
   sweep = sweeps.create('configs/tiny.py', config, str(sweep_file), str(root), shared)

@@ -27,9 +27,10 @@ class OutputWriteError(Refusal, OSError):
 def _is_special(path: str) -> bool:
   """A device or a pipe (`/dev/stdout`, `/dev/full`, a FIFO): written in place, never renamed."""
   try:
-    return not stat.S_ISREG(os.stat(path).st_mode) and not os.path.isdir(path)
+    mode = os.stat(path).st_mode
   except OSError:
     return False
+  return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
 def _keep(data: bytes, name: str, folder: str) -> str:

@@ -131,7 +131,9 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
       f'--checkpoint=STEP (steps {steps}); to train on, set config.num_train_steps above '
       f'{steps[-1]}; to train {config.num_train_steps} steps from scratch, use a new --workdir.'
     )
-  if saved is not None and (problem := _continuation_changes(saved, config, workdir, steps[-1])):
+  if saved is not None and (
+    problem := _continuation_changes(saved, current, config, workdir, steps[-1])
+  ):
     raise InvalidInput(problem)
   check_inputs(config, workdir)
 
@@ -144,7 +146,11 @@ _OPTIMIZER_SWITCH_KEYS = {
 
 
 def _continuation_changes(
-  saved: dict[str, Any], config: ml_collections.ConfigDict, workdir: str, latest: int
+  saved: dict[str, Any],
+  current: dict[str, Any],
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  latest: int,
 ) -> str | None:
   """Why the run cannot go on from checkpoint `latest` with `config`, or None.
 
@@ -152,9 +158,8 @@ def _continuation_changes(
   transforms are on (`_OPTIMIZER_SWITCH_KEYS`) and best checkpoints ranked by one metric;
   a linear or cosine schedule past warm-up is already shaped by `config.num_train_steps`.
   (Its data position is carried over to another `config.data.num_workers`:
-  `data_position`.)
+  `data_position`.) `saved` and `current`: the saved and the new config, flattened.
   """
-  current = _flatten(config)
   keep = 'Nothing was changed. Resume with the saved value (drop the override)'
   for key, what in _OPTIMIZER_SWITCH_KEYS.items():
     if key in saved and key in current and (saved[key] > 0) != (current[key] > 0):

@@ -22,7 +22,8 @@ its time limit and rewrites the summary when it ends (transformer/tools/sweep_sl
 With --search=optuna (the default for a sweep file that defines space()) the sweep is an
 Optuna study: its workers, in this process (--parallel) and in others sharing --storage, ask
 the study for trials and prune the poor ones from their validation rows; trials run, resume
-and are summarized as above (see transformer/tools/sweep_optuna.py).
+and are summarized as above (transformer/tools/sweep_optuna.py defines the study,
+transformer/tools/sweep_study.py runs it).
 """
 
 import dataclasses
@@ -41,6 +42,7 @@ from transformer import config as config_lib  # noqa: E402
 from transformer import errors  # noqa: E402
 from transformer.tools import (  # noqa: E402
   sweep_optuna,
+  sweep_study,
   sweep_runner,
   sweep_slurm,
   sweep_summary,
@@ -204,18 +206,18 @@ def main(argv):
       # Slurm and `kill` stop jobs with SIGTERM: stop the trials as on Ctrl-C, marked interrupted.
       signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
       if study:
-        outcomes = sweep_optuna.run(sweep, study, _PARALLEL.value)
+        outcomes = sweep_study.run(sweep, study, _PARALLEL.value)
       else:
         outcomes = sweep_runner.run(sweep, _PARALLEL.value, only=_TRIAL.value)
   except KeyboardInterrupt:
-    sweep = sweep_optuna.studied(sweep, study) if study else sweep
+    sweep = sweep_study.studied(sweep, study) if study else sweep
     sweep_tensorboard.write(sweep, sweep_summary.write(sweep))  # What there is so far.
     logging.warning(
       'Interrupted: the running trials were stopped and marked interrupted; run '
       'the same command again to resume them.'
     )
     sys.exit(130)
-  sweep = sweep_optuna.studied(sweep, study) if study else sweep  # The trials a study ran.
+  sweep = sweep_study.studied(sweep, study) if study else sweep  # The trials a study ran.
   results = sweep_summary.write(sweep)
   sweep_tensorboard.write(sweep, results)  # The table of `tensorboard --logdir ROOT`.
   logging.info(
@@ -225,7 +227,7 @@ def main(argv):
   )
   if study:
     logging.info(
-      'The study %r in %s: best %s.', study.name, study.storage, sweep_optuna.best(sweep, study)
+      'The study %r in %s: best %s.', study.name, study.storage, sweep_study.best(sweep, study)
     )
   failed = [name for name, outcome in outcomes.items() if outcome == 'failed']
   if failed:

@@ -19,7 +19,7 @@ import pytest
 from test_sweeps import _sweep_py, _write_sweep, sweep_env  # noqa: F401  (a fixture)
 
 from configs import tiny
-from transformer.tools import sweep_optuna, sweep_runner, sweeps
+from transformer.tools import sweep_optuna, sweep_runner, sweep_study, sweeps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -159,7 +159,7 @@ def test_a_study_asks_runs_prunes_and_tells_on_a_journal_file(
     startup_trials=2,
     storage_spec=str(tmp_path / 'shared' / 'study.journal'),  # JournalFileBackend.
   )
-  outcomes = sweep_optuna.run(sweep, study, parallel=2)
+  outcomes = sweep_study.run(sweep, study, parallel=2)
   trials = _trials(sweep, study)
   assert len(trials) == 8 and len(outcomes) == 8
   assert [t.params['lr_scale'] for t in trials[:2]] == [1.0, 1.1]  # Enqueued first.
@@ -180,16 +180,16 @@ def test_a_study_asks_runs_prunes_and_tells_on_a_journal_file(
   # The draws are the sampler's, seeded per trial number: the same again.
   assert sweep_optuna._sampler(study, 0).__class__.__name__ == 'PerTrialSeed'
 
-  sweep = sweep_optuna.studied(sweep, study)
+  sweep = sweep_study.studied(sweep, study)
   assert [t.name for t in sweep.trials] == [t.user_attrs['name'] for t in trials]
   from transformer.tools import sweep_summary
 
   [best] = [r for r in sweep_summary.write(sweep) if r.rank == 1]
-  assert sweep_optuna.best(sweep, study) == (best.name, best.eval_loss)
+  assert sweep_study.best(sweep, study) == (best.name, best.eval_loss)
   assert best.name == 'lr_scale=1.0'
 
   # Run again: the study has its trials; nothing runs.
-  assert sweep_optuna.run(sweep, study, parallel=2) == {}
+  assert sweep_study.run(sweep, study, parallel=2) == {}
 
 
 def test_a_trial_left_running_by_a_lost_worker_runs_again_from_its_checkpoint(
@@ -204,14 +204,14 @@ def test_a_trial_left_running_by_a_lost_worker_runs_again_from_its_checkpoint(
   # A worker asked for the first trial, trained it to step 7 and died.
   optuna_study = sweep_optuna.load(sweep, study)
   optuna_study.enqueue_trial(dict(sweep.trials[0].overrides))
-  asked = optuna_study.ask({key: sweep_optuna._distribution(s) for key, s in study.space.items()})
+  asked = optuna_study.ask({key: sweep_optuna.distribution(s) for key, s in study.space.items()})
   asked.set_user_attr('worker', {'host': socket.gethostname(), 'pid': int(gone.stdout)})
   asked.set_user_attr('heartbeat', time.time())
   asked.set_user_attr('name', sweep.trials[0].name)
   workdir = Path(sweep.workdir(sweep.trials[0]))
   (workdir / 'checkpoints' / '7').mkdir(parents=True)
 
-  outcomes = sweep_optuna.run(sweep, study, parallel=1)
+  outcomes = sweep_study.run(sweep, study, parallel=1)
   assert outcomes == {'lr_scale=2.0': 'finished', 'lr_scale=3.0': 'finished'}
   trials = _trials(sweep, study)
   # The trial left running first (failed, enqueued again: Optuna's retry lineage), then the next.

@@ -21,6 +21,7 @@ meant is one line in `runs.ADDED_KEYS`. The domains themselves are built with
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
 import sys
@@ -93,6 +94,13 @@ LANGUAGE = Rule(
 )
 MESH_SIZE = Rule(
   'a positive integer or -1 (all remaining devices)', lambda v: is_int(v) and (v >= 1 or v == -1)
+)
+# Weights & Biases (`config.wandb`, transformer/wandb_run.py): its modes, and its project, entity
+# and group names ('' for none), which W&B refuses with any of these characters.
+WANDB_MODES = ('online', 'offline')
+WANDB_NAME = Rule(
+  "'' or a name of at most 128 characters without / \\ # ? % :",
+  lambda v: isinstance(v, str) and len(v) <= 128 and not set('/\\#?%:') & set(v),
 )
 AXIS_RULES = Rule(
   'a sequence of (logical axis, mesh axes) pairs',
@@ -173,6 +181,10 @@ CONFIG_RULES: dict[str, Rule] = {
   'mesh.rules': AXIS_RULES,
   'launch.nodes': POSITIVE_INT,
   'launch.tasks_per_node': POSITIVE_INT,
+  'wandb.project': WANDB_NAME,  # '': off.
+  'wandb.entity': WANDB_NAME,  # '': the login's default.
+  'wandb.group': WANDB_NAME,  # '': none.
+  'wandb.mode': one_of(WANDB_MODES),
 }
 
 
@@ -509,6 +521,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
 def machine_errors(config: ml_collections.ConfigDict) -> list[str]:
   """Resource counts of `config` that this machine cannot serve (`validate` with devices)."""
   cores = os.cpu_count() or 1
+  if 'wandb' in config and config.wandb.project and importlib.util.find_spec('wandb') is None:
+    return [
+      f'config.wandb.project={config.wandb.project!r} logs to Weights & Biases, and the wandb '
+      "package is not installed here: pip install wandb, or set config.wandb.project=''."
+    ]
   if config.data.num_workers > cores:
     return [
       f'config.data.num_workers={config.data.num_workers} exceeds the {cores} CPU cores of this '

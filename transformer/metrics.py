@@ -87,10 +87,11 @@ class MetricsWriter:
   `eval_every_steps`: a few requests a minute, of a file of ~200 bytes a row.
 
   The same rows go to TensorBoard, one event file per start in WORKDIR/tensorboard/
-  (`EventFile`): locally a row is in it when `write` returns, as in metrics.jsonl.
+  (`EventFile`): locally a row is in it when `write` returns, as in metrics.jsonl; and to
+  `mirror` where there is one (`wandb_run.WandbRun`: its `log(step, metrics)`).
   """
 
-  def __init__(self, workdir: str, started: float | None = None):
+  def __init__(self, workdir: str, started: float | None = None, mirror: Any = None):
     self.path = storage.join(workdir, FILENAME)
     self._enabled = jax.process_index() == 0
     self._started = started
@@ -100,6 +101,7 @@ class MetricsWriter:
     self._tensorboard: EventFile | None = None  # Opened by `truncate_after` or the first row.
     self._pending: list[str] = []  # Rows not yet in the file (`_append_pending`).
     self._failure = ''
+    self._mirror = mirror
 
   def truncate_after(self, step: int) -> None:
     """Drops rows written after `step` by a run that stopped before checkpointing them.
@@ -145,6 +147,8 @@ class MetricsWriter:
       self._tensorboard.write_scalars(int(step), metrics)
     except OSError as e:  # metrics.jsonl is the record; TensorBoard shows it.
       logging.warning('TensorBoard events of step %d not written: %s', step, e)
+    if self._mirror is not None:
+      self._mirror.log(int(step), metrics)
 
   def _append_pending(self) -> None:
     """Appends the rows not yet in the file; a failure keeps them for the next try.

@@ -33,6 +33,8 @@ RUN_ENTRIES = (
   'trial.json',
   'train.log',
   'eval.log',
+  'wandb.json',
+  'wandb',
 )
 # The checkout that holds this package: the files git tracks there are the code.
 CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -57,6 +57,10 @@ RESUMABLE_KEYS = (
   'model.remat',
   'launch.nodes',  # How many processes share the work, not what they compute.
   'launch.tasks_per_node',
+  'wandb.project',  # Where the rows are also sent, not what they are.
+  'wandb.entity',
+  'wandb.group',
+  'wandb.mode',
 )
 # Model keys that change training but not what the saved weights mean: a change on resume warns.
 _REGULARIZATION_KEYS = (
@@ -408,6 +412,10 @@ ADDED_KEYS: dict[str, Any] = {
   ),
   'launch.nodes': 1,
   'launch.tasks_per_node': 1,
+  'wandb.project': '',
+  'wandb.entity': '',
+  'wandb.group': '',
+  'wandb.mode': 'online',
 }
 
 

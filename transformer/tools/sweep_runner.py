@@ -341,7 +341,7 @@ class _Runner:
 
   def _wait(self, trial: Trial, stage: str, process: subprocess.Popen) -> int:
     """Waits for the stage's process; returns its exit code. A study watches it here
-    (`sweep_optuna`), and a trial it stops (SIGTERM) gets the status it puts in `_stopped`."""
+    (`sweep_study`), and a trial it stops (SIGTERM) gets the status it puts in `_stopped`."""
     del trial, stage
     return process.wait()
 

@@ -42,9 +42,9 @@ from transformer import config as config_lib  # noqa: E402
 from transformer import errors  # noqa: E402
 from transformer.tools import (  # noqa: E402
   sweep_optuna,
-  sweep_study,
   sweep_runner,
   sweep_slurm,
+  sweep_study,
   sweep_summary,
   sweep_tensorboard,
   sweeps,

@@ -150,16 +150,19 @@ def tensorboard_scalars(directory: pathlib.Path | str) -> dict[str, list[tuple[i
   """{tag: [(step, value), ...]} of the event files in `directory` as TensorBoard reads them.
 
   TensorBoard's own loader (`EventAccumulator`, every event kept), with its purge of the
-  steps that a later file's SessionLog.START supersedes.
+  steps that a later file's SessionLog.START supersedes. A tag whose every point was purged
+  (a validation row of a start that was cut short) keeps an empty list in the loader, and
+  TensorBoard draws nothing for it: it is left out.
   """
   from tensorboard.backend.event_processing import event_accumulator
 
   accumulator = event_accumulator.EventAccumulator(str(directory), size_guidance={'scalars': 0})
   accumulator.Reload()
-  return {
+  scalars = {
     tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
     for tag in accumulator.Tags()['scalars']
   }
+  return {tag: points for tag, points in scalars.items() if points}
 
 
 def tensorboard_hparams(logdir: pathlib.Path | str) -> tuple[dict, dict[str, dict]]:

@@ -329,15 +329,15 @@ def _open_outputs(run: _Run, cleanup: contextlib.ExitStack, started: float) -> N
   Only once the checkpoint restored: an unreadable one leaves the workdir as it
   was. What a run wrote after the restored step is dropped.
   """
-  wandb = None
+  mirror = None  # The W&B run, on process 0 with config.wandb.project set.
   if jax.process_index() == 0:
     # Started first: W&B that cannot start leaves the workdir as it was.
-    if wandb := wandb_run.WandbRun.start(run.config, run.workdir):
-      cleanup.push(lambda failed, *_: wandb.finish(failed=failed is not None))
+    if mirror := wandb_run.WandbRun.start(run.config, run.workdir):
+      cleanup.push(lambda failed, *_: mirror.finish(failed=failed is not None))
     runs.write_config(run.config, run.workdir)
     # Command line, git commit, package versions (warns on changes), the inputs' content.
     provenance.record(run.workdir, run.run_inputs)
-  run.writer = metrics.MetricsWriter(run.workdir, started=started, mirror=wandb)
+  run.writer = metrics.MetricsWriter(run.workdir, started=started, mirror=mirror)
   run.writer.truncate_after(run.start_step)
   run.best = None
   if run.config.keep_best_checkpoints:

@@ -39,6 +39,7 @@ from transformer import (  # noqa: E402
   outputs,
   path_checks,
   scoring,
+  shutdown,
   storage,
   tasks,
 )
@@ -125,6 +126,12 @@ _LENGTHS = flags.DEFINE_list(
 )
 
 
+def _stop_watching(signum, frame):
+  """SIGTERM to `--watch`: the deadline starts, then the watch ends as Ctrl-C ends it."""
+  shutdown.arm(signal.Signals(signum).name)
+  signal.default_int_handler(signum, frame)
+
+
 def main(argv):
   signal.signal(signal.SIGINT, signal.default_int_handler)
   if len(argv) > 1:
@@ -171,8 +178,9 @@ def main(argv):
   )
 
   if _WATCH.value:
-    # SIGTERM stops the watch as Ctrl-C does: its lock (WORKDIR/eval/watch.lock) is released.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGTERM stops the watch as Ctrl-C does: its lock (WORKDIR/eval/watch.lock) is released,
+    # within the time `transformer.shutdown` allows from the signal on.
+    signal.signal(signal.SIGTERM, _stop_watching)
     try:
       evaluation.watch(run, _WORKDIR.value, request, poll_seconds=_POLL_SECONDS.value)
     except KeyboardInterrupt:
@@ -224,7 +232,7 @@ def _check_flags(config) -> None:
   An output may not overwrite a file of a run, an input of this command (`--input_file`,
   the run's data and vocabulary) or the code (`path_checks.protected_path_errors`).
   """
-  errors = config_lib.eval_flag_errors(
+  errors = path_checks.setting_errors() + config_lib.eval_flag_errors(
     {
       name: flags.FLAGS[name].value
       for name in config_lib.EVAL_FLAG_RULES

@@ -16,6 +16,16 @@ point rather than after a guessed delay. Points:
                  `<N>.orbax-checkpoint-tmp*` folder, not yet renamed into
                  place (committed).
 
+Two more points act without killing:
+
+  term_during_save:N   sends this process SIGTERM from inside the save of checkpoint N (as
+                       during_save:N), then lets the save go on: a preemption notice that
+                       arrives while a checkpoint commits.
+  pause_during_save:N  inside the save of checkpoint N (as during_save:N), creates the file
+                       named by --pause_file with '.ready' appended, then waits until that
+                       file itself exists, then lets the save go on: the test does something
+                       in between (stops the object store from answering).
+
 `--signal=<SIGTERM|SIGINT>:<point>:<N>` instead sends this process that signal
 (as `kill` or Ctrl-C would) in the middle of data preparation:
 
@@ -28,6 +38,7 @@ import functools
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,9 +49,12 @@ import train  # noqa: E402, F401  (defines train.py's flags)
 from transformer import distributed, preemption, prepared_ids, tokenizer, training  # noqa: E402
 from transformer.datasets import parallel_text  # noqa: E402
 
-POINTS = ('after_step', 'during_save')
+POINTS = ('after_step', 'during_save', 'term_during_save', 'pause_during_save')
 _FAULT = flags.DEFINE_string(
-  'fault', None, '<point>:<step>, point one of after_step, during_save: SIGKILL this process there.'
+  'fault', None, f'<point>:<step>, point one of {POINTS}: act there (the module docstring).'
+)
+_PAUSE_FILE = flags.DEFINE_string(
+  'pause_file', None, 'With --fault=pause_during_save:N: the file to wait for.'
 )
 _SIGNAL = flags.DEFINE_string(
   'signal',
@@ -105,18 +119,41 @@ def _kill_at(
   os.kill(os.getpid(), signal.SIGKILL)
 
 
-def parse_fault(value: str) -> training.Hooks:
+def _term_at(fault_step: int, step: int) -> None:
+  if step == fault_step:
+    logging.warning('--fault=term_during_save:%d: sending SIGTERM to this process.', step)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _pause_at(fault_step: int, pause_file: str, step: int) -> None:
+  if step != fault_step:
+    return
+  logging.warning('--fault=pause_during_save:%d: waiting for %s.', step, pause_file)
+  logging.flush()
+  with open(pause_file + '.ready', 'w'):
+    pass
+  while not os.path.exists(pause_file):
+    time.sleep(0.05)
+
+
+def parse_fault(value: str, pause_file: str | None = None) -> training.Hooks:
   """The hooks of `--fault=<point>:<step>`."""
   point, _, step = value.partition(':')
   if point not in POINTS or not step.isdigit():
     raise app.UsageError(f'--fault={value!r}: expected <point>:<step> with point one of {POINTS}.')
+  if point == 'term_during_save':
+    return training.Hooks(during_save=functools.partial(_term_at, int(step)))
+  if point == 'pause_during_save':
+    if not pause_file:
+      raise app.UsageError('--fault=pause_during_save:N needs --pause_file.')
+    return training.Hooks(during_save=functools.partial(_pause_at, int(step), pause_file))
   return training.Hooks(**{point: functools.partial(_kill_at, point, int(step))})
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  hooks = parse_fault(_FAULT.value) if _FAULT.value else training.Hooks()
+  hooks = parse_fault(_FAULT.value, _PAUSE_FILE.value) if _FAULT.value else training.Hooks()
   if _SIGNAL.value:
     install_signal(_SIGNAL.value)
   distributed.initialize()

@@ -6,6 +6,7 @@ network guard (tests/netguard) fails any connection elsewhere.
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -149,7 +150,7 @@ def test_bucket_lock_of_another_host(object_stores, scheme, monkeypatch):
   storage.write_json(path, other)
   with pytest.raises(workdir_lock.WorkdirLockedError) as refused:
     workdir_lock.WorkdirLock(workdir).acquire()
-  assert 'renewed its lease 5 s ago' in str(refused.value)
+  assert re.search('renewed its lease [56] s ago', str(refused.value))  # 5 s, and the look.
   assert workdir_lock.holder_alive(other) is None
   stale = {**other, 'renewed': time.time() - 61}
   storage.write_json(path, stale)

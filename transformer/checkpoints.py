@@ -203,6 +203,7 @@ class Checkpointer:
           'Removing %s: a save that never committed (the process died during it).', path
         )
     self._saving_step = None  # The step of the save in flight, if any.
+    self.committed_step: int | None = None  # The newest step this process saw committed.
     self._keep = keep
     self._read_only = read_only
     async_options = None
@@ -254,6 +255,7 @@ class Checkpointer:
     """
     with self._reporting_save_errors():
       self._manager.wait_until_finished()  # A failed earlier save is reported as such.
+      self._committed(self._saving_step)
       self._saving_step = step
       return self._manager.save(
         step,
@@ -416,6 +418,7 @@ class Checkpointer:
         if jax.process_count() > 1:
           multihost_utils.sync_global_devices('Checkpointer.restore_latest: moved aside')
         self._manager.reload()
+      self._committed(step)
       return step, state
     if unreadable:
       raise CorruptCheckpointError(
@@ -442,7 +445,20 @@ class Checkpointer:
     """Blocks until the save in flight is committed; raises `CheckpointSaveError` if it failed."""
     with self._reporting_save_errors():
       self._manager.wait_until_finished()
+    self._committed(self._saving_step)
     self._saving_step = None
+
+  def _committed(self, step: int | None) -> None:
+    if step is not None and (self.committed_step is None or step > self.committed_step):
+      self.committed_step = step
+
+  def saved(self) -> tuple[list[str], list[str]]:
+    """What of the checkpoints is committed and what is not, in words (no request is made)."""
+    committed, saving = self.committed_step, self._saving_step
+    saved = [f'checkpoint {self.directory}/{committed}'] if committed is not None else []
+    if saving is None or saving == committed:
+      return saved, []
+    return saved, [f'checkpoint {saving} (its commit did not finish; discarded at the next start)']
 
   def close(self) -> None:
     self._manager.close()

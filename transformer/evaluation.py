@@ -34,6 +34,7 @@ from transformer import (
   provenance,
   runs,
   sharding,
+  shutdown,
   storage,
   tasks,
   train_steps,
@@ -448,8 +449,27 @@ def watch(
   Raises:
     workdir_lock.WorkdirLockedError: Another watcher follows the run.
   """
-  with workdir_lock.WatchLock(workdir):
-    return _watch(run, workdir, request, poll_seconds, timeout_seconds)
+  # From an interruption (SIGTERM, Ctrl-C) or the watch's end, the process has
+  # `shutdown.deadline_seconds()` to end: a metrics write or lock release that storage holds is
+  # named and the process exits (`shutdown.EXIT_CODE`) instead of hanging.
+  with (
+    shutdown.Deadline(
+      os.path.basename(sys.argv[0]) or 'eval.py',
+      advice=f'The steps evaluated so far are in {storage.join(workdir, "eval")}.',
+    ),
+    workdir_lock.WatchLock(workdir),
+  ):
+    try:
+      return _watch(run, workdir, request, poll_seconds, timeout_seconds)
+    finally:
+      error = sys.exc_info()[1]
+      shutdown.arm(
+        'the end of the watch'
+        if error is None
+        else 'an interruption'
+        if isinstance(error, KeyboardInterrupt)
+        else f'an error ({type(error).__name__})'
+      )
 
 
 def _watch(
@@ -521,4 +541,5 @@ def _watch(
         return evaluated
       time.sleep(poll_seconds)
   finally:
-    writer.close()
+    with shutdown.part(f'writing the last rows of {writer.path} and TensorBoard'):
+      writer.close()

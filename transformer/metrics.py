@@ -100,6 +100,8 @@ class MetricsWriter:
     self._tensorboard_dir = storage.join(workdir, 'tensorboard')
     self._tensorboard: EventFile | None = None  # Opened by `truncate_after` or the first row.
     self._pending: list[str] = []  # Rows not yet in the file (`_append_pending`).
+    self._pending_steps: list[int] = []  # Their steps.
+    self.written_step: int | None = None  # The step of the last row in the file.
     self._failure = ''
     self._mirror = mirror
 
@@ -140,6 +142,7 @@ class MetricsWriter:
     if self._started is not None:
       row[WALL_SECONDS] = round(self._offset + time.time() - self._started, 3)
     self._pending.append(json.dumps(row) + '\n')
+    self._pending_steps.append(int(step))
     self._append_pending()
     try:
       if self._tensorboard is None:
@@ -188,6 +191,18 @@ class MetricsWriter:
         )
       return
     self._pending.clear()
+    self.written_step = self._pending_steps[-1]
+    self._pending_steps.clear()
+
+  def saved(self) -> tuple[list[str], list[str]]:
+    """What of the rows is in the file and what is not, in words (memory only, no request)."""
+    if not self._enabled:
+      return [], []
+    saved = [f'{self.path} to step {self.written_step}'] if self.written_step is not None else []
+    if not self._pending_steps:
+      return saved, []
+    steps = self._pending_steps
+    return saved, [f'the rows of steps {steps[0]}-{steps[-1]} in {self.path}']
 
   def flush(self) -> None:
     self._append_pending()

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import ml_collections
 
-from transformer import storage
+from transformer import shutdown, storage, workdir_lock
 
 # What train.py, eval.py and sweep.py write at the top of a run's workdir: a path at or under one
 # of these entries is a file of the run, never an output of another command.
@@ -137,6 +137,15 @@ def protected_path_errors(
   return []
 
 
+def setting_errors() -> list[str]:
+  """Errors of the environment variables that bound waits on storage and the end of a process.
+
+  TRANSFORMER_STORAGE_TIMEOUT_SECONDS (`storage`), TRANSFORMER_SHUTDOWN_SECONDS (`shutdown`),
+  TRANSFORMER_LOCK_LEASE_SECONDS (`workdir_lock`).
+  """
+  return storage.setting_errors() + shutdown.setting_errors() + workdir_lock.setting_errors()
+
+
 def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   """Errors of train.py's `--workdir` and the paths it writes data to, before anything runs.
 
@@ -150,6 +159,8 @@ def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]
       f"--workdir is empty: name the run's folder (e.g. --workdir=workdirs/m30k); an empty "
       f'one would write the run into the current directory, {os.getcwd()}.'
     ]
+  if errors := setting_errors():
+    return errors
   data = config.data
   url_errors = [
     error

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import signal
 import types
+from collections.abc import Callable
 
 import jax
 from absl import logging
@@ -78,8 +79,10 @@ class PreemptionWatcher:
   `arm()` a signal raises `Interrupted` (nothing to checkpoint yet).
   """
 
-  def __init__(self):
+  def __init__(self, on_stop: Callable[[str], None] | None = None):
+    """`on_stop(why)`: called once training must stop (`shutdown.arm`), from the handler."""
     self.signal_name: str | None = None  # The signal that asked to stop (one process).
+    self._on_stop = on_stop
     self._multi_process = jax.process_count() > 1
     self._previous_handlers: dict[int, object] = {}
     self._service_off_logged = False
@@ -121,6 +124,8 @@ class PreemptionWatcher:
       # interrupted save is discarded on the next start.
       raise KeyboardInterrupt
     self.signal_name = name
+    if self._on_stop is not None:
+      self._on_stop(name)
     logging.warning('Received %s: stopping after the current step with a checkpoint of it.', name)
 
   def reached(self, step: int) -> bool:
@@ -136,4 +141,6 @@ class PreemptionWatcher:
       return False
     if reached:
       self.signal_name = 'preemption notice'
+      if self._on_stop is not None:
+        self._on_stop(self.signal_name)
     return reached

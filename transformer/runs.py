@@ -30,7 +30,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from transformer import checkpoints, metrics, provenance, storage, workdir_lock
+from transformer import checkpoints, metrics, provenance, shutdown, storage, workdir_lock
 from transformer import config as config_lib
 from transformer.errors import InvalidInput
 
@@ -293,11 +293,13 @@ def owned_workdir(workdir: str):
     yield
   except BaseException:
     if jax.process_index() == 0:
-      lock.release()
+      with shutdown.part(f'releasing {lock.path}'):
+        lock.release()
       _remove_new_empty_folders(workdir, existed)
     raise
   finally:
-    lock.release()
+    with shutdown.part(f'releasing {lock.path}'):
+      lock.release()
 
 
 def _remove_new_empty_folders(workdir: str, existed: set[str] | None) -> None:

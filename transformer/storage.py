@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging as py_logging
 import os
 import posixpath
 import re
@@ -39,6 +40,60 @@ from transformer.errors import InvalidInput
 # read of metrics.jsonl cut at its old size). Every look goes to the store.
 for _protocol in ('gs', 'gcs', 's3', 's3a'):
   fsspec.config.conf.setdefault(_protocol, {}).setdefault('use_listings_cache', False)
+
+# A storage request that gets no answer: how long each client waits for one before it gives up
+# on the connection and retries (a bounded number of times), in seconds. gcsfs sets no timeout at
+# all (aiohttp's `timeout=None`: a server that accepts and never answers holds the call, and the
+# run, forever); s3fs and TensorStore have their own. TRANSFORMER_STORAGE_TIMEOUT_SECONDS sets it.
+TIMEOUT_ENV = 'TRANSFORMER_STORAGE_TIMEOUT_SECONDS'
+DEFAULT_TIMEOUT_SECONDS = 60.0
+# The attempts of one call are the clients' own: gcsfs's `GCSFileSystem.retries` (6) and s3fs's
+# `S3FileSystem.retries` (5), each of those a single botocore attempt (set here).
+
+
+def timeout_seconds() -> float:
+  """TRANSFORMER_STORAGE_TIMEOUT_SECONDS, or DEFAULT_TIMEOUT_SECONDS; a bad value is refused."""
+  text = os.environ.get(TIMEOUT_ENV)
+  if text is None or text == '':
+    return DEFAULT_TIMEOUT_SECONDS
+  try:
+    value = float(text)
+  except ValueError:
+    value = float('nan')
+  if not 0.1 <= value <= 3600:
+    raise InvalidInput(f'{TIMEOUT_ENV}={text!r}: a timeout is a number of seconds in [0.1, 3600].')
+  return value
+
+
+def configure_clients(seconds: float | None = None) -> None:
+  """Gives every storage client a bounded wait per request (`seconds`, or `timeout_seconds()`).
+
+  - gcsfs: aiohttp's connect and read timeouts (`requests_timeout`); a request that times out is
+    an aiohttp `ClientError`, retried by gcsfs at most `GCSFileSystem.retries` times in all.
+  - s3fs: botocore's connect and read timeouts, one botocore attempt per s3fs attempt.
+  - TensorStore (Orbax's arrays on gs://): curl gives up on a transfer that moves nothing for
+    that long (`TENSORSTORE_CURL_LOW_SPEED_*`, read when its first request is made) and the
+    driver retries it; set only where the user has not.
+  Called when this module is imported; again by tests that change the setting.
+  """
+  import aiohttp  # pylint: disable=g-import-not-at-top
+
+  seconds = timeout_seconds() if seconds is None else seconds
+  timeout = aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+  for protocol in ('gs', 'gcs'):
+    fsspec.config.conf[protocol]['requests_timeout'] = timeout
+  for protocol in ('s3', 's3a'):
+    conf = fsspec.config.conf[protocol]
+    conf['config_kwargs'] = {
+      **conf.get('config_kwargs', {}),
+      'connect_timeout': seconds,
+      'read_timeout': seconds,
+      'retries': {'total_max_attempts': 1},
+    }
+  os.environ.setdefault('TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS', str(max(1, round(seconds))))
+  os.environ.setdefault('TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES', '1')
+
+
 # URL schemes a path may have; anything else with '://' (hdfs://, file://, http://) is refused.
 URL_SCHEMES = ('gs', 's3')
 _URL = re.compile(r'^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$')
@@ -392,3 +447,28 @@ def bucket_errors(path: str, name: str) -> list[str]:
       'and the endpoint (STORAGE_EMULATOR_HOST, AWS_ENDPOINT_URL).'
     ]
   return []
+
+
+class _WithoutTraceback(py_logging.Filter):
+  """Keeps a client's log line and drops its traceback: the caller says what failed, once."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    record.exc_info, record.exc_text = None, None
+    return True
+
+
+# gcsfs logs each request that ran out of tries with `logger.exception` (a traceback on stderr)
+# before it raises the same error to its caller.
+py_logging.getLogger('gcsfs').addFilter(_WithoutTraceback())
+
+_SETTING_ERROR = None
+try:
+  configure_clients()
+except InvalidInput as _error:  # Named by `setting_errors`, before any work; meanwhile defaults.
+  _SETTING_ERROR = str(_error)
+  configure_clients(DEFAULT_TIMEOUT_SECONDS)
+
+
+def setting_errors() -> list[str]:
+  """The error of a bad TRANSFORMER_STORAGE_TIMEOUT_SECONDS, as it was when this was imported."""
+  return [] if _SETTING_ERROR is None else [_SETTING_ERROR]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -36,6 +38,7 @@ from transformer import (
   provenance,
   runs,
   sharding,
+  shutdown,
   storage,
   tasks,
   tokenizer,
@@ -113,14 +116,30 @@ def train_and_evaluate(
   config_lib.raise_if(path_checks.workdir_errors(config, workdir), 'paths')
   config_lib.raise_if(config_lib.platform_errors(config, devices[0].platform))
   workdir = storage.resolve(workdir)
+  # From a stop signal or the end of training, the process has `shutdown.deadline_seconds()` to
+  # end: a commit, metrics flush or lock release that storage holds is named, and the process
+  # exits (`shutdown.EXIT_CODE`) instead of hanging.
   with (
+    shutdown.Deadline(
+      os.path.basename(sys.argv[0]) or 'train.py',
+      advice='Run the same command to resume from the last committed checkpoint.',
+    ),
     runs.owned_workdir(workdir),
-    preemption.PreemptionWatcher() as watcher,
+    preemption.PreemptionWatcher(on_stop=shutdown.arm) as watcher,
     contextlib.ExitStack() as cleanup,
   ):
-    return _train_and_evaluate(
-      config, workdir, devices, watcher, cleanup, restore_fallback, profile_steps, hooks, started
-    )
+    try:
+      return _train_and_evaluate(
+        config, workdir, devices, watcher, cleanup, restore_fallback, profile_steps, hooks, started
+      )
+    finally:
+      error = sys.exc_info()[1]
+      shutdown.arm(
+        'the end of training'
+        if error is None
+        else f'{"an interruption" if isinstance(error, KeyboardInterrupt) else "an error"}'
+        f' ({type(error).__name__})'
+      )
 
 
 def _train_and_evaluate(
@@ -140,6 +159,8 @@ def _train_and_evaluate(
   if final is not None:
     return final
   _open_outputs(run, cleanup, started)
+  shutdown.saved_by(run.checkpointer.saved)
+  shutdown.saved_by(run.writer.saved)
   summary = _train(run, profile_steps)
   _shut_down(run)
   return summary
@@ -394,7 +415,8 @@ def _train(run: _Run, profile_steps: int) -> dict[str, float]:
       # At the last step a stop is just the end.
       stop_early = _track_best(run, step, evaluated) and step < last_step
     if save_now or stop_early:
-      run.checkpointer.save(step, run.state, run.train_iter, force=True)
+      with shutdown.part(f'saving checkpoint {step} to {run.checkpointer.directory}'):
+        run.checkpointer.save(step, run.state, run.train_iter, force=True)
     if preempted or stop_early:
       _log_stop(run, step, preempted)
       break
@@ -490,7 +512,8 @@ def _track_best(run: _Run, step: int, evaluated: dict[str, float]) -> bool:
 
 def _log_stop(run: _Run, step: int, preempted: bool) -> None:
   """Once the checkpoint of `step` is committed, says why the run stops there and how to go on."""
-  run.checkpointer.wait_until_finished()
+  with shutdown.part(f'committing checkpoint {step} ({run.checkpointer.directory}/{step})'):
+    run.checkpointer.wait_until_finished()
   if preempted:
     logging.info(
       'Stopped by %s after step %d; checkpoint %s/%d is committed. Run the same command to resume.',
@@ -516,6 +539,9 @@ def _log_stop(run: _Run, step: int, preempted: bool) -> None:
 def _shut_down(run: _Run) -> None:
   """Lets every save commit (best checkpoints, then checkpoints) and closes metrics.jsonl."""
   if run.best is not None:
-    run.best.wait_until_finished()
-  run.checkpointer.wait_until_finished()
-  run.writer.close()
+    with shutdown.part(f'committing the best checkpoints ({run.best.directory})'):
+      run.best.wait_until_finished()
+  with shutdown.part(f'committing the last checkpoint ({run.checkpointer.directory})'):
+    run.checkpointer.wait_until_finished()
+  with shutdown.part(f'writing the last rows of {run.writer.path} and TensorBoard'):
+    run.writer.close()

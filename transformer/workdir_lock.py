@@ -45,14 +45,40 @@ from typing import Any
 
 from absl import logging
 
-from transformer import storage
+from transformer import shutdown, storage
 from transformer.errors import Refusal
 
 LOCK_FILE = 'train.lock'
-# A bucket lock's lease: a holder that has not renewed it for this long is taken as dead.
+# A bucket lock's lease: a holder that has not renewed it for this long is taken as dead. The
+# environment variable TRANSFORMER_LOCK_LEASE_SECONDS sets another (tests cross many renewals in a
+# short run with a few seconds; every host of a run and its readers must use one value).
+LEASE_ENV = 'TRANSFORMER_LOCK_LEASE_SECONDS'
 LEASE_SECONDS = 120.0
 # How long a lock that names no holder may be in the middle of being written.
 _WRITE_GRACE_SECONDS = 0.5
+
+
+def lease_seconds() -> float:
+  """The lease a new bucket lock takes: LEASE_SECONDS, or TRANSFORMER_LOCK_LEASE_SECONDS."""
+  text = os.environ.get(LEASE_ENV)
+  if text is None:
+    return LEASE_SECONDS
+  try:
+    value = float(text)
+  except ValueError:
+    value = float('nan')
+  if not 1.0 <= value <= 86400.0:
+    raise Refusal(f'{LEASE_ENV}={text!r}: a lease is a number of seconds in [1, 86400].')
+  return value
+
+
+def setting_errors() -> list[str]:
+  """The error of a bad TRANSFORMER_LOCK_LEASE_SECONDS (checked before any work)."""
+  try:
+    lease_seconds()
+  except Refusal as e:
+    return [str(e)]
+  return []
 
 
 class WorkdirLockedError(Refusal, RuntimeError):
@@ -188,7 +214,7 @@ class WorkdirLock:
   def _new_record(self) -> dict[str, Any]:
     record = _this_process()
     if self._on_bucket:
-      record.update(token=uuid.uuid4().hex, lease_seconds=LEASE_SECONDS, renewed=time.time())
+      record.update(token=uuid.uuid4().hex, lease_seconds=lease_seconds(), renewed=time.time())
     return record
 
   def acquire(self) -> None:
@@ -352,7 +378,8 @@ class WorkdirLock:
     return self
 
   def __exit__(self, *exc_info) -> None:
-    self.release()
+    with shutdown.part(f'releasing {self.path}'):
+      self.release()
 
 
 # One `eval.py --watch` per training run, in the folder it writes.

@@ -41,6 +41,7 @@ from ml_collections import config_flags  # noqa: E402
 from transformer import config as config_lib  # noqa: E402
 from transformer import errors  # noqa: E402
 from transformer.tools import (  # noqa: E402
+  sweep_devices,
   sweep_optuna,
   sweep_runner,
   sweep_slurm,
@@ -183,6 +184,10 @@ def main(argv):
     if slurm:
       print('\n'.join(sweep_slurm.dry_run(sweep, _PARALLEL.value, slurm_options, _TRIAL.value)))
     else:
+      # The devices of the trials run at once: the split the run would refuse, refused now.
+      base = sweeps.Trial('base', {}, sweep.config)
+      checked = [*sweep.trials, base] if study else sweep_runner.pending_trials(sweep, _TRIAL.value)
+      sweep_devices.trial_environments(checked, _PARALLEL.value)
       described = sweep_optuna.describe(study) if study else []
       print('\n'.join([*described, *sweep_runner.dry_run(sweep)]))
     return

@@ -39,7 +39,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer import config as config_lib  # noqa: E402
-from transformer import errors  # noqa: E402
+from transformer import errors, wandb_run  # noqa: E402
 from transformer.tools import (  # noqa: E402
   sweep_devices,
   sweep_optuna,
@@ -180,12 +180,16 @@ def main(argv):
     if sweep.trials
     else dataclasses.replace(sweep, trials=(sweeps.Trial('base', {}, sweep.config),))
   )
+  # W&B online without a login would stop every trial at its start: refused before the first.
+  base = sweeps.Trial('base', {}, sweep.config)
+  for trial in [*sweep.trials, base] if study else sweep.trials:
+    for error in wandb_run.login_errors(trial.config):
+      raise errors.InvalidInput(error)
   if _DRY_RUN.value:
     if slurm:
       print('\n'.join(sweep_slurm.dry_run(sweep, _PARALLEL.value, slurm_options, _TRIAL.value)))
     else:
       # The devices of the trials run at once: the split the run would refuse, refused now.
-      base = sweeps.Trial('base', {}, sweep.config)
       checked = [*sweep.trials, base] if study else sweep_runner.pending_trials(sweep, _TRIAL.value)
       sweep_devices.trial_environments(checked, _PARALLEL.value)
       described = sweep_optuna.describe(study) if study else []

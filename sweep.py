@@ -180,11 +180,14 @@ def main(argv):
     if sweep.trials
     else dataclasses.replace(sweep, trials=(sweeps.Trial('base', {}, sweep.config),))
   )
-  # W&B online without a login would stop every trial at its start: refused before the first.
   base = sweeps.Trial('base', {}, sweep.config)
   for trial in [*sweep.trials, base] if study else sweep.trials:
+    # W&B online without a login would stop every trial at its start: refused before the first.
     for error in wandb_run.login_errors(trial.config):
       raise errors.InvalidInput(error)
+    # config.launch is the Slurm launcher's: a local trial would run as one process regardless.
+    for error in [] if slurm or _SUMMARIZE.value else config_lib.launch_errors(trial.config, None):
+      raise errors.InvalidInput(f'trial {trial.name}: {error}')
   if _DRY_RUN.value:
     if slurm:
       print('\n'.join(sweep_slurm.dry_run(sweep, _PARALLEL.value, slurm_options, _TRIAL.value)))

@@ -369,3 +369,40 @@ def test_a_sweep_on_slurm_trains_over_two_tasks_requeues_a_stopped_trial_and_sum
     assert sum('#SBATCH --array=0-1%2' in s for s in scripts.values()) == 1, scripts
     assert sum('#SBATCH --ntasks-per-node=2' in s for s in scripts.values()) == 1, scripts
     assert all('#SBATCH --requeue' in s for s in scripts.values())
+
+
+def test_a_local_sweep_refuses_a_launch_shape_and_the_slurm_launcher_takes_it(tmp_path):
+  """config.launch.nodes=2 was ignored by a sweep without --launcher=slurm."""
+  sweep_file = _write_sweep(tmp_path / 's.py', "[{'seed': 1}, {'seed': 2, 'launch.nodes': 2}]")
+  root = tmp_path / 'root'
+  command = lambda *flags: subprocess.run(
+    [
+      sys.executable,
+      'sweep.py',
+      '--config=configs/tiny.py',
+      f'--sweep={sweep_file}',
+      f'--workdir={root}',
+      '--config.data.manual_dir=/nowhere',
+      *flags,
+    ],
+    cwd=REPO,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  for flags in [('--dry_run',), ()]:
+    result = command(*flags)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-2] == (
+      'sweep.py: error: trial nodes=2,seed=2: config.launch.nodes=2 x '
+      'config.launch.tasks_per_node=1 asks for 2 processes, but a local sweep runs each trial '
+      'as one train.py process: config.launch takes effect only with sweep.py --launcher=slurm '
+      '(which starts them through srun). Add --launcher=slurm, or leave config.launch at 1 x 1 '
+      '(to train on several hosts by hand, start train.py on each: docs/devices.md).'
+    )
+    assert not root.exists()
+  result = command('--launcher=slurm', '--dry_run')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert '1 node x 1 task each: seed=1' in result.stdout
+  assert '2 nodes x 1 task each: nodes=2,seed=2' in result.stdout

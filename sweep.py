@@ -199,6 +199,8 @@ def main(argv):
       print('\n'.join([*described, *sweep_runner.dry_run(sweep)]))
     return
   if slurm and not _SUMMARIZE.value:
+    for error in sweep_slurm.cluster_errors():  # Before the data: a cluster must take the jobs.
+      raise errors.InvalidInput(error)
     sweep_runner.prepare_data(sweep.trials)  # Once here, rather than racing in every task.
     submitted, left = sweep_slurm.submit(sweep, _PARALLEL.value, slurm_options, _TRIAL.value)
     for name, why in left.items():

@@ -183,7 +183,7 @@ def main(argv):
   base = sweeps.Trial('base', {}, sweep.config)
   for trial in [*sweep.trials, base] if study else sweep.trials:
     # W&B online without a login would stop every trial at its start: refused before the first.
-    for error in wandb_run.login_errors(trial.config):
+    for error in [] if _SUMMARIZE.value else wandb_run.login_errors(trial.config):
       raise errors.InvalidInput(error)
     # config.launch is the Slurm launcher's: a local trial would run as one process regardless.
     for error in [] if slurm or _SUMMARIZE.value else config_lib.launch_errors(trial.config, None):

@@ -39,8 +39,9 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer import config as config_lib  # noqa: E402
-from transformer import errors  # noqa: E402
+from transformer import errors, wandb_run  # noqa: E402
 from transformer.tools import (  # noqa: E402
+  sweep_devices,
   sweep_optuna,
   sweep_runner,
   sweep_slurm,
@@ -179,14 +180,27 @@ def main(argv):
     if sweep.trials
     else dataclasses.replace(sweep, trials=(sweeps.Trial('base', {}, sweep.config),))
   )
+  base = sweeps.Trial('base', {}, sweep.config)
+  for trial in [*sweep.trials, base] if study else sweep.trials:
+    # W&B online without a login would stop every trial at its start: refused before the first.
+    for error in [] if _SUMMARIZE.value else wandb_run.login_errors(trial.config):
+      raise errors.InvalidInput(error)
+    # config.launch is the Slurm launcher's: a local trial would run as one process regardless.
+    for error in [] if slurm or _SUMMARIZE.value else config_lib.launch_errors(trial.config, None):
+      raise errors.InvalidInput(f'trial {trial.name}: {error}')
   if _DRY_RUN.value:
     if slurm:
       print('\n'.join(sweep_slurm.dry_run(sweep, _PARALLEL.value, slurm_options, _TRIAL.value)))
     else:
+      # The devices of the trials run at once: the split the run would refuse, refused now.
+      checked = [*sweep.trials, base] if study else sweep_runner.pending_trials(sweep, _TRIAL.value)
+      sweep_devices.trial_environments(checked, _PARALLEL.value)
       described = sweep_optuna.describe(study) if study else []
       print('\n'.join([*described, *sweep_runner.dry_run(sweep)]))
     return
   if slurm and not _SUMMARIZE.value:
+    for error in sweep_slurm.cluster_errors():  # Before the data: a cluster must take the jobs.
+      raise errors.InvalidInput(error)
     sweep_runner.prepare_data(sweep.trials)  # Once here, rather than racing in every task.
     submitted, left = sweep_slurm.submit(sweep, _PARALLEL.value, slurm_options, _TRIAL.value)
     for name, why in left.items():

@@ -415,3 +415,26 @@ def test_resume_with_another_worker_count_goes_on(small_run, copied_run, caplog)
   training.train_and_evaluate(config, str(workdir))
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir())[-1] == '4'
   assert 'recorded the data position of 0 worker processes' in caplog.text
+
+
+# --- config.launch outside the Slurm launcher (issue 52) ----------------------------------------
+
+
+@pytest.mark.parametrize(('nodes', 'tasks'), [(2, 1), (1, 2)])
+def test_train_py_refuses_a_launch_shape_it_is_not(tmp_path, nodes, tasks):
+  """config.launch.nodes=2 was ignored by a train.py run of one process."""
+  config = tiny.get_config()
+  config.launch.nodes, config.launch.tasks_per_node = nodes, tasks
+  workdir = tmp_path / 'run'
+  with pytest.raises(config_lib.ConfigError) as refusal:
+    training.train_and_evaluate(config, str(workdir))
+  assert (
+    f'config.launch.nodes={nodes} x config.launch.tasks_per_node={tasks} asks for 2 processes, '
+    'but this train.py is 1 process: config.launch takes effect only with sweep.py '
+    '--launcher=slurm'
+  ) in str(refusal.value)
+  assert isinstance(refusal.value, errors.Refusal)
+  assert not workdir.exists()
+  # A train.py started as one of that many processes (srun, by the Slurm launcher) accepts it.
+  assert config_lib.launch_errors(config, 2) == []
+  assert config_lib.launch_errors(tiny.get_config(), 4) == []  # 1 x 1: the launcher's default.

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import pytest
 
 from configs import tiny
 from transformer.tools import sweep_devices, sweep_runner, sweeps
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -144,3 +147,57 @@ def test_accelerators_are_found_without_starting_jax(two_gpus, tmp_path, monkeyp
   found = sweep_devices.find({'TPU_VISIBLE_CHIPS': '2,3'}, dev_dir=str(dev))
   assert found.ids == ('2', '3')
   assert sweep_devices.find({'JAX_PLATFORMS': 'cuda'}, dev_dir=str(dev)).kind == 'cpu'
+
+
+@pytest.mark.parametrize(
+  ('visible', 'error'),
+  [
+    ('0,0', "'0' names the same GPU as '0'"),
+    ('1,GPU-1111', "'GPU-1111' names the same GPU as '1'"),  # An index and its UUID.
+    ('0,7', "'7' is not among the GPUs nvidia-smi -L lists (GPUs 0 to 1, UUIDs GPU-0000"),
+    ('GPU-2222,0', "'GPU-2222' is not among the GPUs nvidia-smi -L lists"),
+  ],
+)
+def test_gpus_named_twice_or_not_listed_are_refused(two_gpus, monkeypatch, visible, error):
+  """`CUDA_VISIBLE_DEVICES=0,0` gave two trials GPU 0; ids nvidia-smi does not list passed."""
+  monkeypatch.setenv('CUDA_VISIBLE_DEVICES', visible)
+  with pytest.raises(ValueError) as refusal:
+    sweep_devices.trial_environments([], 2)
+  message = str(refusal.value)
+  assert message.startswith(f'CUDA_VISIBLE_DEVICES={visible}: {error}')
+  assert message.endswith('list each GPU once, by an index or UUID that nvidia-smi -L shows.')
+  monkeypatch.setenv('CUDA_VISIBLE_DEVICES', 'GPU-1111,0')  # A UUID's unique start, as CUDA.
+  assert sweep_devices.find().ids == ('GPU-1111', '0')
+
+
+@pytest.mark.parametrize('visible', ['1', '0,0'])
+def test_the_dry_run_refuses_the_split_the_run_refuses(two_gpus, tmp_path, visible):
+  sweep_file = tmp_path / 's.py'
+  sweep_file.write_text(
+    "from transformer.tools import sweeps\n\n\ndef sweep():\n  return [{'seed': 1}, {'seed': 2}]\n"
+  )
+  root = tmp_path / 'root'
+  result = subprocess.run(
+    [
+      sys.executable,
+      'sweep.py',
+      '--config=configs/tiny.py',
+      f'--sweep={sweep_file}',
+      f'--workdir={root}',
+      '--parallel=2',
+      '--dry_run',
+      '--config.data.manual_dir=/nowhere',
+    ],
+    cwd=REPO,
+    env={**os.environ, 'CUDA_VISIBLE_DEVICES': visible},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 1, result.stderr[-3000:]
+  expected = {
+    '1': 'sweep.py: error: --parallel=2 runs 2 trials at once, but this machine has 1 GPU',
+    '0,0': "sweep.py: error: CUDA_VISIBLE_DEVICES=0,0: '0' names the same GPU as '0'",
+  }[visible]
+  assert result.stderr.splitlines()[-2].startswith(expected), result.stderr[-3000:]
+  assert 'Traceback' not in result.stderr and not root.exists()

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -294,3 +295,181 @@ def test_a_study_of_two_workers_interrupted_and_resumed(
   assert study.best_value == pytest.approx(float(rows[best]['eval_loss']), rel=1e-6)
   states = [t.state.name for t in study.get_trials()]
   assert states.count('FAIL') == 1 and states.count('COMPLETE') + states.count('PRUNED') == 8
+
+
+# --- Where a study is kept: database URLs, journals, and files that are no study ---------------
+
+
+def test_a_study_runs_on_an_explicit_sqlite_url_absolute_or_relative(tmp_path, monkeypatch):
+  """`--storage=sqlite:///...` was refused as a bucket; a database URL is a study's storage."""
+  monkeypatch.setattr(sweep_runner, 'prepare_data', lambda trials: None)
+  body = "def sweep():\n  return [{'lr_scale': 1.0}, {'lr_scale': 2.0}]\n"
+  database = tmp_path / 'shared' / 'studies.db'
+  sweep, study = _stand_in_study(
+    tmp_path, body, pruner='none', storage_spec=f'sqlite:///{database}'
+  )
+  assert study.storage == f'sqlite:///{database}'
+  assert sweep_study.run(sweep, study) == {'lr_scale=1.0': 'finished', 'lr_scale=2.0': 'finished'}
+  stored = optuna.load_study(study_name='root', storage=study.storage)
+  assert [t.state.name for t in stored.get_trials()] == ['COMPLETE', 'COMPLETE']
+  assert not (tmp_path / 'root' / 'study.db').exists()  # Kept where the URL says.
+
+  # A relative path (and a driver named) is taken from the current folder, made absolute.
+  monkeypatch.chdir(tmp_path / 'shared')
+  sweep, study = _stand_in_study(
+    tmp_path, body, pruner='none', storage_spec='sqlite+pysqlite:///studies.db'
+  )
+  assert study.storage == f'sqlite+pysqlite:///{database}'
+  assert sweep_study.run(sweep, study) == {}  # The same study: it has its trials.
+
+
+def test_a_database_url_is_checked_before_any_work(tmp_path):
+  body = "def sweep():\n  return [{'lr_scale': 1.0}]\n"
+  with pytest.raises(sweep_optuna.InvalidInput, match='a study in memory ends with the process'):
+    _create(tmp_path, body, storage_spec='sqlite://')
+  with pytest.raises(sweep_optuna.InvalidInput, match='is not a database URL SQLAlchemy can read'):
+    _create(tmp_path, body, storage_spec='postgresql://u:p@127.0.0.1:notaport/db')
+  with pytest.raises(sweep_optuna.InvalidInput, match='gs:// URL holds no study'):
+    _create(tmp_path, body, storage_spec='gs://bucket/study.db')
+  # A server URL passes the check where its driver is installed, else is refused naming it.
+  url = 'postgresql+psycopg2://u:p@127.0.0.1:9/db'
+  try:
+    import psycopg2  # noqa: F401
+  except ImportError:
+    with pytest.raises(sweep_optuna.InvalidInput, match='its database driver is not installed'):
+      _create(tmp_path, body, storage_spec=url)
+  else:
+    sweep, study = _create(tmp_path, body, storage_spec=url)
+    assert study.storage == url
+    with pytest.raises(sweep_optuna.InvalidInput, match='cannot be opened as an Optuna study'):
+      sweep_optuna.load(sweep, study)  # Nothing answers on port 9.
+  assert not (tmp_path / 'root').exists()
+
+
+def _not_a_study(tmp_path, case):
+  """A file given as a study's storage that holds none: (its --storage, its path)."""
+  if case == 'source_file':
+    return str(REPO / 'sweep.py'), REPO / 'sweep.py'
+  if case == 'metrics_jsonl':
+    path = tmp_path / 'run' / 'metrics.jsonl'
+    path.parent.mkdir()
+    path.write_text('{"step": 1, "train_loss": 2.5}\n{"step": 2, "train_loss": 2.4}\n')
+    return str(path), path
+  if case == 'sqlite_of_another_kind':
+    path = tmp_path / 'db' / 'other.db'
+    path.parent.mkdir()
+    with sqlite3.connect(path) as db:
+      db.execute('CREATE TABLE things (a)')
+    return f'sqlite:///{path}', path
+  path = tmp_path / 'root' / 'study.db'  # A study.db damaged in place (the default storage).
+  path.parent.mkdir()
+  optuna.create_study(storage=f'sqlite:///{path}', study_name='root')
+  path.write_bytes(path.read_bytes()[:3000])
+  return '', path
+
+
+@pytest.mark.parametrize(
+  ('case', 'message'),
+  [
+    ('source_file', 'is not an Optuna journal file (line 1 is not a journal entry)'),
+    ('metrics_jsonl', 'is not an Optuna journal file (line 1 is not a journal entry)'),
+    ('sqlite_of_another_kind', 'is an SQLite database of something else (tables things)'),
+    ('damaged_study_db', 'is a damaged SQLite database (database disk image is malformed)'),
+  ],
+)
+def test_a_storage_that_holds_no_study_is_one_message_naming_it(tmp_path, case, message):
+  spec, path = _not_a_study(tmp_path, case)
+  before = path.read_bytes()
+  entries = sorted(os.listdir(path.parent))
+  with pytest.raises(sweep_optuna.InvalidInput) as refusal:
+    _create(tmp_path, "def sweep():\n  return [{'lr_scale': 1.0}]\n", storage_spec=spec)
+  assert f'{path} {message}' in str(refusal.value)
+  assert path.read_bytes() == before
+  assert sorted(os.listdir(path.parent)) == entries  # No study.db.lock, nothing else.
+
+
+def test_sweep_py_refuses_a_storage_that_is_no_study_and_takes_a_database_url(tmp_path):
+  root = tmp_path / 'root'
+  sweep_file = tmp_path / 'study.py'
+  sweep_file.write_text(
+    'from transformer.tools import sweeps\n\n\n'
+    "def space():\n  return {'lr_scale': sweeps.log_uniform(0.5, 2.0)}\n"
+  )
+  command = lambda *flags: subprocess.run(
+    [
+      sys.executable,
+      'sweep.py',
+      '--config=configs/tiny.py',
+      f'--sweep={sweep_file}',
+      f'--workdir={root}',
+      '--num_trials=2',
+      '--config.data.manual_dir=/nowhere',
+      *flags,
+    ],
+    cwd=REPO,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  result = command(f'--storage={REPO}/sweep.py')  # Not a dry run: refused before any work.
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert result.stderr.splitlines()[-2] == (
+    f'sweep.py: error: --storage={REPO}/sweep.py: {REPO}/sweep.py is not an Optuna journal '
+    'file (line 1 is not a journal entry), so it holds no study; name a new file, or the '
+    'journal of a study.'
+  )
+  assert 'Traceback' not in result.stderr
+  assert not root.exists() and not (REPO / 'sweep.py.lock').exists()
+
+  result = command(f'--storage=sqlite:///{tmp_path}/shared.db', '--dry_run')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"# Optuna study 'root' in sqlite:///{tmp_path}/shared.db: 2 trials" in result.stdout
+  assert sorted(os.listdir(tmp_path)) == ['study.py']  # A dry run writes nothing.
+
+
+# --- One study, one search -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  ('sampler', 'shown'),
+  [
+    ('sweeps.uniform(2, 1)', 'uniform(2, 1): the low bound 2 is above the high bound 1'),
+    ('sweeps.log_uniform(2.0, 0.5)', 'log_uniform(2.0, 0.5): the low bound 2.0 is above'),
+    ('sweeps.int_uniform(3, 1)', 'int_uniform(3, 1): the low bound 3 is above'),
+    ('sweeps.Uniform(2.0, 1.0)', "space()['lr_scale'] = Uniform(low=2.0, high=1.0, log=False): "),
+    ('sweeps.choice([])', 'choice([]): give it at least one value'),
+  ],
+)
+def test_bounds_given_high_first_are_refused_when_the_sweep_file_is_read(tmp_path, sampler, shown):
+  """Optuna refused them only when the first trial was asked, after the dry run passed."""
+  key = 'model.num_layers' if 'int_uniform' in sampler else 'lr_scale'
+  with pytest.raises(sweep_optuna.InvalidInput) as refusal:
+    _create(tmp_path, f"def space():\n  return {{'{key}': {sampler}}}\n", num_trials=2)
+  assert str(refusal.value).startswith(f'{tmp_path}/study.py: space')
+  assert shown in str(refusal.value)
+
+
+def test_a_study_made_by_another_sweep_is_refused_naming_both(tmp_path):
+  storage_spec = str(tmp_path / 'study.journal')
+  first = "def space():\n  return {'lr_scale': sweeps.log_uniform(0.5, 2.0)}\n"
+  sweep, study = _create(tmp_path, first, num_trials=2, storage_spec=storage_spec)
+  sweep_optuna.load(sweep, study)  # The study is made, its search recorded.
+  sweep_optuna.load(sweep, study)  # The same sweep again: resumed.
+
+  other = tmp_path / 'other'
+  other.mkdir()
+  for body in [
+    "def space():\n  return {'lr_scale': sweeps.log_uniform(0.5, 4.0)}\n",  # Another space.
+    first + "\n\ndef sweep():\n  return [{'lr_scale': 1.0}]\n",  # Other first trials.
+  ]:
+    sweep, study = _create(other, body, num_trials=2, storage_spec=storage_spec)
+    # The same study name (the root's last part, 'root'), in the same storage.
+    with pytest.raises(sweep_optuna.InvalidInput) as refusal:
+      sweep_optuna.load(sweep, study)
+    message = str(refusal.value)
+    assert message.startswith(f"Study 'root' in {storage_spec} was made by {tmp_path}/study.py")
+    assert f'not by this sweep, {other}/study.py' in message
+    assert 'Give this sweep a study of its own (--study_name=NAME' in message
+  sweep, study = _create(other, body, num_trials=2, storage_spec=storage_spec, study_name='b')
+  sweep_optuna.load(sweep, study)  # A study of its own.

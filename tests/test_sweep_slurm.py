@@ -369,3 +369,129 @@ def test_a_sweep_on_slurm_trains_over_two_tasks_requeues_a_stopped_trial_and_sum
     assert sum('#SBATCH --array=0-1%2' in s for s in scripts.values()) == 1, scripts
     assert sum('#SBATCH --ntasks-per-node=2' in s for s in scripts.values()) == 1, scripts
     assert all('#SBATCH --requeue' in s for s in scripts.values())
+
+
+def test_a_local_sweep_refuses_a_launch_shape_and_the_slurm_launcher_takes_it(tmp_path):
+  """config.launch.nodes=2 was ignored by a sweep without --launcher=slurm."""
+  sweep_file = _write_sweep(tmp_path / 's.py', "[{'seed': 1}, {'seed': 2, 'launch.nodes': 2}]")
+  root = tmp_path / 'root'
+  command = lambda *flags: subprocess.run(
+    [
+      sys.executable,
+      'sweep.py',
+      '--config=configs/tiny.py',
+      f'--sweep={sweep_file}',
+      f'--workdir={root}',
+      '--config.data.manual_dir=/nowhere',
+      *flags,
+    ],
+    cwd=REPO,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  for flags in [('--dry_run',), ()]:
+    result = command(*flags)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-2] == (
+      'sweep.py: error: trial nodes=2,seed=2: config.launch.nodes=2 x '
+      'config.launch.tasks_per_node=1 asks for 2 processes, but a local sweep runs each trial '
+      'as one train.py process: config.launch takes effect only with sweep.py --launcher=slurm '
+      '(which starts them through srun). Add --launcher=slurm, or leave config.launch at 1 x 1 '
+      '(to train on several hosts by hand, start train.py on each: docs/devices.md).'
+    )
+    assert not root.exists()
+  result = command('--launcher=slurm', '--dry_run')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert '1 node x 1 task each: seed=1' in result.stdout
+  assert '2 nodes x 1 task each: nodes=2,seed=2' in result.stdout
+
+
+def test_an_empty_slurm_option_is_refused():
+  """`--slurm_option=partition=` became sbatch's `--partition=''`."""
+  for option in ['partition=', 'account= ']:
+    with pytest.raises(InvalidInput) as refusal:
+      sweep_slurm.parse_options([option])
+    key = option.split('=')[0]
+    assert str(refusal.value) == (
+      f"--slurm_option={option}: {key} is empty (sbatch would get --{key}=''); give it a value, "
+      'or leave the option out for the cluster default.'
+    )
+
+
+@pytest.mark.parametrize('case', ['no_slurm_tools', 'no_controller'])
+def test_slurm_where_no_cluster_answers_is_refused_before_any_work(tmp_path, case):
+  """It ended in submitit's RuntimeError or sbatch's own errors, after the data was prepared,
+  with an empty slurm/ folder left."""
+  tools = tmp_path / 'bin'
+  tools.mkdir()
+  if case == 'no_controller':  # Slurm's tools, and a controller that does not answer.
+    for tool, script in [
+      (
+        'sbatch',
+        'echo "sbatch: error: Batch job submission failed: Unable to contact slurm '
+        'controller (connect failure)" >&2; exit 1',
+      ),
+      ('srun', 'exit 1'),
+      ('scontrol', 'echo "Slurmctld(primary) at ctl is DOWN"; exit 1'),
+    ]:
+      (tools / tool).write_text(f'#!/bin/sh\n{script}\n')
+      (tools / tool).chmod(0o755)
+  sweep_file = _write_sweep(tmp_path / 's.py', "[{'seed': 1}]")
+  root, data_dir = tmp_path / 'root', tmp_path / 'tfds'
+  corpus = tmp_path / 'raw'
+  write_lines(corpus / 'train.en', ['a b'] * 4)
+  result = subprocess.run(
+    [
+      sys.executable,
+      'sweep.py',
+      '--config=configs/tiny.py',
+      f'--sweep={sweep_file}',
+      f'--workdir={root}',
+      '--launcher=slurm',
+      f'--config.data.manual_dir={corpus}',
+      f'--config.data.data_dir={data_dir}',
+    ],
+    cwd=REPO,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'PATH': str(tools)},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 1, result.stderr[-3000:]
+  expected = {
+    'no_slurm_tools': 'no Slurm here: sbatch, srun, scontrol not on PATH.',
+    'no_controller': 'no Slurm controller answers (scontrol ping: Slurmctld(primary) at ctl is '
+    'DOWN).',
+  }[case]
+  assert result.stderr.splitlines()[-2] == (
+    f'sweep.py: error: --launcher=slurm: {expected} Run sweep.py --launcher=slurm on a node of '
+    'the cluster (a login node), or without --launcher=slurm to run the trials here.'
+  )
+  assert 'Traceback' not in result.stderr
+  assert not root.exists() and not data_dir.exists()  # No slurm/ folder, no data prepared.
+
+
+def test_a_job_sbatch_refuses_is_one_message_and_leaves_no_folder(tmp_path, monkeypatch):
+  tools = tmp_path / 'bin'
+  tools.mkdir()
+  for tool, script in [
+    ('sbatch', 'echo "sbatch: error: invalid partition specified: nope" >&2; exit 1'),
+    ('srun', 'exit 0'),
+    ('scontrol', 'echo "Slurmctld(primary) at ctl is UP"'),
+  ]:
+    (tools / tool).write_text(f'#!/bin/sh\n{script}\n')
+    (tools / tool).chmod(0o755)
+  monkeypatch.setenv('PATH', f'{tools}{os.pathsep}{os.environ["PATH"]}')
+  assert sweep_slurm.cluster_errors() == []
+  sweep_file = _write_sweep(tmp_path / 's.py', "[{'seed': 1}]")
+  root = tmp_path / 'sweeps' / 'root'
+  sweep = sweeps.create('configs/tiny.py', tiny.get_config(), str(sweep_file), str(root))
+  with pytest.raises(InvalidInput) as refusal:
+    sweep_slurm.submit(sweep, 1, sweep_slurm.parse_options(['partition=nope']))
+  assert str(refusal.value).startswith(
+    '--launcher=slurm: sbatch refused the job (sbatch: error: invalid partition specified: '
+    'nope); nothing was submitted.'
+  )
+  assert not (tmp_path / 'sweeps').exists()  # The folders it made are gone.

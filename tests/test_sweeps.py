@@ -991,3 +991,32 @@ def test_a_target_metric_that_no_trial_would_produce_is_refused(tmp_path, target
   # A train.py run alone may do without: the target metric only ranks a sweep's trials.
   config.eval_bleu_sentences = 0
   config_lib.validate(config)
+
+
+def test_wandb_online_without_a_login_is_refused_before_the_first_trial(tmp_path):
+  """It passed the dry run, then every trial failed at its start."""
+  pytest.importorskip('wandb')
+  sweep_file = _write_sweep(tmp_path / 's.py', "[{'seed': 1}]")
+  root = tmp_path / 'root'
+  env = {key: value for key, value in os.environ.items() if not key.startswith('WANDB_')} | {
+    'JAX_PLATFORMS': 'cpu',
+    'HOME': str(tmp_path / 'home'),  # No ~/.netrc.
+    'WANDB_CONFIG_DIR': str(tmp_path / 'wandb_config'),
+  }
+  sweep = lambda env, *flags: _sweep_py(
+    sweep_file, root, ('/nowhere', tmp_path / 'tfds'), env, '--config.wandb.project=p', *flags
+  )
+  for flags in [('--dry_run',), ()]:
+    message = _refusal(sweep(env, *flags))
+    assert message.startswith(
+      "sweep.py: error: config.wandb.project='p' logs to Weights & Biases online, but no W&B "
+      'login is found here for '
+    )
+    assert "set config.wandb.mode='offline'" in message
+    assert not root.exists()
+  # A login (a key of the right form: it is not sent anywhere by the check), or offline: passes.
+  result = sweep({**env, 'WANDB_API_KEY': 'a' * 40}, '--dry_run')
+  assert result.returncode == 0, result.stderr[-3000:]
+  result = sweep(env, '--config.wandb.mode=offline', '--dry_run')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert not root.exists()

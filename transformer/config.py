@@ -518,6 +518,26 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   raise_if(errors)
 
 
+def launch_errors(config: ml_collections.ConfigDict, processes: int | None) -> list[str]:
+  """`config.launch` asking for processes that this run is not (`processes`; None: a local sweep,
+  whose trials are one process each). Only `sweep.py --launcher=slurm` starts them (srun)."""
+  nodes, tasks = config.launch.nodes, config.launch.tasks_per_node
+  wanted = nodes * tasks
+  if wanted == 1 or wanted == processes:
+    return []
+  what = (
+    'a local sweep runs each trial as one train.py process'
+    if processes is None
+    else f'this train.py is {processes} process{"es" if processes > 1 else ""}'
+  )
+  return [
+    f'config.launch.nodes={nodes} x config.launch.tasks_per_node={tasks} asks for {wanted} '
+    f'processes, but {what}: config.launch takes effect only with sweep.py --launcher=slurm '
+    '(which starts them through srun). Add --launcher=slurm, or leave config.launch at 1 x 1 '
+    '(to train on several hosts by hand, start train.py on each: docs/devices.md).'
+  ]
+
+
 def machine_errors(config: ml_collections.ConfigDict) -> list[str]:
   """Resource counts of `config` that this machine cannot serve (`validate` with devices)."""
   cores = os.cpu_count() or 1

@@ -113,6 +113,7 @@ def train_and_evaluate(
     raise InvalidInput(f'profile_steps={profile_steps} must be >= 0.')
   devices = jax.devices() if devices is None else devices
   config_lib.validate(config, len(devices))
+  config_lib.raise_if(config_lib.launch_errors(config, jax.process_count()))
   config_lib.raise_if(path_checks.workdir_errors(config, workdir), 'paths')
   config_lib.raise_if(config_lib.platform_errors(config, devices[0].platform))
   workdir = storage.resolve(workdir)

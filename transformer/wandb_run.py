@@ -34,6 +34,44 @@ FILENAME = 'wandb.json'  # WORKDIR/wandb.json: {"id": ...}, the W&B run of this 
 FOLDER = 'wandb'  # WORKDIR/wandb/: W&B's own files of a local workdir.
 
 
+_OFFLINE_MODES = ('offline', 'disabled', 'dryrun')  # WANDB_MODE values that need no login.
+
+
+def login_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """Why a run of `config` would find no W&B login here ([] when it needs none or has one).
+
+  What `wandb.init` looks for, without starting a run or asking: WANDB_API_KEY (or an identity
+  token file), ~/.netrc's entry for the W&B host, W&B's settings. `sweep.py` checks it before
+  its first trial (and with --dry_run), since every trial would fail at its start without it.
+  """
+  if not config.wandb.project or config.wandb.mode != 'online':
+    return []
+  if os.environ.get('WANDB_MODE', '').lower() in _OFFLINE_MODES:
+    return []
+  host = 'the W&B host'
+  try:
+    from wandb.sdk import wandb_setup  # pylint: disable=g-import-not-at-top
+    from wandb.sdk.lib.wbauth import HostUrl, authenticate  # pylint: disable=g-import-not-at-top
+
+    host = wandb_setup.singleton().settings.base_url
+    found = authenticate._use_system_auth(  # noqa: SLF001  (how wandb.init finds it)
+      host=HostUrl(host), source='check', update_session=False
+    )
+  except (ImportError, AttributeError, TypeError):
+    return []  # Another wandb than 0.31's layout: the run's own start tells.
+  except Exception as e:  # W&B's AuthenticationError: a key of the wrong form.
+    found, host = None, f'{host} ({e})'
+  if found is not None:
+    return []
+  return [
+    f'config.wandb.project={config.wandb.project!r} logs to Weights & Biases online, but no W&B '
+    f'login is found here for {host} (no WANDB_API_KEY, no ~/.netrc entry): every run would '
+    'stop at its start. Log in (wandb login, or set WANDB_API_KEY), set config.wandb.mode='
+    "'offline' (wandb sync uploads it later), or set config.wandb.project='' to train without "
+    'W&B.'
+  ]
+
+
 class WandbRun:
   """The W&B run of one workdir, on process 0; `log` and `finish` never stop training."""
 

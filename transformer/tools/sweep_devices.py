@@ -38,6 +38,7 @@ from transformer.tools.sweeps import Trial
 TPU_CHIP_BOUNDS = {1: '1,1,1', 2: '1,2,1', 4: '2,2,1', 8: '2,4,1'}
 TPU_FIRST_PORT = 8476  # libtpu's default port; trial slot i gets this + i.
 _NVIDIA_GPU_LINE = re.compile(r'^GPU \d+: ')
+_NVIDIA_UUID = re.compile(r'\(UUID: ([^)\s]+)\)')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,18 +67,54 @@ def _listed(value: str) -> tuple[str, ...]:
   return tuple(entries)
 
 
-def _nvidia_gpus() -> int:
-  """How many GPUs `nvidia-smi -L` lists (0 without the tool or a driver)."""
+def _nvidia_gpus() -> tuple[int, tuple[str, ...]]:
+  """How many GPUs `nvidia-smi -L` lists, and every UUID it lists (GPUs' and MIG devices');
+  (0, ()) without the tool or a driver."""
   tool = shutil.which('nvidia-smi')
   if tool is None:
-    return 0
+    return 0, ()
   try:
     listing = subprocess.run([tool, '-L'], capture_output=True, text=True, timeout=60)
   except (OSError, subprocess.SubprocessError):
-    return 0
+    return 0, ()
   if listing.returncode != 0:
-    return 0
-  return sum(1 for line in listing.stdout.splitlines() if _NVIDIA_GPU_LINE.match(line))
+    return 0, ()
+  # Each GPU's UUID in order (its index's), then the MIG devices'.
+  gpus = [line for line in listing.stdout.splitlines() if _NVIDIA_GPU_LINE.match(line)]
+  uuids = [u for line in gpus for u in _NVIDIA_UUID.findall(line)]
+  uuids += [u for u in _NVIDIA_UUID.findall(listing.stdout) if u not in uuids]
+  return len(gpus), tuple(uuids)
+
+
+def _gpu_id_errors(ids: Sequence[str], count: int, uuids: Sequence[str], visible: str) -> list[str]:
+  """CUDA_VISIBLE_DEVICES entries that name no GPU nvidia-smi lists, or one GPU twice."""
+  found, errors, seen = [], [], {}
+  for entry in ids:
+    if entry.isdigit():  # An index, as its GPU's UUID (listed in order) so both forms compare.
+      index = int(entry)
+      gpu = None if index >= count else uuids[index] if len(uuids) >= count else index
+    else:  # A UUID, or the start of one that names a single device (as CUDA takes it).
+      matches = [uuid for uuid in uuids if uuid.startswith(entry)]
+      gpu = matches[0] if len(matches) == 1 else None
+    if gpu is None:
+      found.append(entry)
+    elif gpu in seen:
+      errors.append(f'{entry!r} names the same GPU as {seen[gpu]!r}')
+    else:
+      seen[gpu] = entry
+  if found:
+    listed = f'GPUs 0 to {count - 1}' if count > 1 else 'GPU 0'
+    errors.insert(
+      0,
+      f'{", ".join(map(repr, found))} {"is" if len(found) == 1 else "are"} not among the GPUs '
+      f'nvidia-smi -L lists ({listed}' + (f', UUIDs {", ".join(uuids)})' if uuids else ')'),
+    )
+  if not errors:
+    return []
+  return [
+    f'CUDA_VISIBLE_DEVICES={visible}: {"; ".join(errors)}. Two trials would share a GPU, or a '
+    'trial would find none; list each GPU once, by an index or UUID that nvidia-smi -L shows.'
+  ]
 
 
 def _tpu_chips(dev_dir: str) -> int:
@@ -95,11 +132,14 @@ def find(environ: Mapping[str, str] | None = None, dev_dir: str = '/dev') -> Acc
   environ = os.environ if environ is None else environ
   platforms = {p.strip() for p in environ.get('JAX_PLATFORMS', '').lower().split(',') if p}
   if not platforms or platforms & {'cuda', 'gpu'}:
-    count = _nvidia_gpus()
+    count, uuids = _nvidia_gpus()
     if count:
       if 'CUDA_VISIBLE_DEVICES' in environ:
         visible = environ['CUDA_VISIBLE_DEVICES']
         ids = _listed(visible)
+        errors = _gpu_id_errors(ids, count, uuids, visible)
+        if errors:
+          raise InvalidInput(errors[0])
         source = f'CUDA_VISIBLE_DEVICES={visible} of the {count} that nvidia-smi -L lists'
       else:
         ids = tuple(str(i) for i in range(count))

@@ -27,8 +27,12 @@ import Optuna, so a trial may be a multi-host run.
 * The study: SQLite in ROOT/study.db by default (one machine, its workers in one or more
   sweep.py processes); `--storage=PATH` a journal file (`JournalFileBackend`) on a file
   system the machines share; `--storage=postgresql://...` (or mysql://, sqlite:///) a
-  database. Workers on several machines run the same sweep.py command with the same root
-  and storage; `--num_trials` counts the trials of the whole study.
+  database (any SQLAlchemy URL). Workers on several machines run the same sweep.py command
+  with the same root and storage; `--num_trials` counts the trials of the whole study. The
+  storage is checked before any work (`check_storage`: a file that holds no study is refused,
+  read only), and a study records its sweep file, space and first trials: another sweep on it
+  is refused (`_check_search`).
+* A space's bounds are checked as the sweep file is read: low first, a choice not empty.
 * Running the study (ask, run, report, tell; stale trials retried): `sweep_study`.
 """
 
@@ -37,7 +41,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import json
 import os
+import re
+import sqlite3
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -66,6 +73,8 @@ class Study:
   storage: str  # A database URL or a journal file's path.
   name: str  # The study's name in the storage.
   startup_trials: int  # The median pruner's: trials that complete before it prunes.
+  sweep_file: str = ''  # The sweep file that made it (absolute), and the overrides of its first
+  first_trials: tuple[dict[str, Any], ...] = ()  # (enqueued) trials: recorded in the study.
 
 
 # --- The search space, checked against the config -------------------------------------------------
@@ -115,6 +124,13 @@ def _check_space(
     if key in fixed:
       raise InvalidInput(
         f'{source}: space() searches {key!r}, which the command line sets for every trial.'
+      )
+    if isinstance(sampler, sweeps.Choice) and not sampler.values:
+      raise InvalidInput(f'{source}: space()[{key!r}] is a choice of no values.')
+    if not isinstance(sampler, sweeps.Choice) and not sampler.low <= sampler.high:
+      raise InvalidInput(
+        f'{source}: space()[{key!r}] = {sampler}: its low bound {sampler.low!r} is above its '
+        f'high bound {sampler.high!r}; give them low first.'
       )
     if isinstance(sampler, sweeps.Choice):
       values = sampler.values
@@ -172,7 +188,11 @@ def create(
     config_file, config, sweep_file, root, shared_overrides, eval_flags, overrides_list=listed
   )
   if callable(getattr(module, 'space', None)):
-    space = _check_space(config, module.space(), sweep_file, shared_overrides)
+    try:
+      space = module.space()
+    except InvalidInput as e:  # A sampler's own check (`sweeps.uniform(2, 1)`).
+      raise InvalidInput(f'{sweep_file}: space(): {e}') from None
+    space = _check_space(config, space, sweep_file, shared_overrides)
   elif listed:
     space = _derived_space(config, sweep.trials)
   else:
@@ -206,13 +226,9 @@ def create(
         '(postgresql://...) or a journal file on a file system the workers share.'
       )
     storage_spec = 'sqlite:///' + os.path.join(sweep.root, DEFAULT_STORAGE)
-  elif storage.is_url(storage_spec):
-    raise InvalidInput(
-      f'--storage={storage_spec}: a bucket holds no study; give a database URL or a journal '
-      'file on a file system the workers share.'
-    )
-  elif '://' not in storage_spec:
-    storage_spec = os.path.abspath(os.path.expanduser(storage_spec))
+    storage_spec = check_storage(storage_spec, 'the study (--storage, by default)')
+  else:
+    storage_spec = check_storage(storage_spec, f'--storage={storage_spec}')
   study = Study(
     space=space,
     num_trials=num_trials,
@@ -221,8 +237,137 @@ def create(
     storage=storage_spec,
     name=study_name or storage.basename(sweep.root.rstrip('/')),
     startup_trials=startup_trials,
+    sweep_file=os.path.abspath(sweep_file),
+    first_trials=tuple(dict(trial.overrides) for trial in trials),
   )
   return sweep, study
+
+
+# --- The study's storage, checked before anything is written -----------------------------------
+
+# SQLAlchemy's dialects (Optuna's RDBStorage takes any SQLAlchemy URL; a `+driver` may follow).
+DATABASE_SCHEMES = ('sqlite', 'postgresql', 'postgres', 'mysql', 'mariadb', 'oracle', 'mssql')
+_SCHEME = re.compile(r'^([A-Za-z][A-Za-z0-9+.-]*)://')
+_SQLITE_HEADER = b'SQLite format 3\x00'
+
+
+def database_scheme(spec: str) -> str | None:
+  """The dialect of a database URL (`postgresql+psycopg2://` -> 'postgresql'), else None."""
+  match = _SCHEME.match(spec)
+  if match is None:
+    return None
+  dialect = match.group(1).split('+')[0].lower()
+  return dialect if dialect in DATABASE_SCHEMES else None
+
+
+def _sqlite_errors(path: str, name: str) -> list[str]:
+  """Why the file at `path` is no Optuna study in SQLite ([] when absent, empty or one)."""
+  if os.path.isdir(path):
+    return [f'{name}: {path} is a folder, not an SQLite file; name a file in it.']
+  if not os.path.exists(path) or os.path.getsize(path) == 0:
+    return []
+  with open(path, 'rb') as f:
+    header = f.read(len(_SQLITE_HEADER))
+  if header != _SQLITE_HEADER:
+    return [
+      f'{name}: {path} is not an SQLite database (it does not begin as one), so it holds no '
+      'study; name a new file, or the study.db of a study. A journal file is given without '
+      "'sqlite:///' (--storage=PATH)."
+    ]
+  try:
+    with contextlib.closing(sqlite3.connect(f'file:{path}?mode=ro', uri=True, timeout=60)) as db:
+      [(check,)] = db.execute('PRAGMA quick_check(1)').fetchall()
+      tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+  except sqlite3.OperationalError as e:
+    if 'locked' in str(e) or 'busy' in str(e):
+      return []  # Another worker writes it for over a minute: Optuna's own open will tell.
+    return [f'{name}: {path} is a damaged SQLite database ({e}); it cannot be read as a study.']
+  except sqlite3.Error as e:
+    return [f'{name}: {path} is a damaged SQLite database ({e}); it cannot be read as a study.']
+  if check != 'ok':
+    return [f'{name}: {path} is a damaged SQLite database ({check}); it cannot be read as a study.']
+  if tables and 'studies' not in tables:
+    return [
+      f'{name}: {path} is an SQLite database of something else (tables '
+      f'{", ".join(sorted(tables))}), not an Optuna study; name a new file or a study.db.'
+    ]
+  return []
+
+
+def _journal_errors(path: str, name: str) -> list[str]:
+  """Why the file at `path` is no Optuna journal ([] when absent, empty or one)."""
+  if os.path.isdir(path):
+    return [f'{name}: {path} is a folder, not a journal file; name a file in it.']
+  if not os.path.exists(path):
+    return []
+  with open(path, 'rb') as f:
+    head = f.read(len(_SQLITE_HEADER))
+    f.seek(0)
+    content = f.read()
+  if head == _SQLITE_HEADER:
+    return [f'{name}: {path} is an SQLite database; give it as --storage=sqlite:///{path}.']
+  lines = content.split(b'\n')[:-1]  # Whole lines: the last may be being written.
+  for number, line in enumerate(lines, 1):
+    try:
+      entry = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+      entry = None
+    if not isinstance(entry, dict) or not isinstance(entry.get('op_code'), int):
+      return [
+        f'{name}: {path} is not an Optuna journal file (line {number} is not a journal entry), '
+        'so it holds no study; name a new file, or the journal of a study.'
+      ]
+  return []
+
+
+def check_storage(spec: str, name: str) -> str:
+  """The study's storage `spec` made absolute, or InvalidInput saying why it holds no study.
+
+  Read only: a database URL Optuna can open (its driver installed), an SQLite file or a journal
+  file that is absent, empty or a study's. Buckets and other URLs are refused.
+  """
+  scheme = database_scheme(spec)
+  if scheme == 'sqlite':
+    prefix, _, rest = spec.partition('://')
+    path = rest[1:] if rest.startswith('/') else ''
+    if path in ('', ':memory:') or path.startswith('file:') or '?' in path:
+      raise InvalidInput(
+        f'{name}: an SQLite study needs a file, sqlite:///RELATIVE/PATH or '
+        'sqlite:////ABSOLUTE/PATH (a study in memory ends with the process).'
+      )
+    path = os.path.abspath(os.path.expanduser(path))
+    found = _sqlite_errors(path, name)
+    if found:
+      raise InvalidInput(found[0])
+    return f'{prefix}:///{path}'
+  if scheme is not None:
+    from sqlalchemy.engine import make_url  # pylint: disable=g-import-not-at-top
+
+    try:
+      make_url(spec).get_dialect().import_dbapi()
+    except ImportError as e:
+      raise InvalidInput(
+        f'{name}: its database driver is not installed ({e}); install it (e.g. pip install '
+        'psycopg2-binary for postgresql+psycopg2://, pymysql for mysql+pymysql://) or name '
+        'the one installed in the URL.'
+      ) from None
+    except Exception as e:  # noqa: BLE001  (SQLAlchemy's parse errors: ValueError, ArgumentError)
+      raise InvalidInput(
+        f'{name} is not a database URL SQLAlchemy can read ({e}); e.g. '
+        'postgresql://USER:PASSWORD@HOST/DB.'
+      ) from None
+    return spec
+  if storage.is_url(spec):
+    raise InvalidInput(
+      f'{name}: a bucket or {spec.split("://")[0]}:// URL holds no study; give a database URL '
+      f'({", ".join(s + "://" for s in DATABASE_SCHEMES[:3])}...) or a journal file on a file '
+      'system the workers share.'
+    )
+  path = os.path.abspath(os.path.expanduser(spec))
+  found = _journal_errors(path, name)
+  if found:
+    raise InvalidInput(found[0])
+  return path
 
 
 def describe(study: Study) -> list[str]:
@@ -311,10 +456,10 @@ def _pruner(study: Study, config: ml_collections.ConfigDict):
 @contextlib.contextmanager
 def _creating(study: Study) -> Iterator[None]:
   """A local SQLite file is created by one process at a time (workers started together)."""
-  if not study.storage.startswith('sqlite:///'):
+  if database_scheme(study.storage) != 'sqlite':
     yield
     return
-  path = study.storage[len('sqlite:///') :]
+  path = study.storage.partition(':///')[2]  # Absolute (`check_storage`).
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path + '.lock', 'w') as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -324,40 +469,89 @@ def _creating(study: Study) -> Iterator[None]:
       fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _search_record(study: Study) -> dict[str, Any]:
+  """What the study searches, as recorded in its user attrs: its space and first trials."""
+  record = {
+    'sweep_file': study.sweep_file,
+    'space': {key: str(sampler) for key, sampler in study.space.items()},
+    'trials': list(study.first_trials),
+  }
+  return json.loads(json.dumps(record, default=str))  # As the storage gives it back.
+
+
+def _check_search(loaded, study: Study) -> None:
+  """Refuses a study made by another sweep file or over another space (its trials would be
+  ranked with this sweep's); records this one's in a study that has no record yet."""
+  record = _search_record(study)
+  recorded = loaded.user_attrs.get('search')
+  if recorded is None:
+    loaded.set_user_attr('search', record)
+    return
+  if (recorded.get('space'), recorded.get('trials')) == (record['space'], record['trials']):
+    return
+  describe_record = lambda r: (
+    f'{r.get("sweep_file")} (space {r.get("space")}, first trials {r.get("trials")})'
+  )
+  raise InvalidInput(
+    f'Study {study.name!r} in {study.storage} was made by {describe_record(recorded)}, not by '
+    f'this sweep, {describe_record(record)}: their trials would be ranked together. Give this '
+    'sweep a study of its own (--study_name=NAME, or another --workdir or --storage), or run the '
+    "study's own sweep file."
+  )
+
+
+def _open_errors() -> tuple[type[BaseException], ...]:
+  """What Optuna raises on a storage it cannot open or read (one message: `load`)."""
+  import sqlalchemy.exc  # pylint: disable=g-import-not-at-top
+
+  return (sqlalchemy.exc.SQLAlchemyError, json.JSONDecodeError, KeyError, OSError, RuntimeError)
+
+
 def load(sweep: Sweep, study: Study, create_if_missing: bool = True):
   """The `optuna.Study` (created if it does not exist yet)."""
   optuna = import_optuna()
   column, higher_is_better = sweeps.TARGET_METRICS[sweep.config.target_metric]
   with _creating(study):
-    if '://' in study.storage:
-      backend = optuna.storages.RDBStorage(
-        study.storage,
-        engine_kwargs={'connect_args': {'timeout': 60}}
-        if study.storage.startswith('sqlite')
-        else None,
+    try:
+      backend = _backend(study)
+      if not create_if_missing:
+        return optuna.load_study(study_name=study.name, storage=backend)
+      loaded = optuna.create_study(
+        storage=backend,
+        study_name=study.name,
+        sampler=_sampler(study, sweep.config.seed),
+        pruner=_pruner(study, sweep.config),
+        direction='maximize' if higher_is_better else 'minimize',
+        load_if_exists=True,
       )
-    else:
-      os.makedirs(os.path.dirname(study.storage), exist_ok=True)
-      backend = optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(study.storage)
-      )
-    if not create_if_missing:
-      return optuna.load_study(study_name=study.name, storage=backend)
-    loaded = optuna.create_study(
-      storage=backend,
-      study_name=study.name,
-      sampler=_sampler(study, sweep.config.seed),
-      pruner=_pruner(study, sweep.config),
-      direction='maximize' if higher_is_better else 'minimize',
-      load_if_exists=True,
-    )
+    except _open_errors() as e:
+      reason = str(e).strip().splitlines()[0] if str(e).strip() else ''
+      raise InvalidInput(
+        f"The study's storage {study.storage} cannot be opened as an Optuna study "
+        f"({type(e).__name__}: {reason}); check that it is a study's database or journal and "
+        'that its server answers, or name a new one with --storage.'
+      ) from None
     if loaded.user_attrs.get('objective') not in (None, column):
       raise InvalidInput(
         f'Study {study.name!r} in {study.storage} optimises {loaded.user_attrs["objective"]}, '
         f'not {column} (config.target_metric); give this sweep a study of its own.'
       )
+    _check_search(loaded, study)
     loaded.set_user_attr('objective', column)
   return loaded
+
+
+def _backend(study: Study):
+  optuna = import_optuna()
+  if '://' in study.storage:
+    return optuna.storages.RDBStorage(
+      study.storage,
+      engine_kwargs={'connect_args': {'timeout': 60}}
+      if database_scheme(study.storage) == 'sqlite'
+      else None,
+    )
+  os.makedirs(os.path.dirname(study.storage), exist_ok=True)
+  return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(study.storage))
 
 
 # --- Running the study --------------------------------------------------------------------------

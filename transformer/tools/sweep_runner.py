@@ -381,6 +381,18 @@ def _newest_eval_result(workdir: str, since: float) -> str | None:
   return max(paths, key=times.get)[len(workdir) :].lstrip('/' + os.sep) if paths else None
 
 
+def pending_trials(sweep: Sweep, only: str | None = None) -> list[Trial]:
+  """The trials (only the one named `only` if given) that have a command left to run."""
+  trials = [sweep.trial(only)] if only else list(sweep.trials)
+  return [
+    t
+    for t in trials
+    if not all(
+      _is_done(read_state(sweep.workdir(t)), stage, command) for stage, command in sweep.commands(t)
+    )
+  ]
+
+
 def run(sweep: Sweep, parallel: int = 1, only: str | None = None) -> dict[str, str]:
   """Runs the trials (`parallel` at a time; only the one named `only` if given).
 
@@ -392,13 +404,7 @@ def run(sweep: Sweep, parallel: int = 1, only: str | None = None) -> dict[str, s
   """
   check_parallel(parallel)
   trials = [sweep.trial(only)] if only else list(sweep.trials)
-  pending = [
-    t
-    for t in trials
-    if not all(
-      _is_done(read_state(sweep.workdir(t)), stage, command) for stage, command in sweep.commands(t)
-    )
-  ]
+  pending = pending_trials(sweep, only)
   slots = sweep_devices.trial_environments(pending, parallel)  # Before anything starts.
   if parallel > 1 and len(pending) > 1:
     prepare_data(pending)

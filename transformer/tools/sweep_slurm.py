@@ -35,13 +35,16 @@ submitted: its job) and `TRIAL.go.json` (the leader's word to the other processe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import fcntl
+import io
 import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -108,6 +111,11 @@ def parse_options(options: Sequence[str]) -> dict[str, Any]:
       )
     if key in _OWN_OPTIONS:
       raise InvalidInput(f'--slurm_option={option}: {key} is set by {_OWN_OPTIONS[key]}.')
+    if not value.strip():
+      raise InvalidInput(
+        f"--slurm_option={option}: {key} is empty (sbatch would get --{key.replace('_', '-')}=''); "
+        'give it a value, or leave the option out for the cluster default.'
+      )
     if key == 'time':
       parsed[key] = _minutes(value, option)
     elif key in _INT_OPTIONS:
@@ -239,6 +247,42 @@ def _check_root(sweep: Sweep) -> None:
     )
 
 
+PING_SECONDS = 20  # How long `scontrol ping` may take to say the controller answers.
+
+
+def cluster_errors() -> list[str]:
+  """Why no Slurm cluster would take the jobs from here ([] when one answers).
+
+  Checked before any work (the data is prepared first, the sweep root's slurm/ made): sbatch,
+  srun and scontrol on PATH, and `scontrol ping` answering that a controller is UP.
+  """
+  missing = [tool for tool in ('sbatch', 'srun', 'scontrol') if shutil.which(tool) is None]
+  advice = (
+    'Run sweep.py --launcher=slurm on a node of the cluster (a login node), or without '
+    '--launcher=slurm to run the trials here.'
+  )
+  if missing:
+    return [f'--launcher=slurm: no Slurm here: {", ".join(missing)} not on PATH. {advice}']
+  try:
+    ping = subprocess.run(
+      ['scontrol', 'ping'], capture_output=True, text=True, timeout=PING_SECONDS
+    )
+  except subprocess.TimeoutExpired:
+    return [
+      f'--launcher=slurm: scontrol ping did not answer in {PING_SECONDS} s: no Slurm controller '
+      f'is reachable from here. {advice}'
+    ]
+  except OSError as e:
+    return [f'--launcher=slurm: scontrol ping could not run ({e}). {advice}']
+  said = ' '.join((ping.stdout + ping.stderr).split())
+  if ping.returncode != 0 or ' UP' not in f' {said}':
+    return [
+      f'--launcher=slurm: no Slurm controller answers (scontrol ping: '
+      f'{said or f"exit status {ping.returncode}"}). {advice}'
+    ]
+  return []
+
+
 def submit(
   sweep: Sweep,
   parallel: int,
@@ -252,10 +296,43 @@ def submit(
   LocalExecutor (every trial at once on this machine, without Slurm).
   """
   _check_root(sweep)
+  if cluster == 'slurm':
+    for error in cluster_errors():
+      raise InvalidInput(error)
   todo = plan(sweep, only)
   folder = os.path.join(sweep.root, FOLDER)
+  made = folder  # The first folder of the path that this call creates, if any.
+  while not os.path.exists(os.path.dirname(made)):
+    made = os.path.dirname(made)
+  made = None if os.path.exists(made) else made
   os.makedirs(folder, exist_ok=True)
   submitted = {}
+  printed = io.StringIO()  # submitit prints sbatch's errors: they go into the one message.
+  try:
+    with contextlib.redirect_stderr(printed):
+      _submit_arrays(sweep, todo, folder, parallel, options, cluster, submitted)
+  except Exception as e:
+    if submitted:
+      sys.stderr.write(printed.getvalue())
+      raise  # Jobs are queued: their files stay.
+    if made:
+      shutil.rmtree(made, ignore_errors=True)  # Nothing was submitted: nothing is left.
+    utils = submitit.core.utils
+    if isinstance(
+      e, utils.FailedJobError | utils.FailedSubmissionError | subprocess.SubprocessError
+    ):
+      said = ' '.join((str(e) or printed.getvalue()).split())[-2000:]
+      raise InvalidInput(
+        f'--launcher=slurm: sbatch refused the job ({said}); nothing was submitted. Check the '
+        '--slurm_option values (partition, account, ...) with sinfo and sacctmgr.'
+      ) from None
+    sys.stderr.write(printed.getvalue())
+    raise
+  sys.stderr.write(printed.getvalue())
+  return submitted, todo.left
+
+
+def _submit_arrays(sweep, todo, folder, parallel, options, cluster, submitted) -> None:
   for shape, trials in todo.arrays.items():
     executor = submitit.AutoExecutor(folder, cluster=cluster, slurm_max_num_timeout=MAX_TIMEOUTS)
     parameters = _parameters(sweep, shape, len(trials), parallel, options)
@@ -272,7 +349,6 @@ def submit(
         f.write(json.dumps(entry | dataclasses.asdict(shape)) + '\n')
     first = jobs[0].job_id.split('_')[0]
     logging.info('Submitted %d trials (%s each) as job %s.', len(jobs), shape, first)
-  return submitted, todo.left
 
 
 def dry_run(

@@ -146,8 +146,18 @@ class Choice(Sampler):
     return rng.choice(self.values)
 
 
+def _check_bounds(name: str, low: Any, high: Any) -> None:
+  """Refuses bounds given high first (Optuna's distributions would, only when a trial is asked)."""
+  if not low <= high:
+    raise InvalidInput(
+      f'{name}({low!r}, {high!r}): the low bound {low!r} is above the high bound {high!r}; '
+      f'give them low first: {name}({high!r}, {low!r}).'
+    )
+
+
 def uniform(low: float, high: float) -> Uniform:
   """A float drawn uniformly from [low, high]."""
+  _check_bounds('uniform', low, high)
   return Uniform(low, high)
 
 
@@ -155,16 +165,20 @@ def log_uniform(low: float, high: float) -> Uniform:
   """A float whose logarithm is uniform in [log low, log high] (learning rates, scales)."""
   if low <= 0 or high <= 0:
     raise InvalidInput(f'log_uniform needs positive bounds, got ({low}, {high}).')
+  _check_bounds('log_uniform', low, high)
   return Uniform(low, high, log=True)
 
 
 def int_uniform(low: int, high: int) -> IntUniform:
   """An integer drawn uniformly from low..high, both included."""
+  _check_bounds('int_uniform', low, high)
   return IntUniform(low, high)
 
 
 def choice(values: Sequence[Any]) -> Choice:
   """One of `values`, each equally likely."""
+  if not values:
+    raise InvalidInput('choice([]): give it at least one value.')
   return Choice(tuple(values))
 
 

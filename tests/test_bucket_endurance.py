@@ -137,7 +137,7 @@ def test_two_processes_train_on_gs_across_renewals(train, object_stores, tmp_pat
   renewals = watch.stop()
 
   for process, log in zip(processes, logs, strict=True):
-    assert process.returncode == 0, log[-3000:]
+    assert process.returncode == 0, '\n\n'.join(log[-3000:] for log in logs)
   assert len(renewals) >= 2
   assert not storage.exists(workdir_lock.lock_path(workdir))
   directory = storage.join(workdir, 'checkpoints')

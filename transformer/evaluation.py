@@ -462,14 +462,7 @@ def watch(
     try:
       return _watch(run, workdir, request, poll_seconds, timeout_seconds)
     finally:
-      error = sys.exc_info()[1]
-      shutdown.arm(
-        'the end of the watch'
-        if error is None
-        else 'an interruption'
-        if isinstance(error, KeyboardInterrupt)
-        else f'an error ({type(error).__name__})'
-      )
+      shutdown.arm(shutdown.ending(sys.exc_info()[1], 'the end of the watch'))
 
 
 def _watch(
@@ -541,5 +534,6 @@ def _watch(
         return evaluated
       time.sleep(poll_seconds)
   finally:
+    shutdown.arm(shutdown.ending(sys.exc_info()[1], 'the end of the watch'))
     with shutdown.part(f'writing the last rows of {writer.path} and TensorBoard'):
       writer.close()

@@ -87,6 +87,15 @@ def saved_by(describe: Callable[[], tuple[list[str], list[str]]]) -> None:
     _ACTIVE.saved_by(describe)
 
 
+def ending(error: BaseException | None, normal: str) -> str:
+  """Why a process ends, for `arm`: `normal`, or the interruption or error on its way out."""
+  if error is None:
+    return normal
+  if isinstance(error, KeyboardInterrupt):
+    return f'an interruption ({type(error).__name__})'
+  return f'an error ({type(error).__name__})'
+
+
 def arm(why: str) -> None:
   """`Deadline.arm` of the active deadline, if any."""
   if _ACTIVE is not None:

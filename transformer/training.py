@@ -134,13 +134,7 @@ def train_and_evaluate(
         config, workdir, devices, watcher, cleanup, restore_fallback, profile_steps, hooks, started
       )
     finally:
-      error = sys.exc_info()[1]
-      shutdown.arm(
-        'the end of training'
-        if error is None
-        else f'{"an interruption" if isinstance(error, KeyboardInterrupt) else "an error"}'
-        f' ({type(error).__name__})'
-      )
+      shutdown.arm(shutdown.ending(sys.exc_info()[1], 'the end of training'))
 
 
 def _train_and_evaluate(
@@ -538,7 +532,12 @@ def _log_stop(run: _Run, step: int, preempted: bool) -> None:
 
 
 def _shut_down(run: _Run) -> None:
-  """Lets every save commit (best checkpoints, then checkpoints) and closes metrics.jsonl."""
+  """Lets every save commit (best checkpoints, then checkpoints) and closes metrics.jsonl.
+
+  From here the process has `shutdown.deadline_seconds()` to end (a signal may have started
+  that clock already).
+  """
+  shutdown.arm('the end of training')
   if run.best is not None:
     with shutdown.part(f'committing the best checkpoints ({run.best.directory})'):
       run.best.wait_until_finished()

@@ -415,3 +415,32 @@ def test_resume_with_another_worker_count_goes_on(small_run, copied_run, caplog)
   training.train_and_evaluate(config, str(workdir))
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir())[-1] == '4'
   assert 'recorded the data position of 0 worker processes' in caplog.text
+
+
+# --- Misuse, round four (issue 52): one message, before anything changes -----------------------
+
+
+def test_a_signal_inside_a_gc_callback_stops_the_start_with_nothing_printed():
+  script = """
+import gc, os, signal, sys, time
+from transformer import preemption
+fired = [1]  # Until the watcher is installed.
+def callback(phase, info):  # As JAX's _xla_gc_callback: the signal lands inside it.
+  if phase == 'start' and not fired:
+    fired.append(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(10000):
+      pass
+gc.callbacks.append(callback)
+with preemption.PreemptionWatcher():
+  try:
+    fired.clear()
+    gc.collect()
+    time.sleep(20)
+  except preemption.Interrupted as e:
+    print('stopped:', e.signal_name)
+"""
+  result = _run('-c', script, timeout=120)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout == 'stopped: SIGTERM\n'
+  assert result.stderr == ''  # No "Exception ignored in: <function callback ...>".

@@ -8,6 +8,7 @@ The run misused is test_reliability's small one (2 steps, a checkpoint at step 2
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ from transformer import (
   path_checks,
   runs,
   scoring,
+  storage,
   training,
 )
 from transformer.tools import significance, sweep_runner
@@ -418,6 +420,103 @@ def test_resume_with_another_worker_count_goes_on(small_run, copied_run, caplog)
 
 
 # --- Misuse, round four (issue 52): one message, before anything changes -----------------------
+
+
+def _one_error(result) -> str:
+  """The one error line of a refused command; there is no traceback."""
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert 'Traceback' not in result.stderr, result.stderr[-3000:]
+  lines = [line for line in result.stderr.splitlines() if 'error:' in line]
+  assert len(lines) == 1, result.stderr[-3000:]
+  return lines[0]
+
+
+@pytest.mark.parametrize('entry', ['tensorboard', 'checkpoints', 'metrics.jsonl'])
+def test_a_run_entry_of_the_wrong_kind_is_refused_before_anything_changes(
+  small_run, copied_run, entry
+):
+  workdir, _ = copied_run
+  _, corpus, data_dir = small_run
+  path = workdir / entry
+  if path.is_dir():
+    shutil.rmtree(path)
+    path.write_text('notes of mine\n')  # A file where the run writes a folder.
+    expected = f'{path} is a file, but train.py writes'
+  else:
+    path.unlink()
+    path.mkdir()  # A folder where the run appends to a file.
+    expected = f'{path} is a directory, but train.py appends its metrics'
+  before = _snapshot(workdir)
+  with pytest.raises(errors.InvalidInput, match=re.escape(expected)):
+    training.train_and_evaluate(_small_config(corpus, data_dir, num_train_steps=4), str(workdir))
+  assert _snapshot(workdir) == before  # config.json not rewritten, no event file, no lock.
+
+
+def test_a_run_entry_that_is_not_writable_is_refused(small_run, copied_run, monkeypatch):
+  workdir, _ = copied_run
+  _, corpus, data_dir = small_run
+  tensorboard = str(workdir / 'tensorboard')
+  access = os.access  # As root every file is writable: this one is not, by os.access.
+  monkeypatch.setattr(os, 'access', lambda p, mode: p != tensorboard and access(p, mode))
+  config = _small_config(corpus, data_dir, num_train_steps=4)
+  assert path_checks.workdir_errors(config, str(workdir)) == [
+    f'--workdir={workdir}: {tensorboard} is not writable, and train.py writes its TensorBoard '
+    f'event files there. Make it writable (chmod u+wx {tensorboard}), or name another --workdir.'
+  ]
+
+
+@pytest.mark.parametrize('case', ['missing', 'directory', 'not_json', 'no_type', 'unreadable'])
+def test_bad_google_credentials_are_named_before_any_request(tmp_path, monkeypatch, case):
+  key = tmp_path / 'key.json'
+  if case == 'directory':
+    key.mkdir()
+  elif case == 'not_json':
+    key.write_bytes(b'\x89PNG not a key')
+  elif case in ('no_type', 'unreadable'):
+    key.write_text('{"project_id": "p"}')
+  if case == 'unreadable':  # Root reads any file: the refusal of its open, as a user gets it.
+    real_open = open
+
+    def refused(path, *args, **kwargs):
+      if str(path) == str(key):
+        raise PermissionError(13, 'Permission denied', str(path))
+      return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(storage, 'open', refused, raising=False)
+  monkeypatch.setenv(storage.CREDENTIALS_ENV, str(key))
+  problem = {
+    'missing': 'names a file that does not exist',
+    'directory': 'names a directory, not a credentials file',
+    'not_json': 'names a file that is not JSON (not a credentials file)',
+    'no_type': 'names a JSON file without a "type" (not a credentials file)',
+    'unreadable': 'names a file that cannot be read (permission denied)',
+  }[case]
+  [error] = storage.path_errors('gs://a-bucket/run', '--workdir')
+  assert error.startswith(
+    f'{storage.CREDENTIALS_ENV}={key} {problem}, and --workdir=gs://a-bucket/run is reached'
+  )
+  assert storage.path_errors('s3://a-bucket/run', '--workdir') == []  # AWS's own chain.
+  assert storage.path_errors(str(tmp_path), '--workdir') == []
+
+
+def test_train_py_with_bad_google_credentials_ends_with_one_message(tmp_path):
+  key = tmp_path / 'missing.json'
+  result = subprocess.run(
+    [sys.executable, 'train.py', '--config=configs/tiny.py', '--workdir=gs://a-bucket/run'],
+    cwd=REPO,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu', storage.CREDENTIALS_ENV: str(key)},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert _one_error(result) == 'train.py: error: Invalid paths:'
+  assert _last_lines(result, 1) == [
+    f'  {storage.CREDENTIALS_ENV}={key} names a file that does not exist, and '
+    '--workdir=gs://a-bucket/run is reached with the credentials it names. Point '
+    f'{storage.CREDENTIALS_ENV} at a service-account key file (JSON), or unset it to use those '
+    'of gcloud auth application-default login.'
+  ]
+  assert 'storage.googleapis.com' not in result.stderr  # No request was tried.
 
 
 def test_a_signal_inside_a_gc_callback_stops_the_start_with_nothing_printed():

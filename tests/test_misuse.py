@@ -19,7 +19,7 @@ import pytest
 from conftest import synthetic_pairs
 from test_reliability import _last_lines, _small_config, _snapshot, copied_run, small_run
 
-from configs import tiny, wmt14_ende_big
+from configs import multi30k_literature, recipe_study, tiny, wmt14_ende_big
 from transformer import config as config_lib
 from transformer import (
   data_position,
@@ -35,7 +35,7 @@ from transformer import (
   storage,
   training,
 )
-from transformer.tools import significance, sweep_runner
+from transformer.tools import significance, sweep_runner, sweeps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -517,6 +517,56 @@ def test_train_py_with_bad_google_credentials_ends_with_one_message(tmp_path):
     'of gcloud auth application-default login.'
   ]
   assert 'storage.googleapis.com' not in result.stderr  # No request was tried.
+
+
+def test_lr_scale_set_over_a_peak_learning_rate_is_refused_naming_both(tmp_path):
+  literature = multi30k_literature.get_config()  # A peak, and recipe_study's lr_scale: fine.
+  assert literature.peak_learning_rate == 0.005 and literature.lr_scale == 1.6
+  assert config_lib.ignored_override_errors(literature, {'warmup_steps'}) == []
+  [error] = config_lib.ignored_override_errors(literature, {'lr_scale'})
+  assert error.startswith(
+    'config.lr_scale=1.6 would be ignored: config.peak_learning_rate=0.005 sets the peak'
+  )
+  assert config_lib.ignored_override_errors(tiny.get_config(), {'lr_scale'}) == []  # No peak.
+  # A sweep's trial that sets lr_scale where a peak is in force, before any trial runs.
+  with pytest.raises(errors.InvalidInput, match=r"trial 1 \{'lr_scale': 2.0\} gives an inv"):
+    sweeps.make_trials(literature, [{'warmup_steps': 10}, {'lr_scale': 2.0}])
+  # The shipped sweeps that set a peak (on recipe_study's lr_scale) still make their trials.
+  recipe_hour = sweeps.load_overrides(str(REPO / 'configs' / 'sweeps' / 'recipe_hour.py'))
+  assert sweeps.make_trials(recipe_study.get_config(), recipe_hour)
+  result = _run(
+    'train.py', '--config=configs/multi30k_literature.py', '--dry_run', '--config.lr_scale=2'
+  )
+  _one_error(result)
+  assert _last_lines(result, 1)[0].startswith('  config.lr_scale=2 would be ignored: config.peak')
+
+
+def test_more_steps_for_a_run_that_stopped_early_is_refused_naming_the_patience(
+  small_run, copied_run
+):
+  workdir, _ = copied_run
+  _, corpus, data_dir = small_run
+  _as_if_trained_with(workdir, early_stopping_patience=1, eval_bleu_sentences=2)
+  with open(workdir / 'metrics.jsonl', 'a') as f:  # BLEU fell at step 2: stopped (patience 1).
+    f.write('{"step": 1, "eval_bleu": 5.0}\n{"step": 2, "eval_bleu": 4.0}\n')
+  before = _snapshot(workdir)
+  fields = {'early_stopping_patience': 1, 'eval_bleu_sentences': 2}
+  with pytest.raises(errors.InvalidInput) as error:
+    training.train_and_evaluate(
+      _small_config(corpus, data_dir, num_train_steps=4, **fields), str(workdir)
+    )
+  message = str(error.value)
+  assert message.startswith(
+    f'config.num_train_steps=4 (was 2) would train nothing: the run in {workdir} stopped early '
+    'at step 2, its validation BLEU (eval_bleu) not improved on 5.00 (step 1) for 1 evaluations'
+  )
+  assert 'config.early_stopping_patience=1 keeps it stopped. Nothing was changed.' in message
+  assert '(--config.early_stopping_patience=2), or set it to 0' in message
+  assert _snapshot(workdir) == before
+  # The same command again goes on as before; a larger patience lets it train on.
+  runs.check_resume(_small_config(corpus, data_dir, num_train_steps=2, **fields), str(workdir))
+  fields['early_stopping_patience'] = 2
+  runs.check_resume(_small_config(corpus, data_dir, num_train_steps=4, **fields), str(workdir))
 
 
 def test_a_signal_inside_a_gc_callback_stops_the_start_with_nothing_printed():

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -593,3 +594,73 @@ with preemption.PreemptionWatcher():
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout == 'stopped: SIGTERM\n'
   assert result.stderr == ''  # No "Exception ignored in: <function callback ...>".
+
+
+# Commands given bad flags, values or paths that ended with a Python traceback (issue 52): each now
+# ends with one message. {tmp}: the test's folder; {run}: a folder holding a run's config.json.
+_TRACEBACK_CASES = {
+  'train_config_missing': (
+    ['train.py', '--config=configs/nope.py', '--workdir={tmp}/w'],
+    '--config=configs/nope.py: configs/nope.py does not exist',
+  ),
+  'train_config_a_directory': (
+    ['train.py', '--config=configs', '--workdir={tmp}/w'],
+    '--config=configs: configs is a directory',
+  ),
+  'train_config_not_python': (
+    ['train.py', '--config=README.md', '--workdir={tmp}/w'],
+    '--config=README.md is not a Python config file',
+  ),
+  'bench_config_missing': (
+    ['bench/train_throughput.py', '--config=configs/nope.py'],
+    '--config=configs/nope.py: configs/nope.py does not exist',
+  ),
+  'eval_input_file_missing': (
+    ['eval.py', '--workdir={run}', '--input_file={tmp}/nope.txt'],
+    '--input_file={tmp}/nope.txt: no such file',
+  ),
+  'eval_input_file_a_directory': (
+    ['eval.py', '--workdir={run}', '--input_file={tmp}'],
+    '--input_file={tmp} is a directory',
+  ),
+  'sweep_file_not_python': (
+    ['sweep.py', '--config=configs/tiny.py', '--sweep=README.md', '--workdir={tmp}/sweep'],
+    'README.md is not a Python sweep file',
+  ),
+  'peer_model_missing': (
+    ['bench/peer_flax_wmt.py', '--flax_wmt_dir={tmp}/flax'],
+    '--flax_wmt_dir={tmp}/flax has no models.py',
+  ),
+  'accelerator_check_no_configs': (
+    ['bench/accelerator_check.py', '--configs=', '--smoke', '--root={tmp}/root'],
+    "--configs is empty: name one or more of ['base', 'big']",
+  ),
+  'offline_download': (
+    ['train.py', '--config=configs/tiny.py', '--workdir={tmp}/w', '--config.data.data_dir={tmp}/d'],
+    'Cannot download multi30k:',
+  ),
+}
+
+
+@pytest.mark.parametrize('case', sorted(_TRACEBACK_CASES))
+def test_bad_flags_and_paths_end_with_one_message_and_no_traceback(tmp_path, case):
+  run = tmp_path / 'run'
+  run.mkdir()
+  shutil.copy(REPO / 'results' / 'recipe' / 'best' / 'seed=0' / 'config.json', run)
+  command, expected = _TRACEBACK_CASES[case]
+  command = [arg.format(tmp=tmp_path, run=run) for arg in command]
+  with socket.socket() as s:  # A proxy nothing listens on: every download is refused at once.
+    s.bind(('127.0.0.1', 0))
+    proxy = f'http://127.0.0.1:{s.getsockname()[1]}'
+  env = {'JAX_PLATFORMS': 'cpu', 'no_proxy': '', 'NO_PROXY': ''}
+  env |= {name: proxy for name in ('http_proxy', 'https_proxy', 'HTTP_PROXY', 'HTTPS_PROXY')}
+  result = subprocess.run(
+    [sys.executable, *command],
+    cwd=REPO,
+    env={**os.environ, **env},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert expected.format(tmp=tmp_path) in _one_error(result)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['run']  # Nothing made.

@@ -29,6 +29,7 @@ import json
 from absl import app, flags, logging
 
 from transformer import errors, outputs, path_checks, storage
+from transformer.errors import InvalidInput
 from transformer.tools import significance
 
 _SPLIT = flags.DEFINE_string('split', None, 'Pick the result of this split in a workdir.')
@@ -85,6 +86,11 @@ def main(argv):
     )
   if _N_SAMPLES.value < 0:
     raise app.UsageError(f'--n_samples={_N_SAMPLES.value} must be >= 0 (0: sacreBLEU defaults).')
+  for index, arg in enumerate(paths, start=1):  # Each form (and its credentials) before a look.
+    if problems := [
+      e for path in arg.split(',') for e in storage.path_errors(path, f'result {index}')
+    ]:
+      raise InvalidInput(problems[0])
   groups = [_seed_results(arg) for arg in paths]
   if any(len(group) > 1 for group in groups) and len({len(g) for g in groups}) > 1:
     counts = ', '.join(f'{len(g)} in {arg!r}' for g, arg in zip(groups, paths, strict=True))

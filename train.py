@@ -62,6 +62,8 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if _DRY_RUN_DEVICES.value and not _DRY_RUN.value:
     raise app.UsageError('--dry_run_devices sizes the memory report of --dry_run; add --dry_run.')
+  overridden = config_flags.get_override_values(flags.FLAGS['config'])
+  config_lib.raise_if(config_lib.ignored_override_errors(_CONFIG.value, overridden))
   if _DRY_RUN.value:
     dry_run.run(_CONFIG.value, _DRY_RUN_DEVICES.value or None)
     return

@@ -46,7 +46,7 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
 from configs import tiny, wmt14_ende_base, wmt14_ende_big  # noqa: E402
 from transformer import (  # noqa: E402
@@ -280,6 +280,19 @@ def _table(report: dict) -> str:
 def main(argv):
   del argv
   smoke = _SMOKE.value
+  if not _RUN.value:  # The flags checked before anything is made (the temporary --root).
+    if not _CONFIGS.value:
+      raise errors.InvalidInput(f'--configs is empty: name one or more of {sorted(CONFIGS)}.')
+    unknown = sorted(set(_CONFIGS.value) - set(CONFIGS))
+    if unknown:
+      raise errors.InvalidInput(f'--configs: {unknown} are not among {sorted(CONFIGS)}.')
+    if len(set(_CONFIGS.value)) < len(_CONFIGS.value):
+      raise errors.InvalidInput(f'--configs={",".join(_CONFIGS.value)} names a config twice.')
+    problems = [] if _PREPARE_ONLY.value else path_checks.output_errors(_OUT.value, '--out')
+    if _ROOT.value:
+      problems += path_checks.output_dir_errors(_ROOT.value, '--root')
+    if problems:
+      raise errors.InvalidInput(problems[0])  # Before minutes of paid accelerator time, not after.
   root = Path(_ROOT.value or tempfile.mkdtemp(prefix='accelerator_check_'))
   # Compiles are cached: a second run of the command on the same machine starts faster.
   jax.config.update('jax_compilation_cache_dir', str(root / 'jax_cache'))
@@ -287,14 +300,6 @@ def main(argv):
     result = run_one(_RUN.value, root, smoke)
     (root / f'{_RUN.value}.json').write_text(json.dumps(result))
     return
-  unknown = sorted(set(_CONFIGS.value) - set(CONFIGS))
-  if unknown:
-    raise app.UsageError(f'--configs: {unknown} are not among {sorted(CONFIGS)}.')
-  problems = [] if _PREPARE_ONLY.value else path_checks.output_errors(_OUT.value, '--out')
-  if _ROOT.value:
-    problems += path_checks.output_dir_errors(_ROOT.value, '--root')
-  if problems:
-    raise app.UsageError(problems[0])  # Before minutes of paid accelerator time, not after.
   start = time.perf_counter()
   if not (root / 'corpus' / 'train.en.gz').exists():
     write_corpus(root / 'corpus', smoke)

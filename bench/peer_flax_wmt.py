@@ -16,13 +16,19 @@ time and target tokens/s, to set beside `train_throughput.py --batch_rows ... --
 
 import importlib.util
 import os
+import sys
 import time
+from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from absl import app, flags
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from absl import flags  # noqa: E402
+
+from transformer import errors  # noqa: E402
 
 _DIR = flags.DEFINE_string('flax_wmt_dir', None, "Directory holding the example's models.py.")
 _VOCAB = flags.DEFINE_integer('vocab_size', 8000, 'Shared vocabulary size.')
@@ -40,7 +46,9 @@ _STEPS = flags.DEFINE_integer('steps', 20, 'Timed steps (after one compile step)
 def load_models(directory: str):
   path = os.path.join(directory, 'models.py')
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'--flax_wmt_dir={directory!r} has no models.py.')
+    raise errors.MissingInput(
+      f"--flax_wmt_dir={directory} has no models.py: name google/flax's examples/wmt folder."
+    )
   spec = importlib.util.spec_from_file_location('flax_wmt_models', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -103,4 +111,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['flax_wmt_dir'])
-  app.run(main)
+  errors.run(main)

@@ -62,7 +62,9 @@ from transformer.config import ModelConfig  # noqa: E402
 from transformer.tasks import translation  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config to measure.')
-_STEPS = flags.DEFINE_integer('steps', 20, 'Timed train steps (after one compile step).')
+_STEPS = flags.DEFINE_integer(
+  'steps', 20, 'Timed train steps (after one compile step).', lower_bound=1
+)
 _PIPELINE_BATCHES = flags.DEFINE_integer('pipeline_batches', 50, 'Batches for the padding share.')
 _BATCH_ROWS = flags.DEFINE_integer(
   'batch_rows',

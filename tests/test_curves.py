@@ -273,3 +273,40 @@ def test_command_line_draws_eval_results_and_says_what_it_left_out(tmp_path):
   assert len(left_out) == 2
   assert 'best_step_3000-validation.json' in left_out[0] and 'not a step budget' in left_out[0]
   assert 'final-validation.json' in left_out[1] and 'its name is not' in left_out[1]
+
+
+@pytest.mark.parametrize(
+  ('output', 'starts'), [('fig.svg', b'<?xml'), ('fig.pdf', b'%PDF'), ('fig.PNG', b'\x89PNG')]
+)
+def test_the_output_is_written_in_the_format_its_extension_names(tmp_path, output, starts):
+  out = tmp_path / output
+  curves.plot([('run', [(60.0, 39.0), (120.0, 40.0)])], 'step', 'bleu', str(out))
+  assert out.read_bytes().startswith(starts)
+
+
+@pytest.mark.parametrize('case', ['txt_output', 'one_label_twice', 'a_level_named_as_a_run'])
+def test_an_output_matplotlib_cannot_write_and_a_label_given_twice_are_refused(tmp_path, case):
+  a = _run(tmp_path / 'a', [{'step': 50, 'eval_bleu': 10.0}])
+  b = _run(tmp_path / 'b', [{'step': 50, 'eval_bleu': 12.0}])
+  out = tmp_path / ('x.txt' if case == 'txt_output' else 'x.png')
+  flags, message = {
+    'txt_output': ([f'--run=a={a}', f'--run=b={b}'], f'--output={out}: matplotlib writes no .txt'),
+    'one_label_twice': (
+      [f'--run=base={a}', f'--run=base={b}'],
+      f"The label 'base' is given 2 times (--run=base={a}, --run=base={b})",
+    ),
+    'a_level_named_as_a_run': (
+      [f'--run=a={a}', '--hline=a=11'],
+      f"The label 'a' is given 2 times (--run=a={a}, --hline=a=11)",
+    ),
+  }[case]
+  result = subprocess.run(
+    [sys.executable, '-m', 'transformer.tools.curves', *flags, f'--output={out}'],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr[-2000:]
+  assert 'Wrote' not in result.stdout and not out.exists()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['a', 'b']

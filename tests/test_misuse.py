@@ -8,6 +8,8 @@ The run misused is test_reliability's small one (2 steps, a checkpoint at step 2
 import json
 import os
 import re
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 from conftest import synthetic_pairs
 from test_reliability import _last_lines, _small_config, _snapshot, copied_run, small_run
 
-from configs import tiny, wmt14_ende_big
+from configs import multi30k_literature, recipe_study, tiny, wmt14_ende_big
 from transformer import config as config_lib
 from transformer import (
   data_position,
@@ -31,9 +33,10 @@ from transformer import (
   path_checks,
   runs,
   scoring,
+  storage,
   training,
 )
-from transformer.tools import significance, sweep_runner
+from transformer.tools import significance, sweep_runner, sweeps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -438,3 +441,249 @@ def test_train_py_refuses_a_launch_shape_it_is_not(tmp_path, nodes, tasks):
   # A train.py started as one of that many processes (srun, by the Slurm launcher) accepts it.
   assert config_lib.launch_errors(config, 2) == []
   assert config_lib.launch_errors(tiny.get_config(), 4) == []  # 1 x 1: the launcher's default.
+
+
+# --- Misuse, round four (issue 52): one message, before anything changes -----------------------
+
+
+def _one_error(result) -> str:
+  """The one error line of a refused command; there is no traceback."""
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert 'Traceback' not in result.stderr, result.stderr[-3000:]
+  lines = [line for line in result.stderr.splitlines() if 'error:' in line]
+  assert len(lines) == 1, result.stderr[-3000:]
+  return lines[0]
+
+
+@pytest.mark.parametrize('entry', ['tensorboard', 'checkpoints', 'metrics.jsonl'])
+def test_a_run_entry_of_the_wrong_kind_is_refused_before_anything_changes(
+  small_run, copied_run, entry
+):
+  workdir, _ = copied_run
+  _, corpus, data_dir = small_run
+  path = workdir / entry
+  if path.is_dir():
+    shutil.rmtree(path)
+    path.write_text('notes of mine\n')  # A file where the run writes a folder.
+    expected = f'{path} is a file, but train.py writes'
+  else:
+    path.unlink()
+    path.mkdir()  # A folder where the run appends to a file.
+    expected = f'{path} is a directory, but train.py appends its metrics'
+  before = _snapshot(workdir)
+  with pytest.raises(errors.InvalidInput, match=re.escape(expected)):
+    training.train_and_evaluate(_small_config(corpus, data_dir, num_train_steps=4), str(workdir))
+  assert _snapshot(workdir) == before  # config.json not rewritten, no event file, no lock.
+
+
+def test_a_run_entry_that_is_not_writable_is_refused(small_run, copied_run, monkeypatch):
+  workdir, _ = copied_run
+  _, corpus, data_dir = small_run
+  tensorboard = str(workdir / 'tensorboard')
+  access = os.access  # As root every file is writable: this one is not, by os.access.
+  monkeypatch.setattr(os, 'access', lambda p, mode: p != tensorboard and access(p, mode))
+  config = _small_config(corpus, data_dir, num_train_steps=4)
+  assert path_checks.workdir_errors(config, str(workdir)) == [
+    f'--workdir={workdir}: {tensorboard} is not writable, and train.py writes its TensorBoard '
+    f'event files there. Make it writable (chmod u+wx {tensorboard}), or name another --workdir.'
+  ]
+
+
+@pytest.mark.parametrize('case', ['missing', 'directory', 'not_json', 'no_type', 'unreadable'])
+def test_bad_google_credentials_are_named_before_any_request(tmp_path, monkeypatch, case):
+  key = tmp_path / 'key.json'
+  if case == 'directory':
+    key.mkdir()
+  elif case == 'not_json':
+    key.write_bytes(b'\x89PNG not a key')
+  elif case in ('no_type', 'unreadable'):
+    key.write_text('{"project_id": "p"}')
+  if case == 'unreadable':  # Root reads any file: the refusal of its open, as a user gets it.
+    real_open = open
+
+    def refused(path, *args, **kwargs):
+      if str(path) == str(key):
+        raise PermissionError(13, 'Permission denied', str(path))
+      return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(storage, 'open', refused, raising=False)
+  monkeypatch.setenv(storage.CREDENTIALS_ENV, str(key))
+  problem = {
+    'missing': 'names a file that does not exist',
+    'directory': 'names a directory, not a credentials file',
+    'not_json': 'names a file that is not JSON (not a credentials file)',
+    'no_type': 'names a JSON file without a "type" (not a credentials file)',
+    'unreadable': 'names a file that cannot be read (permission denied)',
+  }[case]
+  [error] = storage.path_errors('gs://a-bucket/run', '--workdir')
+  assert error.startswith(
+    f'{storage.CREDENTIALS_ENV}={key} {problem}, and --workdir=gs://a-bucket/run is reached'
+  )
+  assert storage.path_errors('s3://a-bucket/run', '--workdir') == []  # AWS's own chain.
+  assert storage.path_errors(str(tmp_path), '--workdir') == []
+
+
+def test_train_py_with_bad_google_credentials_ends_with_one_message(tmp_path):
+  key = tmp_path / 'missing.json'
+  result = subprocess.run(
+    [sys.executable, 'train.py', '--config=configs/tiny.py', '--workdir=gs://a-bucket/run'],
+    cwd=REPO,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu', storage.CREDENTIALS_ENV: str(key)},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert _one_error(result) == 'train.py: error: Invalid paths:'
+  assert _last_lines(result, 1) == [
+    f'  {storage.CREDENTIALS_ENV}={key} names a file that does not exist, and '
+    '--workdir=gs://a-bucket/run is reached with the credentials it names. Point '
+    f'{storage.CREDENTIALS_ENV} at a service-account key file (JSON), or unset it to use those '
+    'of gcloud auth application-default login.'
+  ]
+  assert 'storage.googleapis.com' not in result.stderr  # No request was tried.
+
+
+def test_lr_scale_set_over_a_peak_learning_rate_is_refused_naming_both(tmp_path):
+  literature = multi30k_literature.get_config()  # A peak, and recipe_study's lr_scale: fine.
+  assert literature.peak_learning_rate == 0.005 and literature.lr_scale == 1.6
+  assert config_lib.ignored_override_errors(literature, {'warmup_steps'}) == []
+  [error] = config_lib.ignored_override_errors(literature, {'lr_scale'})
+  assert error.startswith(
+    'config.lr_scale=1.6 would be ignored: config.peak_learning_rate=0.005 sets the peak'
+  )
+  assert config_lib.ignored_override_errors(tiny.get_config(), {'lr_scale'}) == []  # No peak.
+  # A sweep's trial that sets lr_scale where a peak is in force, before any trial runs.
+  with pytest.raises(errors.InvalidInput, match=r"trial 1 \{'lr_scale': 2.0\} gives an inv"):
+    sweeps.make_trials(literature, [{'warmup_steps': 10}, {'lr_scale': 2.0}])
+  # The shipped sweeps that set a peak (on recipe_study's lr_scale) still make their trials.
+  recipe_hour = sweeps.load_overrides(str(REPO / 'configs' / 'sweeps' / 'recipe_hour.py'))
+  assert sweeps.make_trials(recipe_study.get_config(), recipe_hour)
+  result = _run(
+    'train.py', '--config=configs/multi30k_literature.py', '--dry_run', '--config.lr_scale=2'
+  )
+  _one_error(result)
+  assert _last_lines(result, 1)[0].startswith('  config.lr_scale=2 would be ignored: config.peak')
+
+
+def test_more_steps_for_a_run_that_stopped_early_is_refused_naming_the_patience(
+  small_run, copied_run
+):
+  workdir, _ = copied_run
+  _, corpus, data_dir = small_run
+  _as_if_trained_with(workdir, early_stopping_patience=1, eval_bleu_sentences=2)
+  with open(workdir / 'metrics.jsonl', 'a') as f:  # BLEU fell at step 2: stopped (patience 1).
+    f.write('{"step": 1, "eval_bleu": 5.0}\n{"step": 2, "eval_bleu": 4.0}\n')
+  before = _snapshot(workdir)
+  fields = {'early_stopping_patience': 1, 'eval_bleu_sentences': 2}
+  with pytest.raises(errors.InvalidInput) as error:
+    training.train_and_evaluate(
+      _small_config(corpus, data_dir, num_train_steps=4, **fields), str(workdir)
+    )
+  message = str(error.value)
+  assert message.startswith(
+    f'config.num_train_steps=4 (was 2) would train nothing: the run in {workdir} stopped early '
+    'at step 2, its validation BLEU (eval_bleu) not improved on 5.00 (step 1) for 1 evaluations'
+  )
+  assert 'config.early_stopping_patience=1 keeps it stopped. Nothing was changed.' in message
+  assert '(--config.early_stopping_patience=2), or set it to 0' in message
+  assert _snapshot(workdir) == before
+  # The same command again goes on as before; a larger patience lets it train on.
+  runs.check_resume(_small_config(corpus, data_dir, num_train_steps=2, **fields), str(workdir))
+  fields['early_stopping_patience'] = 2
+  runs.check_resume(_small_config(corpus, data_dir, num_train_steps=4, **fields), str(workdir))
+
+
+def test_a_signal_inside_a_gc_callback_stops_the_start_with_nothing_printed():
+  script = """
+import gc, os, signal, sys, time
+from transformer import preemption
+fired = [1]  # Until the watcher is installed.
+def callback(phase, info):  # As JAX's _xla_gc_callback: the signal lands inside it.
+  if phase == 'start' and not fired:
+    fired.append(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(10000):
+      pass
+gc.callbacks.append(callback)
+with preemption.PreemptionWatcher():
+  try:
+    fired.clear()
+    gc.collect()
+    time.sleep(20)
+  except preemption.Interrupted as e:
+    print('stopped:', e.signal_name)
+"""
+  result = _run('-c', script, timeout=120)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout == 'stopped: SIGTERM\n'
+  assert result.stderr == ''  # No "Exception ignored in: <function callback ...>".
+
+
+# Commands given bad flags, values or paths that ended with a Python traceback (issue 52): each now
+# ends with one message. {tmp}: the test's folder; {run}: a folder holding a run's config.json.
+_TRACEBACK_CASES = {
+  'train_config_missing': (
+    ['train.py', '--config=configs/nope.py', '--workdir={tmp}/w'],
+    '--config=configs/nope.py: configs/nope.py does not exist',
+  ),
+  'train_config_a_directory': (
+    ['train.py', '--config=configs', '--workdir={tmp}/w'],
+    '--config=configs: configs is a directory',
+  ),
+  'train_config_not_python': (
+    ['train.py', '--config=README.md', '--workdir={tmp}/w'],
+    '--config=README.md is not a Python config file',
+  ),
+  'bench_config_missing': (
+    ['bench/train_throughput.py', '--config=configs/nope.py'],
+    '--config=configs/nope.py: configs/nope.py does not exist',
+  ),
+  'eval_input_file_missing': (
+    ['eval.py', '--workdir={run}', '--input_file={tmp}/nope.txt'],
+    '--input_file={tmp}/nope.txt: no such file',
+  ),
+  'eval_input_file_a_directory': (
+    ['eval.py', '--workdir={run}', '--input_file={tmp}'],
+    '--input_file={tmp} is a directory',
+  ),
+  'sweep_file_not_python': (
+    ['sweep.py', '--config=configs/tiny.py', '--sweep=README.md', '--workdir={tmp}/sweep'],
+    'README.md is not a Python sweep file',
+  ),
+  'peer_model_missing': (
+    ['bench/peer_flax_wmt.py', '--flax_wmt_dir={tmp}/flax'],
+    '--flax_wmt_dir={tmp}/flax has no models.py',
+  ),
+  'accelerator_check_no_configs': (
+    ['bench/accelerator_check.py', '--configs=', '--smoke', '--root={tmp}/root'],
+    "--configs is empty: name one or more of ['base', 'big']",
+  ),
+  'offline_download': (
+    ['train.py', '--config=configs/tiny.py', '--workdir={tmp}/w', '--config.data.data_dir={tmp}/d'],
+    'Cannot download multi30k:',
+  ),
+}
+
+
+@pytest.mark.parametrize('case', sorted(_TRACEBACK_CASES))
+def test_bad_flags_and_paths_end_with_one_message_and_no_traceback(tmp_path, case):
+  run = tmp_path / 'run'
+  run.mkdir()
+  shutil.copy(REPO / 'results' / 'recipe' / 'best' / 'seed=0' / 'config.json', run)
+  command, expected = _TRACEBACK_CASES[case]
+  command = [arg.format(tmp=tmp_path, run=run) for arg in command]
+  with socket.socket() as s:  # A proxy nothing listens on: every download is refused at once.
+    s.bind(('127.0.0.1', 0))
+    proxy = f'http://127.0.0.1:{s.getsockname()[1]}'
+  env = {'JAX_PLATFORMS': 'cpu', 'no_proxy': '', 'NO_PROXY': ''}
+  env |= {name: proxy for name in ('http_proxy', 'https_proxy', 'HTTP_PROXY', 'HTTPS_PROXY')}
+  result = subprocess.run(
+    [sys.executable, *command],
+    cwd=REPO,
+    env={**os.environ, **env},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert expected.format(tmp=tmp_path) in _one_error(result)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['run']  # Nothing made.

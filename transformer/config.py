@@ -25,7 +25,7 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -424,6 +424,27 @@ def model_errors(config: ml_collections.ConfigDict) -> list[str]:
     if (e := rule.error(f'config.{k}', values[k]))
   ]
   return errors or _model_errors(config)
+
+
+def ignored_override_errors(
+  config: ml_collections.ConfigDict, overridden: Collection[str]
+) -> list[str]:
+  """Overrides the config would ignore, given the keys set over the config file (`overridden`).
+
+  `config.lr_scale` only scales eq. 3's peak, which `config.peak_learning_rate` replaces: set
+  on the command line (or by a sweep's trial) with a peak learning rate in force, it would
+  change nothing. The config file's own value of lr_scale (its default) is never refused:
+  a config may set a peak on a base whose lr_scale it inherits.
+  """
+  if 'lr_scale' in overridden and config.peak_learning_rate is not None:
+    return [
+      f'config.lr_scale={config.lr_scale:g} would be ignored: config.peak_learning_rate='
+      f'{config.peak_learning_rate:g} sets the peak learning rate itself (lr_scale scales '
+      "eq. 3's peak only when peak_learning_rate is None). Set the rate by "
+      'config.peak_learning_rate alone (drop the lr_scale override), or, for lr_scale to '
+      'apply, train a config that leaves peak_learning_rate unset (None).'
+    ]
+  return []
 
 
 class ConfigError(InvalidInput):

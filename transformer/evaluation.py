@@ -356,8 +356,15 @@ def read_input_lines(path: str) -> list[str]:
   as what it decodes to: invalid UTF-8 (Latin-1, say) by line, UTF-16 by its byte order mark,
   and a NUL byte (UTF-16 without one, binary data) by line.
   """
-  raw = sys.stdin.buffer.read() if path == '-' else storage.read_bytes(path)
   name = f'--input_file={path}' + (' (standard input)' if path == '-' else '')
+  try:
+    raw = sys.stdin.buffer.read() if path == '-' else storage.read_bytes(path)
+  except IsADirectoryError:
+    raise InvalidInput(f'{name} is a directory: name the text file to translate.') from None
+  except FileNotFoundError:
+    raise InvalidInput(f'{name}: no such file. Name the text file to translate.') from None
+  except PermissionError:
+    raise InvalidInput(f'{name} cannot be read (permission denied).') from None
 
   def convert(encoding: str) -> str:
     source = '' if path == '-' else f' < {path} > {path}.utf8'

@@ -2,7 +2,8 @@
 
 Every output path of train.py, eval.py and sweep.py is checked here before any
 work (`protected_path_errors`, `workdir_errors`, `writable_file_errors`,
-`writable_dir_errors`), so that nothing a user or a run made is overwritten.
+`writable_dir_errors`, `run_entry_errors`), so that nothing a user or a run made is
+overwritten and a run does not fail halfway through its start.
 `RUN_ENTRIES` lists what a training run writes at the top of its workdir;
 `is_run` and `run_file` recognise a workdir and a path inside one.
 """
@@ -172,6 +173,9 @@ def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]
     )
     for error in storage.path_errors(value, name)
   ]
+  credentials = [e for e in url_errors if e.startswith(storage.CREDENTIALS_ENV + '=')]
+  if credentials:
+    return credentials[:1]  # One message, for the first path that needs them.
   url_errors = url_errors or storage.checkpoint_errors(workdir, '--workdir')
   if not url_errors and data.manual_dir and storage.is_url(data.manual_dir):
     url_errors.append(
@@ -196,7 +200,47 @@ def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]
     errors += protected_path_errors(data.vocab_path, 'config.data.vocab_path', raw)
   if errors or storage.is_url(path):  # A bucket's writes were probed above.
     return errors
-  return writable_dir_errors(path, '--workdir')
+  return writable_dir_errors(path, '--workdir') or run_entry_errors(path)
+
+
+# What train.py writes inside a workdir it resumes: folders it writes files into, and files it
+# appends to (config.json is replaced whole: only the workdir need be writable for it).
+_RUN_FOLDERS = {
+  'checkpoints': 'its checkpoints',
+  'tensorboard': 'its TensorBoard event files',
+  'best_checkpoints': 'its best checkpoints',
+}
+_APPENDED_FILES = {'metrics.jsonl': 'its metrics', 'provenance.jsonl': 'its provenance record'}
+
+
+def run_entry_errors(workdir: str) -> list[str]:
+  """Errors of the entries a run writes in local `workdir`, before anything changes there.
+
+  A file where the run writes a folder (`tensorboard/`, `checkpoints/`), a folder where it
+  appends to a file (`metrics.jsonl`), or either not writable: named with what to do.
+  """
+  errors = []
+  for name, what in {**_RUN_FOLDERS, **_APPENDED_FILES}.items():
+    path = os.path.join(workdir, name)
+    folder = name in _RUN_FOLDERS
+    if not os.path.lexists(path):
+      continue
+    if folder and not os.path.isdir(path):
+      errors.append(
+        f'--workdir={workdir}: {path} is a file, but train.py writes {what} into a folder '
+        'there. Move the file elsewhere (or remove it), or name another --workdir.'
+      )
+    elif not folder and os.path.isdir(path):
+      errors.append(
+        f'--workdir={workdir}: {path} is a directory, but train.py appends {what} to a file '
+        'there. Move the directory elsewhere, or name another --workdir.'
+      )
+    elif not os.access(path, os.W_OK | (os.X_OK if folder else 0)):
+      errors.append(
+        f'--workdir={workdir}: {path} is not writable, and train.py writes {what} there. '
+        f'Make it writable (chmod u+w{"x" if folder else ""} {path}), or name another --workdir.'
+      )
+  return errors
 
 
 def output_errors(

@@ -27,8 +27,10 @@ Two mechanisms, chosen by the process count:
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
+import threading
 import types
 from collections.abc import Callable
 
@@ -69,6 +71,31 @@ def _forward_as_sigterm(signum: int, frame: types.FrameType | None) -> None:
   del frame
   logging.warning('Received %s: passing it on as SIGTERM.', signal.Signals(signum).name)
   os.kill(os.getpid(), signal.SIGTERM)
+
+
+# Seconds after which a signal that came during a garbage-collection callback is delivered again.
+_REDELIVERY_SECONDS = 0.01
+
+
+def _in_gc_callback(frame: types.FrameType | None) -> bool:
+  """Whether `frame` runs inside a garbage-collection callback (JAX registers `_xla_gc_callback`).
+
+  An exception raised there is only printed by Python, never propagated.
+  """
+  codes = {getattr(callback, '__code__', None) for callback in gc.callbacks}
+  codes.discard(None)
+  while frame is not None:
+    if frame.f_code in codes:
+      return True
+    frame = frame.f_back
+  return False
+
+
+def _deliver_again(signum: int) -> None:
+  """Sends `signum` to this process again in a moment, from a thread (outside the callback)."""
+  timer = threading.Timer(_REDELIVERY_SECONDS, os.kill, (os.getpid(), signum))
+  timer.daemon = True
+  timer.start()
 
 
 class PreemptionWatcher:
@@ -114,7 +141,12 @@ class PreemptionWatcher:
     self._previous_handlers.clear()
 
   def _on_signal(self, signum: int, frame: types.FrameType | None) -> None:
-    del frame
+    stops_now = not self._armed or (self.signal_name is not None and signum == signal.SIGINT)
+    if stops_now and _in_gc_callback(frame):
+      # Raised here, Python would only print it ("Exception ignored in: _xla_gc_callback")
+      # and go on: the signal is delivered again once the callback has returned.
+      _deliver_again(signum)
+      return
     if not self._armed:
       self._interrupted = signum
       raise Interrupted(signum)

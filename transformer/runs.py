@@ -139,7 +139,38 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
     problem := _continuation_changes(saved, current, config, workdir, steps[-1])
   ):
     raise InvalidInput(problem)
+  if saved is not None and (problem := _stopped_early(saved, config, workdir, steps[-1])):
+    raise InvalidInput(problem)
   check_inputs(config, workdir)
+
+
+def _stopped_early(
+  saved: dict[str, Any], config: ml_collections.ConfigDict, workdir: str, latest: int
+) -> str | None:
+  """Why more steps of a run that stopped early at checkpoint `latest` would train none, or None.
+
+  The same command again (the saved config.num_train_steps) still changes nothing and ends
+  well; asking for more steps while config.early_stopping_patience still stops the run is
+  refused, saying how to go on.
+  """
+  before = saved.get('num_train_steps')
+  if not isinstance(before, int) or config.num_train_steps <= before:
+    return None
+  metric = config_lib.selection_metric(config.target_metric)
+  stopping = EarlyStopping(config.early_stopping_patience, metric).replay(
+    storage.join(workdir, metrics.FILENAME), latest
+  )
+  if not stopping.stop:
+    return None
+  return (
+    f'config.num_train_steps={config.num_train_steps} (was {before}) would train nothing: the '
+    f'run in {workdir} stopped early at step {latest}, its validation BLEU ({metric}) not '
+    f'improved on {stopping.best:.2f} (step {stopping.best_step}) for {stopping.since_best} '
+    f'evaluations, and config.early_stopping_patience={config.early_stopping_patience} keeps '
+    f'it stopped. Nothing was changed. To train on, raise it above {stopping.since_best} '
+    f'(--config.early_stopping_patience={stopping.since_best + 1}), or set it to 0 never to '
+    f'stop early; to train {config.num_train_steps} steps from scratch, use a new --workdir.'
+  )
 
 
 # Keys that add an entry to the optimizer state when > 0, and what they switch.

@@ -16,7 +16,8 @@ Object stores differ from a file system in three ways this module absorbs:
 
 Credentials and endpoints are the clients' own: Application Default Credentials
 (or `STORAGE_EMULATOR_HOST` for a local emulator) for gs://, the AWS chain (or
-`AWS_ENDPOINT_URL`) for s3://.
+`AWS_ENDPOINT_URL`) for s3://. A `GOOGLE_APPLICATION_CREDENTIALS` that names no usable file
+is refused with the path of every gs:// URL (`credential_errors`), before any request.
 """
 
 from __future__ import annotations
@@ -161,7 +162,51 @@ def path_errors(path: str | None, name: str) -> list[str]:
     ]
   if '//' in rest or rest.endswith('/.') or '/../' in f'{rest}/':
     return [f"{name}={path}: a URL's path may not hold empty, '.' or '..' parts."]
-  return []
+  return credential_errors(path, name)
+
+
+# The service-account key (or other credentials file) Google's clients read, when set.
+CREDENTIALS_ENV = 'GOOGLE_APPLICATION_CREDENTIALS'
+
+
+def credential_errors(path: str, name: str) -> list[str]:
+  """For a gs:// `path`: a `GOOGLE_APPLICATION_CREDENTIALS` that names no usable file.
+
+  Checked here, before any request: gcsfs, finding the file missing or damaged, would try
+  its other ways in turn (the metadata server's token endpoint among them: minutes of
+  retries off Google Cloud), and TensorStore (Orbax's checkpoints) fails on it later.
+  Unset, the clients' other credentials apply (`gcloud auth application-default login`).
+  """
+  match = _URL.match(os.fspath(path))
+  value = os.environ.get(CREDENTIALS_ENV)
+  if match is None or match.group(1) != 'gs' or value is None:
+    return []
+  problem = None
+  if not value.strip():
+    problem = 'is empty'
+  elif not os.path.exists(value):
+    problem = 'names a file that does not exist'
+  elif os.path.isdir(value):
+    problem = 'names a directory, not a credentials file'
+  else:
+    try:
+      with open(value, 'rb') as f:
+        content = json.loads(f.read().decode('utf-8'))
+      if not isinstance(content, dict) or not isinstance(content.get('type'), str):
+        problem = 'names a JSON file without a "type" (not a credentials file)'
+    except PermissionError:
+      problem = 'names a file that cannot be read (permission denied)'
+    except OSError as e:
+      problem = f'names a file that cannot be read ({e.strerror or e})'
+    except (UnicodeDecodeError, json.JSONDecodeError):
+      problem = 'names a file that is not JSON (not a credentials file)'
+  if problem is None:
+    return []
+  return [
+    f'{CREDENTIALS_ENV}={value} {problem}, and {name}={path} is reached with the '
+    f'credentials it names. Point {CREDENTIALS_ENV} at a service-account key file (JSON), or '
+    'unset it to use those of gcloud auth application-default login.'
+  ]
 
 
 def resolve(path: str | os.PathLike) -> str:

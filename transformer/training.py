@@ -331,7 +331,9 @@ def _final_metrics_if_done(run: _Run) -> dict[str, float] | None:
       'Nothing to train: the checkpoint is at step %d, %s; nothing was changed. Its final '
       'metrics are in %s/metrics.jsonl.',
       start_step,
-      'where the run stopped early' if run.stopping.stop else 'config.num_train_steps',
+      'where the run stopped early (config.early_stopping_patience; a larger one lets it go on)'
+      if run.stopping.stop
+      else 'config.num_train_steps',
       run.workdir,
     )
     if jax.process_index() == 0 and runs.saved_config(run.workdir) is None:
@@ -421,7 +423,10 @@ def _train(run: _Run, profile_steps: int) -> dict[str, float]:
   profiler.stop()  # A run that ended (or was preempted) within the traced steps.
   if start_step >= last_step:
     if run.stopping.stop:
-      logging.info('Nothing to train: the run stopped early, at step %d.', start_step)
+      logging.info(
+        'Nothing to train: the run stopped early, at step %d (config.early_stopping_patience).',
+        start_step,
+      )
     else:  # Its final evaluation is missing from metrics.jsonl.
       logging.info('Nothing to train: the checkpoint is at step %d; evaluating it.', start_step)
     summary = _evaluate(run, start_step)

@@ -32,7 +32,7 @@ from tensorflow_datasets.proto import tf_example_pb2
 
 from transformer import storage
 from transformer.datasets import bucket_mirror, registry
-from transformer.errors import InvalidInput
+from transformer.errors import InvalidInput, Unreachable
 
 FILE_FORMAT = 'array_record'
 # Seconds to wait for a server to answer before the download is given up as offline.
@@ -180,7 +180,7 @@ def _check_servers_reachable(name: str, files: Mapping[str, str]) -> None:
       continue  # The server answered.
     except (OSError, ValueError) as e:  # URLError, timeouts and refused connections.
       reason = getattr(e, 'reason', e)
-      raise ConnectionError(
+      raise Unreachable(
         f'Cannot download {name}: {url} cannot be reached ({reason}). Without a network, put '
         f'these {len(files)} files in a folder and pass it as --config.data.manual_dir:\n'
         + '\n'.join(f'  {file}  ({file_url})' for file, file_url in files.items())

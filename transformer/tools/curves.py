@@ -19,7 +19,10 @@ step budget and are left out, saying so.
 (`--hline='Wu et al. (2021)=41.02'`); --vline=LABEL=VALUE a dashed line up it at VALUE on the
 drawn horizontal axis (minutes for wall_seconds, else steps), e.g. a budget
 (`--vline='the hour=60'`).
-A run without the keys is an error that names it, before anything is drawn.
+--output names the figure's file and, by its extension, its format (.png, .svg, .pdf, any
+that matplotlib writes; none: a PNG); another extension (.txt) is refused.
+A run without the keys, or two lines given one label, is an error that names them, before
+anything is drawn.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ _LINE_STYLES = ('--', ':', '-.')  # Of the --hline and --vline lines, in turn.
 _RUN = flags.DEFINE_multi_string('run', [], 'LABEL=WORKDIR of a train.py run (repeatable).')
 _X = flags.DEFINE_enum('x', 'step', list(X_KEYS), 'Horizontal axis: steps or wall-clock time.')
 _Y = flags.DEFINE_string('y', 'eval_bleu', 'Row key drawn: eval_bleu, eval_loss, train_loss, ...')
-_OUTPUT = flags.DEFINE_string('output', None, 'The PNG written.')
+_OUTPUT = flags.DEFINE_string(
+  'output', None, 'The figure written, in the format its extension names (.png, .svg, .pdf, ...).'
+)
 _TITLE = flags.DEFINE_string('title', '', 'Figure title.')
 _HLINE = flags.DEFINE_multi_string(
   'hline', [], 'LABEL=VALUE: a level drawn as a dashed horizontal line, e.g. a published score.'
@@ -176,6 +181,38 @@ def read_eval_curves(
   return {scoring: sorted(points) for scoring, points in sorted(lines.items())}, left_out
 
 
+def output_format(path: str) -> str:
+  """The format `path` names by its extension ('png' for none); an error if matplotlib has none.
+
+  `--output=curves.svg` is an SVG, `curves.pdf` a PDF, `figure` (no extension) a PNG; an
+  extension matplotlib cannot write (`x.txt`) is refused before anything is read or drawn.
+  """
+  extension = os.path.splitext(storage.basename(path))[1].lstrip('.').lower()
+  if not extension:
+    return 'png'
+  formats = FigureCanvasAgg(Figure()).get_supported_filetypes()
+  if extension not in formats:
+    raise InvalidInput(
+      f'--output={path}: matplotlib writes no .{extension} figure. Name a file of one of its '
+      f'formats ({", ".join("." + f for f in sorted(formats))}), e.g. a .png, or one '
+      'without an extension for a PNG.'
+    )
+  return extension
+
+
+def duplicate_label_errors(flagged: Sequence[tuple[str, str]]) -> list[str]:
+  """Labels given twice among (flag, label) (--run, --hline, --vline): one legend entry each."""
+  seen: dict[str, list[str]] = {}
+  for flag, label in flagged:
+    seen.setdefault(label, []).append(flag)
+  return [
+    f'The label {label!r} is given {len(flags_)} times ({", ".join(flags_)}): the legend could '
+    'not tell the lines apart. Give each its own label.'
+    for label, flags_ in seen.items()
+    if len(flags_) > 1
+  ]
+
+
 def plot(
   curves: Sequence[tuple[str, list[tuple[float, float]]]],
   x: str,
@@ -207,9 +244,9 @@ def plot(
   ax.legend(fontsize='small')
   if title:
     ax.set_title(title)
-  png = io.BytesIO()
-  fig.savefig(png, dpi=90, format='png')  # PNG whatever `path` ends with: exactly `path`.
-  outputs.write(path, png.getvalue(), '--output')
+  figure = io.BytesIO()
+  fig.savefig(figure, dpi=90, format=output_format(path))  # Written to exactly `path`.
+  outputs.write(path, figure.getvalue(), '--output')
   return fig
 
 
@@ -219,11 +256,22 @@ def main(argv):
   if not _RUN.value:
     raise app.UsageError('Name at least one --run=LABEL=WORKDIR.')
   if not _OUTPUT.value:
-    raise app.UsageError('--output: the PNG to write is required.')
+    raise app.UsageError('--output: the figure to write is required (e.g. curves.png).')
   try:
     runs = [parse_run(spec) for spec in _RUN.value]
     hlines = [parse_hline(spec) for spec in _HLINE.value]
     vlines = [parse_vline(spec) for spec in _VLINE.value]
+    labels = [(f'--run={label}={workdir}', label) for label, workdir in runs]
+    for flag, specs, parsed in (
+      ('--hline', _HLINE.value, hlines),
+      ('--vline', _VLINE.value, vlines),
+    ):
+      labels += [(f'{flag}={spec}', label) for spec, (label, _) in zip(specs, parsed, strict=True)]
+    if errors := duplicate_label_errors(labels):
+      raise InvalidInput('\n'.join(errors))
+    output_format(_OUTPUT.value)
+    if problems := [e for label, w in runs for e in storage.path_errors(w, f'--run={label}')]:
+      raise InvalidInput('\n'.join(problems))  # A URL's form and credentials, before a look.
     inputs = {f'--run={label}': workdir for label, workdir in runs}
     if errors := path_checks.output_errors(_OUTPUT.value, '--output', inputs):
       raise InvalidInput('\n'.join(errors))

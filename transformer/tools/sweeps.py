@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import importlib.machinery
 import importlib.util
 import itertools
 import math
@@ -224,9 +225,17 @@ def load_module(sweep_file: str) -> types.ModuleType:
   if not os.path.isfile(path):
     raise MissingInput(f'No sweep file at {path}.')
   module_name = 'sweep_' + re.sub(r'\W', '_', os.path.splitext(os.path.basename(path))[0])
-  spec = importlib.util.spec_from_file_location(module_name, path)
+  # Any file name: a .md file is read as Python too, and refused below if it is not.
+  loader = importlib.machinery.SourceFileLoader(module_name, path)
+  spec = importlib.util.spec_from_file_location(module_name, path, loader=loader)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except SyntaxError as e:
+    raise InvalidInput(
+      f'{sweep_file} is not a Python sweep file ({e.msg}, line {e.lineno}): name one that '
+      'defines sweep() (e.g. configs/sweeps/tiny_schedule.py).'
+    ) from None
   return module
 
 
@@ -390,7 +399,11 @@ def make_trials(
     first_index[name] = index
     resolved = apply_overrides(config, typed)
     # Every value in its domain before any trial runs, and a target metric that ranks it.
-    errors = config_lib.config_errors(resolved) or config_lib.sweep_target_errors(resolved)
+    errors = (
+      config_lib.config_errors(resolved)
+      or config_lib.sweep_target_errors(resolved)
+      or config_lib.ignored_override_errors(resolved, {*fixed, *typed})
+    )
     if errors:
       raise InvalidInput(
         f'{source}: trial {index} {typed} gives an invalid config:\n  ' + '\n  '.join(errors)

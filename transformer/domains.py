@@ -138,3 +138,25 @@ CHECKPOINT_SPEC = Rule(
 OPTIONAL_PATH = Rule(
   'None or a non-empty path', lambda v: v is None or (isinstance(v, str) and bool(v.strip()))
 )
+
+
+def seconds_from_env(name: str, default: float, low: float, high: float, meaning: str) -> float:
+  """The environment variable `name` read as seconds in [`low`, `high`]; unset or empty: default.
+
+  Raises `errors.InvalidInput` naming the variable, its value and `meaning` (what the seconds
+  are), for a value that is no number or lies outside the range.
+  """
+  import os  # pylint: disable=g-import-not-at-top
+
+  from transformer.errors import InvalidInput  # pylint: disable=g-import-not-at-top
+
+  text = os.environ.get(name)
+  if text is None or text == '':
+    return default
+  try:
+    value = float(text)
+  except ValueError:
+    value = math.nan
+  if not low <= value <= high:
+    raise InvalidInput(f'{name}={text!r}: {meaning} is a number of seconds in [{low:g}, {high:g}].')
+  return value

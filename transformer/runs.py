@@ -303,7 +303,12 @@ def owned_workdir(workdir: str):
   On an error, removes the empty folders that this run created (the workdir
   itself included), so a failed start leaves no trace.
   """
-  existed = set(storage.listdir(workdir)) if storage.isdir(workdir) else None
+  # What a failed start must leave: local folders only (a bucket has none to remove). Not looked
+  # up on a bucket, where a new workdir "exists" only while some object lies under it: another
+  # process's probe (`storage.bucket_errors`) could make it appear and vanish between two looks.
+  existed = None
+  if not storage.is_url(workdir) and os.path.isdir(workdir):
+    existed = set(os.listdir(workdir))
   lock = workdir_lock.WorkdirLock(workdir)
   error = None
   if jax.process_index() == 0:

@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from transformer import domains
 from transformer.errors import InvalidInput
 
 SECONDS_ENV = 'TRANSFORMER_SHUTDOWN_SECONDS'
@@ -43,19 +44,9 @@ _CODE_DIRECTORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def deadline_seconds() -> float:
   """TRANSFORMER_SHUTDOWN_SECONDS, or DEFAULT_SECONDS; a bad value is refused."""
-  text = os.environ.get(SECONDS_ENV)
-  if text is None or text == '':
-    return DEFAULT_SECONDS
-  try:
-    value = float(text)
-  except ValueError:
-    value = float('nan')
-  if not 1 <= value <= 86400:
-    raise InvalidInput(
-      f'{SECONDS_ENV}={text!r}: the time a process may take to end is a number of seconds in '
-      '[1, 86400].'
-    )
-  return value
+  return domains.seconds_from_env(
+    SECONDS_ENV, DEFAULT_SECONDS, 1, 86400, 'the time a process may take to end'
+  )
 
 
 def setting_errors() -> list[str]:

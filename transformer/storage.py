@@ -34,6 +34,7 @@ from typing import Any
 import fsspec.config
 from etils import epath
 
+from transformer import domains
 from transformer.errors import InvalidInput
 
 # No listings cache for buckets: another process (the training run, a resumed one, eval.py)
@@ -54,16 +55,9 @@ DEFAULT_TIMEOUT_SECONDS = 60.0
 
 def timeout_seconds() -> float:
   """TRANSFORMER_STORAGE_TIMEOUT_SECONDS, or DEFAULT_TIMEOUT_SECONDS; a bad value is refused."""
-  text = os.environ.get(TIMEOUT_ENV)
-  if text is None or text == '':
-    return DEFAULT_TIMEOUT_SECONDS
-  try:
-    value = float(text)
-  except ValueError:
-    value = float('nan')
-  if not 0.1 <= value <= 3600:
-    raise InvalidInput(f'{TIMEOUT_ENV}={text!r}: a timeout is a number of seconds in [0.1, 3600].')
-  return value
+  return domains.seconds_from_env(
+    TIMEOUT_ENV, DEFAULT_TIMEOUT_SECONDS, 0.1, 3600, "a storage request's timeout"
+  )
 
 
 def configure_clients(seconds: float | None = None) -> None:

@@ -45,7 +45,7 @@ from typing import Any
 
 from absl import logging
 
-from transformer import shutdown, storage
+from transformer import domains, shutdown, storage
 from transformer.errors import Refusal
 
 LOCK_FILE = 'train.lock'
@@ -60,16 +60,7 @@ _WRITE_GRACE_SECONDS = 0.5
 
 def lease_seconds() -> float:
   """The lease a new bucket lock takes: LEASE_SECONDS, or TRANSFORMER_LOCK_LEASE_SECONDS."""
-  text = os.environ.get(LEASE_ENV)
-  if text is None:
-    return LEASE_SECONDS
-  try:
-    value = float(text)
-  except ValueError:
-    value = float('nan')
-  if not 1.0 <= value <= 86400.0:
-    raise Refusal(f'{LEASE_ENV}={text!r}: a lease is a number of seconds in [1, 86400].')
-  return value
+  return domains.seconds_from_env(LEASE_ENV, LEASE_SECONDS, 1, 86400, "a bucket lock's lease")
 
 
 def setting_errors() -> list[str]:

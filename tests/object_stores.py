@@ -74,6 +74,7 @@ class Front:
     self.url = f'http://127.0.0.1:{port}'
     self._loop = asyncio.new_event_loop()
     self._answering = None  # asyncio.Event, set while requests are answered.
+    self._close = None  # The coroutine that closes the server and the session (`stop`).
     started = threading.Event()
     self._thread = threading.Thread(
       target=self._serve, args=(started,), name='object-store-front', daemon=True
@@ -119,7 +120,14 @@ class Front:
       app.router.add_route('*', '/{tail:.*}', forward)
       runner = web.AppRunner(app, access_log=None)
       await runner.setup()
-      await web.TCPSite(runner, '127.0.0.1', self.port).start()
+      await web.TCPSite(runner, '127.0.0.1', self.port, shutdown_timeout=1).start()
+
+      async def close() -> None:
+        self._answering.set()
+        await runner.cleanup()
+        await session.close()
+
+      self._close = close
 
     session = None
     self._loop.run_until_complete(start())
@@ -134,8 +142,13 @@ class Front:
     self._loop.call_soon_threadsafe(self._answering.set)
 
   def stop(self) -> None:
-    self._loop.call_soon_threadsafe(self._loop.stop)
-    self._thread.join(timeout=10)
+    import asyncio  # pylint: disable=g-import-not-at-top
+
+    try:
+      asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=10)
+    finally:
+      self._loop.call_soon_threadsafe(self._loop.stop)
+      self._thread.join(timeout=10)
 
 
 @dataclasses.dataclass

@@ -118,9 +118,9 @@ class Front:
       session = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout())
       app = web.Application(client_max_size=1 << 34)
       app.router.add_route('*', '/{tail:.*}', forward)
-      runner = web.AppRunner(app, access_log=None)
+      runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
       await runner.setup()
-      await web.TCPSite(runner, '127.0.0.1', self.port, shutdown_timeout=1).start()
+      await web.TCPSite(runner, '127.0.0.1', self.port).start()
 
       async def close() -> None:
         self._answering.set()

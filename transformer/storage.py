@@ -337,10 +337,17 @@ def mtime(path: str) -> float:
 
 
 def read_bytes(path: str) -> bytes:
-  if is_url(path):
-    return epath_of(path).read_bytes()
-  with open(path, 'rb') as f:
-    return f.read()
+  """The bytes of `path`; on a bucket, one whole version of the object, even while it is replaced.
+
+  One GET of the whole object (`cat_file`), not a file opened through epath: that looks the size
+  up first and then reads ranges, so a replacement in between gave gcsfs a torn read (the new
+  content cut to the old size) and s3fs an error (its ranges are bound to the first ETag).
+  """
+  if not is_url(path):
+    with open(path, 'rb') as f:
+      return f.read()
+  filesystem, key = _filesystem(path)
+  return filesystem.cat_file(key)
 
 
 def read_text(path: str, errors: str = 'strict') -> str:

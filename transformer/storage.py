@@ -13,6 +13,10 @@ Object stores differ from a file system in three ways this module absorbs:
   append often keep the content and call `write_text` (`metrics.MetricsWriter`).
 - No folders: a "folder" exists while an object lies under its prefix;
   `makedirs` is a no-op there.
+- Objects replaced while read: `read_bytes` is one GET of the whole object, so a
+  reader gets one version (a size look-up followed by ranged reads could mix two).
+
+Every request has a bounded wait and a bounded number of tries (`configure_clients`).
 
 Credentials and endpoints are the clients' own: Application Default Credentials
 (or `STORAGE_EMULATOR_HOST` for a local emulator) for gs://, the AWS chain (or

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import ml_collections
 
 from transformer import shutdown, storage, workdir_lock
+from transformer.errors import InvalidInput
 
 # What train.py, eval.py and sweep.py write at the top of a run's workdir: a path at or under one
 # of these entries is a file of the run, never an output of another command.
@@ -144,7 +145,13 @@ def setting_errors() -> list[str]:
   TRANSFORMER_STORAGE_TIMEOUT_SECONDS (`storage`), TRANSFORMER_SHUTDOWN_SECONDS (`shutdown`),
   TRANSFORMER_LOCK_LEASE_SECONDS (`workdir_lock`).
   """
-  return storage.setting_errors() + shutdown.setting_errors() + workdir_lock.setting_errors()
+  errors = []
+  for read in (storage.timeout_seconds, shutdown.deadline_seconds, workdir_lock.lease_seconds):
+    try:
+      read()
+    except InvalidInput as e:
+      errors.append(str(e))
+  return errors
 
 
 def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]:

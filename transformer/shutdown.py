@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable, Iterator
 
 from transformer import domains
-from transformer.errors import InvalidInput
 
 SECONDS_ENV = 'TRANSFORMER_SHUTDOWN_SECONDS'
 DEFAULT_SECONDS = 300.0
@@ -47,15 +46,6 @@ def deadline_seconds() -> float:
   return domains.seconds_from_env(
     SECONDS_ENV, DEFAULT_SECONDS, 1, 86400, 'the time a process may take to end'
   )
-
-
-def setting_errors() -> list[str]:
-  """The error of a bad TRANSFORMER_SHUTDOWN_SECONDS (checked before any work)."""
-  try:
-    deadline_seconds()
-  except InvalidInput as e:
-    return [str(e)]
-  return []
 
 
 _ACTIVE: Deadline | None = None  # The innermost `Deadline` entered in this process.

@@ -511,14 +511,7 @@ class _WithoutTraceback(py_logging.Filter):
 # before it raises the same error to its caller.
 py_logging.getLogger('gcsfs').addFilter(_WithoutTraceback())
 
-_SETTING_ERROR = None
 try:
   configure_clients()
-except InvalidInput as _error:  # Named by `setting_errors`, before any work; meanwhile defaults.
-  _SETTING_ERROR = str(_error)
+except InvalidInput:  # Refused before any work (`path_checks.setting_errors`); meanwhile, defaults.
   configure_clients(DEFAULT_TIMEOUT_SECONDS)
-
-
-def setting_errors() -> list[str]:
-  """The error of a bad TRANSFORMER_STORAGE_TIMEOUT_SECONDS, as it was when this was imported."""
-  return [] if _SETTING_ERROR is None else [_SETTING_ERROR]

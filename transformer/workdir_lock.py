@@ -63,15 +63,6 @@ def lease_seconds() -> float:
   return domains.seconds_from_env(LEASE_ENV, LEASE_SECONDS, 1, 86400, "a bucket lock's lease")
 
 
-def setting_errors() -> list[str]:
-  """The error of a bad TRANSFORMER_LOCK_LEASE_SECONDS (checked before any work)."""
-  try:
-    lease_seconds()
-  except Refusal as e:
-    return [str(e)]
-  return []
-
-
 class WorkdirLockedError(Refusal, RuntimeError):
   """Another run holds the workdir."""
 

@@ -378,3 +378,29 @@ def test_a_read_while_the_object_is_replaced_gets_one_whole_version(object_store
     stop.set()
     writer.join()
   assert set(reads) <= set(versions)
+
+
+@pytest.mark.parametrize('scheme', ['s3', 'gs'])
+def test_a_folder_whose_only_object_comes_and_goes_is_never_a_file(object_stores, scheme):
+  """Another process's write probe under a new workdir: `isfile` must never say "file".
+
+  epath's `is_file` is `exists() and not is_dir()`, two requests: the probe there for the
+  first and gone for the second made a new gs:// workdir "a file" to process 1 of a run.
+  """
+  folder = storage.join(object_stores.bucket(scheme), 'new-run')
+  probe = storage.join(folder, '.write-probe')
+  stop = threading.Event()
+
+  def come_and_go():
+    while not stop.is_set():
+      storage.write_bytes(probe, b'')
+      storage.remove(probe)
+
+  writer = threading.Thread(target=come_and_go, daemon=True)
+  writer.start()
+  try:
+    answers = {storage.isfile(folder) for _ in range(150)}
+  finally:
+    stop.set()
+    writer.join()
+  assert answers == {False}

@@ -249,7 +249,15 @@ def isdir(path: str) -> bool:
 
 
 def isfile(path: str) -> bool:
-  return epath_of(path).is_file() if is_url(path) else os.path.isfile(path)
+  """Locally a file; on a bucket, an object named `path`, asked in one request.
+
+  Not epath's `is_file`: that is `exists() and not is_dir()`, two requests, and a folder
+  whose only object (another process's write probe) goes away between them reads as a file.
+  """
+  if not is_url(path):
+    return os.path.isfile(path)
+  filesystem, key = _filesystem(path)
+  return filesystem.isfile(key)
 
 
 def listdir(path: str) -> list[str]:

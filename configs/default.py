@@ -87,8 +87,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.ffn_dropout_rate = 0.0  # Dropout on the FFN's activation, after act() (paper: none).
   config.model.norm = 'post_ln'  # 'post_ln' (paper), 'pre_ln' or 'rmsnorm' (pre-norm RMSNorm).
   config.model.position = 'sinusoidal'  # 'sinusoidal' (paper), 'learned', 'rope' or 'alibi'.
-  config.model.ffn_activation = 'relu'  # FFN nonlinearity: 'relu' (paper), 'gelu' or 'swiglu'.
+  config.model.ffn_activation = 'relu'  # 'relu' (paper), 'gelu', 'swiglu' or 'swish' (Marian).
   config.model.use_bias = True  # Biases in attention/FFN Dense layers and LayerNorm (paper: yes).
+  config.model.norm_epsilon = 1e-6  # Epsilon of every LayerNorm/RMSNorm (Marian, PyTorch: 1e-5).
+  config.model.logits_bias = False  # A learned bias on the softmax logits (paper: none).
   config.model.share_embeddings = True  # One matrix for source, target and softmax (3.4).
   config.model.max_len = 512  # Longest position the model supports.
   config.model.attention_impl = 'auto'  # 'auto' (fused cuDNN where it applies), 'xla', 'cudnn'.

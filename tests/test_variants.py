@@ -32,6 +32,8 @@ VARIANTS = {
   'alibi': dict(position='alibi'),
   'gelu': dict(ffn_activation='gelu'),
   'swiglu': dict(ffn_activation='swiglu'),
+  'swish': dict(ffn_activation='swish'),
+  'logits_bias': dict(logits_bias=True),
   'no_bias': dict(use_bias=False),
   'decoder_only': dict(architecture='decoder_only'),
 }
@@ -202,6 +204,44 @@ def test_swiglu_is_swish_gate_times_linear_then_output_projection():
   np.testing.assert_allclose(out[0, 0], [1.4621172, 2.2689414], rtol=1e-6)
 
 
+def test_swish_ffn_is_x_sigmoid_x_between_the_two_projections():
+  cfg = _config(d_model=2, num_heads=1, d_ff=2, ffn_activation='swish')
+  params = {
+    'wi': {'kernel': jnp.asarray([[1.0, 0.0], [0.0, 1.0]]), 'bias': jnp.asarray([0.0, 1.0])},
+    'wo': {'kernel': jnp.asarray([[1.0, 1.0], [0.0, 1.0]]), 'bias': jnp.asarray([0.5, 0.0])},
+  }
+  out = layers.FeedForward(cfg).apply(
+    {'params': params}, jnp.asarray([[[1.0, -1.0]]]), deterministic=True
+  )
+  # x W1 + b1 = [1, 0] -> Swish: [sigmoid(1), 0] = [0.7310586, 0]; times W2 plus b2:
+  # [0.7310586 + 0.5, 0.7310586].
+  np.testing.assert_allclose(out[0, 0], [1.2310586, 0.7310586], rtol=1e-6)
+
+
+def test_norm_epsilon_is_added_to_the_variance():
+  for norm, expected in (('post_ln', [-1 / math.sqrt(2), 1 / math.sqrt(2)]), ('rmsnorm', None)):
+    module = layers.norm(_config(norm=norm, norm_epsilon=0.1), 'norm')
+    x = jnp.asarray([[1.0, 2.0]])
+    params = module.init(jax.random.key(0), x)
+    out = module.apply(params, x)
+    if norm == 'post_ln':  # mean 1.5, variance 0.25: (x - 1.5) / sqrt(0.35).
+      expected = [-0.5 / math.sqrt(0.35), 0.5 / math.sqrt(0.35)]
+    else:  # mean(x^2) = 2.5: x / sqrt(2.6).
+      expected = [1 / math.sqrt(2.6), 2 / math.sqrt(2.6)]
+    np.testing.assert_allclose(out[0], expected, rtol=1e-6)
+
+
+def test_logits_bias_is_added_to_every_positions_logits():
+  model, params = _model_and_params('logits_bias')
+  plain, _ = _model_and_params('paper')
+  src, tgt = _random_tokens(1, (1, 8)), _random_tokens(2, (1, 6))
+  bias = np.random.default_rng(0).normal(size=VOCAB).astype(np.float32)
+  with_bias = {**params, 'decoder': {**params['decoder'], 'logits_bias': jnp.asarray(bias)}}
+  same = {k: v for k, v in with_bias['decoder'].items() if k != 'logits_bias'}
+  without = _apply(plain, {**with_bias, 'decoder': same}, src, tgt)
+  np.testing.assert_allclose(_apply(model, with_bias, src, tgt), without + bias, atol=1e-5)
+
+
 def test_rmsnorm_divides_by_root_mean_square_and_scales():
   rmsnorm = layers.norm(_config(norm='rmsnorm'), 'norm')
   params = {'scale': jnp.asarray([1.0, 2.0])}
@@ -241,6 +281,8 @@ def test_rope_needs_an_even_head_dim():
 def test_configs_saved_before_the_switches_load_as_the_paper_model():
   config = default.get_config()
   for key in ('architecture', 'position', 'ffn_activation', 'use_bias'):
+    del config.model[key]
+  for key in ('norm_epsilon', 'logits_bias'):
     del config.model[key]  # As in a WORKDIR/config.json written before they existed.
   del config.grad_clip_norm, config.mesh.rules
   upgraded = runs.upgrade(config)
@@ -252,6 +294,7 @@ def test_configs_saved_before_the_switches_load_as_the_paper_model():
     'relu',
     True,
   )
+  assert (cfg.norm_epsilon, cfg.logits_bias) == (1e-6, False)
   assert upgraded.grad_clip_norm == 0.0
   assert list(upgraded.mesh.rules) == list(default.get_config().mesh.rules)
   config_lib.validate(upgraded, num_devices=1)

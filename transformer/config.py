@@ -54,7 +54,7 @@ from transformer.errors import InvalidInput
 ARCHITECTURES = ('encoder_decoder', 'decoder_only')
 NORMS = ('post_ln', 'pre_ln', 'rmsnorm')
 POSITIONS = ('sinusoidal', 'learned', 'rope', 'alibi')
-FFN_ACTIVATIONS = ('relu', 'gelu', 'swiglu')
+FFN_ACTIVATIONS = ('relu', 'gelu', 'swiglu', 'swish')
 # Learning-rate decay after warmup (`optim.learning_rate_schedule`); the first is the paper's.
 SCHEDULES = ('inverse_sqrt', 'linear', 'cosine')
 # Schedules that decay to config.num_train_steps: a run's early checkpoints are not a shorter run's.
@@ -154,6 +154,8 @@ CONFIG_RULES: dict[str, Rule] = {
   'model.position': one_of(POSITIONS),
   'model.ffn_activation': one_of(FFN_ACTIVATIONS),
   'model.use_bias': BOOLEAN,
+  'model.norm_epsilon': real(0.0, 0.1, low_open=True),
+  'model.logits_bias': BOOLEAN,
   'model.share_embeddings': BOOLEAN,
   'model.max_len': POSITIVE_INT,
   'model.attention_impl': one_of(ATTENTION_IMPLS),
@@ -473,6 +475,8 @@ class ModelConfig:
   position: str = 'sinusoidal'  # POSITIONS; rope and alibi act inside self-attention.
   ffn_activation: str = 'relu'  # FFN_ACTIVATIONS.
   use_bias: bool = True  # Biases of attention/FFN Dense layers and LayerNorm.
+  norm_epsilon: float = 1e-6  # Added to the variance in every LayerNorm/RMSNorm.
+  logits_bias: bool = False  # A learned bias on the output logits (Marian's final_logits_bias).
   share_embeddings: bool = True
   max_len: int = 512
   dtype: Any = jnp.float32

@@ -155,7 +155,8 @@ class FeedForward(nn.Module):
   """Eq. 2: FFN(x) = act(x W1 + b1) W2 + b2, applied to each position.
 
   `ffn_activation`: 'relu' (the paper's max(0, .)), 'gelu' (Hendrycks & Gimpel
-  2016, exact erf form) or 'swiglu' (Shazeer 2020, "GLU Variants Improve
+  2016, exact erf form), 'swish' (x * sigmoid(x), Ramachandran et al. 2017; Marian's
+  and the OPUS-MT models' FFN) or 'swiglu' (Shazeer 2020, "GLU Variants Improve
   Transformer"): FFN(x) = (Swish(x W) * (x V)) W2 with its own matrix V (`wv`);
   at equal d_ff it has 1.5x the FFN parameters (the paper shrinks d_ff by 2/3).
   `ffn_dropout_rate` drops units of act(...) before W2 (fairseq's --activation-dropout,
@@ -186,6 +187,8 @@ class FeedForward(nn.Module):
       h_NF = nn.swish(h_NF) * dense(cfg.d_ff, ('embed', 'mlp'), 'wv')(x_ND)
     elif cfg.ffn_activation == 'gelu':
       h_NF = nn.gelu(h_NF, approximate=False)
+    elif cfg.ffn_activation == 'swish':
+      h_NF = nn.swish(h_NF)
     else:
       h_NF = nn.relu(h_NF)
     h_NF = nn.Dropout(cfg.ffn_dropout_rate)(h_NF, deterministic=deterministic)  # Rate 0: h_NF.
@@ -199,13 +202,16 @@ def norm(config: ModelConfig, name: str) -> nn.Module:
 
   LayerNorm (Ba et al. 2016), without its bias when `use_bias=False`, or, for
   `norm='rmsnorm'`, RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * g,
-  no centring and no bias.
+  no centring and no bias. eps is `norm_epsilon` (1e-6 here as in tensor2tensor; Marian,
+  fairseq and PyTorch use 1e-5).
   """
   scale_init = nn.with_logical_partitioning(nn.initializers.ones, ('embed',))
   if config.norm == 'rmsnorm':
-    return nn.RMSNorm(epsilon=1e-6, dtype=jnp.float32, scale_init=scale_init, name=name)
+    return nn.RMSNorm(
+      epsilon=config.norm_epsilon, dtype=jnp.float32, scale_init=scale_init, name=name
+    )
   return nn.LayerNorm(
-    epsilon=1e-6,
+    epsilon=config.norm_epsilon,
     dtype=jnp.float32,
     use_bias=config.use_bias,
     scale_init=scale_init,

@@ -11,7 +11,8 @@ vocabulary in `transformer/attention.py`.
 
 Modern variants are switches on the same blocks, the defaults being the paper's:
 `norm` (post_ln / pre_ln / rmsnorm), `position` (sinusoidal / learned / rope /
-alibi), `ffn_activation` (relu / gelu / swiglu) and `use_bias`.
+alibi), `ffn_activation` (relu / gelu / swiglu / swish), `use_bias`, `norm_epsilon`
+and `logits_bias`.
 """
 
 from __future__ import annotations
@@ -225,6 +226,14 @@ class Decoder(nn.Module):
           nn.initializers.xavier_uniform(), ('embed', 'vocab')
         ),
       )(y_BLD.reshape(-1, cfg.d_model)).reshape(*y_BLD.shape[:-1], cfg.vocab_size)
+    if cfg.logits_bias:  # Marian's final_logits_bias: one learned offset per vocabulary entry.
+      bias_V = self.param(
+        'logits_bias',
+        nn.with_logical_partitioning(nn.initializers.zeros, ('vocab',)),
+        (cfg.vocab_size,),
+        jnp.float32,
+      )
+      logits_BLV = logits_BLV + bias_V.astype(logits_BLV.dtype)
     logits_BLV = nn.with_logical_constraint(logits_BLV, ('batch', 'length', 'vocab'))
     return logits_BLV.astype(jnp.float32)
 

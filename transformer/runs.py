@@ -423,6 +423,8 @@ ADDED_KEYS: dict[str, Any] = {
   'model.position': 'sinusoidal',
   'model.ffn_activation': 'relu',
   'model.use_bias': True,
+  'model.norm_epsilon': 1e-6,
+  'model.logits_bias': False,
   'model.ffn_dropout_rate': 0.0,
   'grad_clip_norm': 0.0,
   'schedule': 'inverse_sqrt',

@@ -37,6 +37,7 @@ RUN_ENTRIES = (
   'eval.log',
   'wandb.json',
   'wandb',
+  'vocabulary.model',  # A workdir convert.py imported from Hugging Face: its vocabulary.
 )
 # The checkout that holds this package: the files git tracks there are the code.
 CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -51,6 +51,8 @@ PACKAGES = (
 # The checkout that holds this package (a git repository when run from source).
 CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILENAME = 'provenance.jsonl'
+# The entry of a workdir that convert.py imported (from Hugging Face) names its source here.
+IMPORTED_KEY = 'imported_from'
 
 
 def package_versions() -> dict[str, str | None]:

@@ -108,6 +108,14 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   anything is written.
   """
   metrics.read_rows(storage.join(workdir, metrics.FILENAME))  # Damaged: refused before writing.
+  imported = next((e for e in provenance.read(workdir) if provenance.IMPORTED_KEY in e), None)
+  if imported is not None:
+    raise InvalidInput(
+      f'{workdir} holds a model that convert.py imported from '
+      f'{imported[provenance.IMPORTED_KEY].get("path")}, not a run to resume. Nothing was '
+      f'changed. Fine-tune it in a new workdir: train.py --config.init_from={workdir} '
+      '--workdir=NEW.'
+    )
   steps = checkpoints.committed_steps(storage.join(workdir, 'checkpoints'))
   if not steps:
     return

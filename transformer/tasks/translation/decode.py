@@ -63,7 +63,10 @@ def _logits_fn(model: Transformer, params):
       method=Transformer.decode,
       mutable=['cache'],
     )
-    return logits_N1V[:, 0], {**state, 'cache': variables['cache']}
+    # A translation never holds pad or bos: they are inputs only (as transformers' Marian
+    # models ban pad with bad_words_ids; an imported OPUS-MT model's bos is its pad row).
+    logits_NV = logits_N1V[:, 0].at[:, (tokenizer_lib.PAD_ID, tokenizer_lib.BOS_ID)].set(-jnp.inf)
+    return logits_NV, {**state, 'cache': variables['cache']}
 
   return step
 

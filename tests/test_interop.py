@@ -1,0 +1,423 @@
+"""Models in and out, checked against the independent implementations.
+
+transformers' `MarianMTModel` and `MarianTokenizer` and CTranslate2's `Translator` run the
+other side of every check: a random-weight Marian model (OPUS-MT's special ids, a logits
+bias, a SentencePiece model trained here) imported; a tiny run trained here exported to both
+formats; export then import bit for bit; every refusal naming its field.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import tiny
+from tests.conftest import synthetic_captions
+from transformer import evaluation, inference, tokenizer, training
+from transformer.config import ModelConfig
+from transformer.errors import InvalidInput
+from transformer.interop import ctranslate2_model, hf_files, marian, workdirs
+from transformer.model import Transformer
+from transformer.tasks.translation import decode
+
+torch = pytest.importorskip('torch', reason='pip install -r requirements-interop.txt')
+transformers = pytest.importorskip('transformers', reason='pip install -r requirements-interop.txt')
+ctranslate2 = pytest.importorskip('ctranslate2', reason='pip install -r requirements-interop.txt')
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+MAX_EXTRA_LEN = 12
+SENTENCES = [en for en, _ in synthetic_captions(30, seed=77)]
+
+
+def _translate(params, cfg, vocab: tokenizer.Tokenizer, lines, decoder, beam_size=4):
+  """This project's decoder (alpha 0: no length penalty) on `lines`, as token-id lists."""
+  rows = [vocab.encode(line) + [tokenizer.EOS_ID] for line in lines]
+  src = np.zeros((len(rows), max(map(len, rows))), np.int32)
+  for i, row in enumerate(rows):
+    src[i, : len(row)] = row
+  options = inference.DecodeOptions(
+    decoder=decoder, beam_size=beam_size, alpha=0.0, max_extra_len=MAX_EXTRA_LEN
+  )
+  tokens = decode.translate(
+    params, jnp.asarray(src), jax.random.key(0), model_config=cfg, options=options
+  ).tokens
+  out = []  # (ids, whether it ended with EOS before the limit).
+  for src_row, row in zip(rows, np.asarray(tokens).tolist(), strict=True):
+    ended = tokenizer.EOS_ID in row[: len(src_row) + MAX_EXTRA_LEN - 1]
+    row = row[: row.index(tokenizer.EOS_ID)] if tokenizer.EOS_ID in row else row
+    out.append(([t for t in row if t != tokenizer.PAD_ID], ended))
+  return rows, out
+
+
+def _hf_generate(model, rows, *, num_beams, bad_words, to_marian=lambda ids: ids):
+  """transformers' generate() per sentence (its length limit is per call), as id lists."""
+  outputs = []  # (ids, whether it ended with EOS).
+  for row in rows:
+    ids = torch.tensor([to_marian(row)])
+    generated = model.generate(
+      input_ids=ids,
+      attention_mask=torch.ones_like(ids),
+      num_beams=num_beams,
+      do_sample=False,
+      length_penalty=0.0,
+      early_stopping=False,
+      max_new_tokens=len(row) + MAX_EXTRA_LEN,
+      bad_words_ids=bad_words,
+    )[0].tolist()[1:]  # Without the decoder's start token.
+    eos = model.config.eos_token_id
+    # Not the EOS forced at the length limit (its last position).
+    ended = eos in generated[: len(row) + MAX_EXTRA_LEN - 1]
+    generated = generated[: generated.index(eos)] if eos in generated else generated
+    outputs.append(([t for t in generated if t != model.config.pad_token_id], ended))
+  return outputs
+
+
+def _assert_same_translations(ours, theirs, *, at_least):
+  """Equal where both ended with EOS; the engines' length limits differ by design (transformers
+  forces EOS at its limit), so a row cut by a limit is compared on their common prefix."""
+  ended = 0
+  for (our_ids, our_end), (their_ids, their_end) in zip(ours, theirs, strict=True):
+    if our_end and their_end:
+      ended += 1
+      assert our_ids == their_ids
+    else:
+      n = min(len(our_ids), len(their_ids)) - 1
+      assert our_ids[:n] == their_ids[:n]
+  assert ended >= at_least, ended
+
+
+# --- A random-weight Marian model in OPUS-MT's layout, imported ---------------------------------
+
+
+@pytest.fixture(scope='module')
+def opus_like(tmp_path_factory):
+  """A random MarianMTModel with OPUS-MT's conventions, saved with MarianTokenizer's files.
+
+  eos 0, unk 1, the pieces, pad last and the decoder's start token; swish; a nonzero
+  final_logits_bias; LayerNorms off their initial values. The SentencePiece model is trained
+  here on made-up captions.
+  """
+  directory = tmp_path_factory.mktemp('opus_like')
+  pairs = synthetic_captions(400, seed=5)
+  vocab = tokenizer.train_tokenizer([t for pair in pairs for t in pair], 200)
+  pieces = [vocab.id_to_piece(i) for i in range(4, vocab.vocab_size)]
+  marian_vocab = {'</s>': 0, '<unk>': 1, **{p: i + 2 for i, p in enumerate(pieces)}}
+  marian_vocab['<pad>'] = len(marian_vocab)
+  size = len(marian_vocab)
+  config = transformers.MarianConfig(
+    vocab_size=size,
+    decoder_vocab_size=size,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=128,
+    activation_function='swish',
+    scale_embedding=True,
+    pad_token_id=size - 1,
+    decoder_start_token_id=size - 1,
+    eos_token_id=0,
+    forced_eos_token_id=0,
+  )
+  torch.manual_seed(0)
+  model = transformers.MarianMTModel(config).eval()
+  with torch.no_grad():
+    model.final_logits_bias.normal_(0.0, 0.5)
+    for name, param in model.named_parameters():
+      if 'layer_norm' in name:
+        param.normal_(1.0 if name.endswith('weight') else 0.0, 0.2)
+      elif 'embed_tokens' in name or 'shared' in name:
+        param.normal_(0.0, 0.5)
+  model.save_pretrained(directory)
+  (directory / 'vocab.json').write_text(json.dumps(marian_vocab))
+  for name in ('source.spm', 'target.spm'):
+    (directory / name).write_bytes(vocab.serialized_model())
+  (directory / 'tokenizer_config.json').write_text(json.dumps({'source_lang': 'en'}))
+  return directory, model, vocab
+
+
+def test_an_opus_like_model_imports_with_transformers_logits(opus_like):
+  directory, model, vocab = opus_like
+  imported = workdirs.load_hf(str(directory))
+  cfg = ModelConfig(
+    vocab_size=imported.fields['vocab_size'], deterministic=True, **imported.fields['model']
+  )
+  assert (cfg.ffn_activation, cfg.norm_epsilon, cfg.logits_bias) == ('swish', 1e-5, True)
+  assert cfg.vocab_size == model.config.vocab_size + 1  # bos: a copy of pad, the start token.
+  ours = tokenizer.Tokenizer(imported.vocabulary)
+  hf_tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
+  lines = SENTENCES[:6]
+  batch = hf_tokenizer(lines, return_tensors='pt', padding=True)
+  size = model.config.vocab_size
+  order = marian.vocabulary_order(size - 1, 0, size - 1, 1, size)
+  to_ours = {int(m): i for i, m in reversed(list(enumerate(order)))}
+  src = np.vectorize(to_ours.get)(batch['input_ids'].numpy())
+  src[batch['attention_mask'].numpy() == 0] = 0
+  for line, row in zip(lines, src, strict=True):  # Same pieces, in this project's ids.
+    assert [t for t in row.tolist() if t] == ours.encode(line) + [tokenizer.EOS_ID]
+  tgt = np.random.default_rng(0).integers(2, size - 1, size=(len(lines), 7))
+  tgt[:, 0] = size - 1
+  with torch.no_grad():
+    theirs = model(
+      input_ids=batch['input_ids'],
+      attention_mask=batch['attention_mask'],
+      decoder_input_ids=torch.tensor(tgt),
+    ).logits.numpy()
+  our_tgt = np.vectorize(to_ours.get)(tgt)
+  our_tgt[:, 0] = tokenizer.BOS_ID
+  logits = Transformer(cfg).apply({'params': imported.params}, jnp.asarray(src), our_tgt)
+  np.testing.assert_allclose(np.asarray(logits), theirs[..., order], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize('decoder,beams', [('greedy', 1), ('beam', 4)])
+def test_an_opus_like_model_translates_as_generate_does(opus_like, decoder, beams):
+  directory, model, _ = opus_like
+  imported = workdirs.load_hf(str(directory))
+  cfg = ModelConfig(
+    vocab_size=imported.fields['vocab_size'], deterministic=True, **imported.fields['model']
+  )
+  ours = tokenizer.Tokenizer(imported.vocabulary)
+  size = model.config.vocab_size
+  order = marian.vocabulary_order(size - 1, 0, size - 1, 1, size)
+  rows, translated = _translate(imported.params, cfg, ours, SENTENCES, decoder, beams)
+  generated = _hf_generate(
+    model,
+    rows,
+    num_beams=beams,
+    bad_words=[[size - 1]],  # Marian's pad: this project's pad and bos.
+    to_marian=lambda ids: [int(order[t]) for t in ids],
+  )
+  mapped = [([int(order[t]) for t in row], ended) for row, ended in translated]
+  # A random model rarely ends a sentence: its rows run to the limit and are compared on
+  # their common prefixes (the trained run's exports below check the ends too).
+  _assert_same_translations(mapped, generated, at_least=0)
+  assert min(len(row) for row, _ in generated) >= 10
+  assert len({tuple(row) for row, _ in generated}) > 5  # Not one degenerate output for all.
+
+
+# --- A tiny run trained here, exported to transformers and CTranslate2 --------------------------
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory, synthetic_multi30k_dir, synthetic_multi30k_data_dir):
+  """A tiny run with Marian's LayerNorm epsilon, swish and a logits bias, and its exports."""
+  workdir = tmp_path_factory.mktemp('run')
+  config = tiny.get_config()
+  config.model.update(norm_epsilon=1e-5, ffn_activation='swish', logits_bias=True)
+  config.num_train_steps, config.checkpoint_every_steps = 120, 60
+  config.data.manual_dir = str(synthetic_multi30k_dir)
+  config.data.data_dir = str(synthetic_multi30k_data_dir)
+  training.train_and_evaluate(config, str(workdir))
+  hf_dir, ct2_dir = workdir.parent / f'{workdir.name}-hf', workdir.parent / f'{workdir.name}-ct2'
+  workdirs.export_hf(str(workdir), str(hf_dir), None)
+  workdirs.export_ctranslate2(str(workdir), str(ct2_dir), None)
+  return workdir, hf_dir, ct2_dir, workdirs.read_run(str(workdir), None)
+
+
+def test_the_export_loads_in_transformers_with_no_missing_or_unexpected_weights(run):
+  _, hf_dir, _, params = run
+  model, info = transformers.MarianMTModel.from_pretrained(hf_dir, output_loading_info=True)
+  assert (info['missing_keys'], info['unexpected_keys'], info['mismatched_keys']) == (
+    set(),
+    set(),
+    set(),
+  )
+  hf_tokenizer = transformers.MarianTokenizer.from_pretrained(hf_dir)
+  vocab = tokenizer.Tokenizer(params.vocabulary)
+  for line in SENTENCES[:5]:
+    assert hf_tokenizer(line)['input_ids'] == vocab.encode(line) + [tokenizer.EOS_ID]
+  generation = json.loads((hf_dir / 'generation_config.json').read_text())
+  assert generation['num_beams'] == params.config.decode.beam_size
+  assert generation['length_penalty'] == pytest.approx(0.6 * 25 / 30)
+
+
+def test_the_export_computes_eval_pys_logits(run):
+  _, hf_dir, _, params = run
+  model = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
+  hf_tokenizer = transformers.MarianTokenizer.from_pretrained(hf_dir)
+  batch = hf_tokenizer(
+    SENTENCES[:8], text_target=SENTENCES[8:16], return_tensors='pt', padding=True
+  )
+  labels = batch['labels'].numpy()
+  tgt_in = np.concatenate([np.full((8, 1), tokenizer.BOS_ID), labels[:, :-1]], axis=1)
+  with torch.no_grad():
+    theirs = model(
+      input_ids=batch['input_ids'],
+      attention_mask=batch['attention_mask'],
+      decoder_input_ids=torch.tensor(tgt_in),
+    ).logits.numpy()
+  cfg = params.model_config.replace(deterministic=True)
+  logits = Transformer(cfg).apply(
+    {'params': params.params}, jnp.asarray(batch['input_ids'].numpy()), jnp.asarray(tgt_in)
+  )
+  keep = tgt_in != 0  # Past a row's end HF reads pad embeddings; this project masks them.
+  keep[:, 0] = True
+  np.testing.assert_allclose(np.asarray(logits)[keep], theirs[keep], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize('decoder,beams', [('greedy', 1), ('beam', 4)])
+def test_the_export_translates_as_this_project_does_in_both_engines(run, decoder, beams):
+  _, hf_dir, ct2_dir, params = run
+  vocab = tokenizer.Tokenizer(params.vocabulary)
+  cfg = params.model_config.replace(deterministic=True)
+  rows, ours = _translate(params.params, cfg, vocab, SENTENCES, decoder, beams)
+  model = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
+  _assert_same_translations(
+    ours, _hf_generate(model, rows, num_beams=beams, bad_words=[[0], [2]]), at_least=20
+  )
+  translator = ctranslate2.Translator(str(ct2_dir), device='cpu')
+  results = translator.translate_batch(
+    [[vocab.id_to_piece(t) for t in row[:-1]] for row in rows],
+    beam_size=beams,
+    length_penalty=0.0,
+    max_decoding_length=max(map(len, rows)) + MAX_EXTRA_LEN,  # `limit` below.
+    suppress_sequences=[['<pad>'], ['<s>']],
+  )
+  # CTranslate2's one length limit is for the batch, longer than any row's here: a row that
+  # ended with EOS here must end the same there; a row cut here is compared on its prefix.
+  ids = {vocab.id_to_piece(i): i for i in range(vocab.vocab_size)}
+  limit = max(map(len, rows)) + MAX_EXTRA_LEN
+  theirs = [([ids[p] for p in r.hypotheses[0]], len(r.hypotheses[0]) < limit - 1) for r in results]
+  _assert_same_translations(ours, theirs, at_least=20)
+
+
+def test_eval_py_translations_equal_ctranslate2s_text(run):
+  workdir, _, ct2_dir, params = run
+  config = evaluation.load_run_config(str(workdir))
+  options = inference.DecodeOptions(decoder='greedy', beam_size=1, alpha=0.0)
+  ours = decode.translate_lines(
+    config,
+    params.model_config.replace(deterministic=True),
+    params.params,
+    SENTENCES,
+    options=options,
+    batch_size=16,
+  )
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+  processor = spm.SentencePieceProcessor(model_file=str(ct2_dir / 'sentencepiece.model'))
+  translator = ctranslate2.Translator(str(ct2_dir), device='cpu')
+  results = translator.translate_batch(
+    [processor.encode(line, out_type=str) for line in SENTENCES],
+    beam_size=1,
+    suppress_sequences=[['<pad>'], ['<s>']],
+  )
+  assert [processor.decode(r.hypotheses[0]) for r in results] == ours
+
+
+def test_export_then_import_gives_the_same_parameters_bit_for_bit(run, tmp_path):
+  _, hf_dir, _, params = run
+  imported = workdirs.load_hf(str(hf_dir))
+  assert imported.vocabulary == params.vocabulary
+  assert jax.tree.structure(imported.params) == jax.tree.structure(params.params)
+  for got, want in zip(
+    jax.tree.leaves(imported.params), jax.tree.leaves(params.params), strict=True
+  ):
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+  assert imported.fields['model']['d_model'] == params.model_config.d_model
+
+
+def _command(script, *args):
+  return subprocess.run(
+    [sys.executable, script, *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+  )
+
+
+def test_convert_py_imports_a_workdir_that_eval_py_scores_and_train_py_will_not_resume(
+  run, tmp_path, synthetic_multi30k_dir, synthetic_multi30k_data_dir
+):
+  workdir, hf_dir, _, params = run
+  imported = tmp_path / 'imported'
+  data = [
+    f'--config.data.manual_dir={synthetic_multi30k_dir}',
+    f'--config.data.data_dir={synthetic_multi30k_data_dir}',
+  ]
+  done = _command(
+    'convert.py', f'--from_hf={hf_dir}', f'--workdir={imported}', '--config=configs/tiny.py', *data
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  scored = _command('eval.py', f'--workdir={imported}', '--decoder=greedy')
+  assert scored.returncode == 0, scored.stderr[-3000:]
+  original = _command('eval.py', f'--workdir={workdir}', '--decoder=greedy')
+  assert original.returncode == 0, original.stderr[-3000:]
+  result = lambda w: json.loads(next((w / 'eval').glob('*test*greedy*.json')).read_text())['bleu']
+  assert result(imported) == result(workdir)  # The same model, the same translations.
+  resumed = _command('train.py', '--config=configs/tiny.py', f'--workdir={imported}', *data)
+  assert resumed.returncode == 1
+  assert f'--config.init_from={imported}' in resumed.stderr
+  again = _command('convert.py', f'--from_hf={hf_dir}', f'--workdir={imported}')
+  assert again.returncode == 1 and 'is not empty' in again.stderr
+  del params
+
+
+# --- What has no exact form is refused, naming the field ----------------------------------------
+
+
+@pytest.mark.parametrize(
+  'change,field',
+  [
+    (dict(norm='pre_ln'), 'config.model.norm'),
+    (dict(position='rope'), 'config.model.position'),
+    (dict(ffn_activation='swiglu'), 'config.model.ffn_activation'),
+    (dict(use_bias=False), 'config.model.use_bias'),
+    (dict(architecture='decoder_only'), 'config.model.architecture'),
+    (dict(norm_epsilon=1e-6), 'config.model.norm_epsilon'),
+  ],
+)
+def test_a_variant_without_an_exact_marian_form_is_refused_by_name(change, field):
+  cfg = ModelConfig(vocab_size=40, d_model=16, num_heads=2, **{'norm_epsilon': 1e-5, **change})
+  refusals = marian.export_refusals(cfg)
+  assert len(refusals) == 1 and refusals[0].startswith(field), refusals
+
+
+def test_pre_ln_is_refused_for_marian_but_served_by_ctranslate2():
+  cfg = ModelConfig(vocab_size=40, d_model=16, num_heads=2, norm='pre_ln')
+  assert 'ctranslate2' in marian.export_refusals(cfg)[0]
+  assert ctranslate2_model.refusals(cfg) == []
+  assert ctranslate2_model.refusals(cfg.replace(position='rope'))[0].startswith(
+    'config.model.position'
+  )
+
+
+@pytest.mark.parametrize(
+  'key,value',
+  [
+    ('normalize_before', True),
+    ('scale_embedding', False),
+    ('activation_function', 'tanh'),
+    ('decoder_layers', 3),
+    ('tie_word_embeddings', False),
+  ],
+)
+def test_a_marian_config_without_an_exact_form_here_is_refused_by_key(
+  opus_like, tmp_path, key, value
+):
+  directory, _, _ = opus_like
+  config = json.loads((directory / 'config.json').read_text())
+  config[key] = value
+  (tmp_path / 'config.json').write_text(json.dumps(config))
+  with pytest.raises(InvalidInput, match=f'config.json {key}={value!r}'):
+    hf_files.read_config(str(tmp_path))
+
+
+def test_an_export_into_a_directory_that_holds_files_changes_nothing(run, tmp_path):
+  workdir, _, _, _ = run
+  (tmp_path / 'keep.txt').write_text('mine')
+  with pytest.raises(InvalidInput, match='is not empty'):
+    workdirs.export_hf(str(workdir), str(tmp_path), None)
+  assert os.listdir(tmp_path) == ['keep.txt']

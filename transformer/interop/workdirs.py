@@ -1,0 +1,342 @@
+"""convert.py's jobs on workdirs: a run's checkpoint out to Hugging Face or CTranslate2, and a
+Hugging Face Marian directory in as a workdir that eval.py scores and train.py fine-tunes from.
+
+- `export_hf` / `export_ctranslate2`: the parameters of `--checkpoint` (`latest`, a step,
+  `avg:N`, `best`, ... as eval.py reads them, averaging included) and the run's vocabulary.
+- `load_hf`: a Marian directory as this project's config fields, parameters and vocabulary
+  (`config.init_from=hf:DIR` starts a run from it).
+- `import_hf`: the same written as a workdir: `config.json` (the architecture stated in
+  `config.model`), `vocabulary.model`, `checkpoints/0` and a provenance entry naming the
+  source. Such a workdir is a starting point, not a run to resume: train.py refuses to
+  resume it and says to fine-tune it in a new workdir (`config.init_from=WORKDIR`).
+
+Nothing is written where something already is: an output directory must be new or empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from transformer import checkpoints, evaluation, optim, provenance, runs, storage
+from transformer import config as config_lib
+from transformer import tokenizer as tokenizer_lib
+from transformer.config import ModelConfig
+from transformer.errors import InvalidInput
+from transformer.interop import ctranslate2_model, hf_files, marian
+
+VOCABULARY_FILE = 'vocabulary.model'  # An imported workdir's vocabulary (path_checks.RUN_ENTRIES).
+IMPORTED_KEY = provenance.IMPORTED_KEY  # Its provenance entry's record of the source.
+
+
+def check_new_output(path: str, flag: str) -> str:
+  """`path` made absolute; refused if something is there already (nothing is overwritten)."""
+  if not path or not path.strip():
+    raise InvalidInput(f'{flag} is empty: name a new directory.')
+  if storage.is_url(path):
+    raise InvalidInput(f'{flag}={path}: write it to a local directory, then copy it to a bucket.')
+  path = os.path.abspath(os.path.expanduser(path))
+  if os.path.isfile(path):
+    raise InvalidInput(f'{flag}={path} is a file: name a new directory.')
+  if os.path.isdir(path) and os.listdir(path):
+    raise InvalidInput(f'{flag}={path} is not empty: name a new directory (nothing is replaced).')
+  return path
+
+
+@dataclasses.dataclass(frozen=True)
+class RunParams:
+  """A run's parameters as numpy arrays, with what describes them."""
+
+  config: ml_collections.ConfigDict
+  model_config: ModelConfig
+  params: Any
+  label: str  # Which checkpoints: `step_1500`, `avg5_1100-1500`, ...
+  vocabulary: bytes
+
+
+def run_model_config(workdir: str) -> tuple[ml_collections.ConfigDict, ModelConfig]:
+  """The run's config (fitted to this machine) and its model, before anything is restored."""
+  config = evaluation.load_run_config(workdir)
+  return config, ModelConfig.from_config(config)
+
+
+def read_run(workdir: str, checkpoint: str | None) -> RunParams:
+  """The parameters of `checkpoint` (default: the run's config.decode.checkpoint), on the host."""
+  config = evaluation.load_run_config(workdir)
+  run = evaluation.setup(config)
+  spec = checkpoint or config.decode.checkpoint
+  params, label = evaluation.restore_params(run, workdir, spec)
+  params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), params)
+  vocabulary = storage.read_bytes(tokenizer_lib.vocab_path(config))
+  return RunParams(config, run.model_config, params, label, vocabulary)
+
+
+def export_hf(
+  workdir: str, directory: str, checkpoint: str | None, *, allow_norm_epsilon: bool = False
+) -> list[str]:
+  """Writes `directory` as a Hugging Face Marian model of the run's `checkpoint`."""
+  directory = check_new_output(directory, '--to_hf')
+  _, model_config = run_model_config(workdir)
+  refusals = marian.export_refusals(model_config, allow_norm_epsilon=allow_norm_epsilon)
+  if refusals:  # Before anything is restored.
+    raise InvalidInput(
+      f'The run in {workdir} has no exact Hugging Face Marian form:\n  ' + '\n  '.join(refusals)
+    )
+  run = read_run(workdir, checkpoint)
+  if run.model_config.norm_epsilon != marian.MARIAN_NORM_EPSILON:
+    logging.warning(
+      "Exporting with norm_epsilon=%g where Marian's LayerNorm uses %g "
+      '(--allow_norm_epsilon): transformers computes slightly different numbers.',
+      run.model_config.norm_epsilon,
+      marian.MARIAN_NORM_EPSILON,
+    )
+  files = hf_files.write(
+    directory,
+    run.params,
+    run.model_config,
+    run.vocabulary,
+    source_lang=run.config.data.source_lang,
+    target_lang=run.config.data.target_lang,
+    beam_size=run.config.decode.beam_size,
+    alpha=run.config.decode.alpha,
+    allow_norm_epsilon=allow_norm_epsilon,
+  )
+  logging.info('Wrote %s (%s of %s): %s.', directory, run.label, workdir, ', '.join(files))
+  return files
+
+
+def export_ctranslate2(
+  workdir: str, directory: str, checkpoint: str | None, *, quantization: str = 'float32'
+) -> None:
+  """Writes `directory` as a CTranslate2 model of the run's `checkpoint`."""
+  directory = check_new_output(directory, '--to_ctranslate2')
+  if quantization not in ctranslate2_model.QUANTIZATIONS:
+    raise InvalidInput(
+      f'--quantization={quantization!r} is not one of {ctranslate2_model.QUANTIZATIONS}.'
+    )
+  _, model_config = run_model_config(workdir)
+  refusals = ctranslate2_model.refusals(model_config)
+  if refusals:
+    raise InvalidInput(
+      f'The run in {workdir} has no exact CTranslate2 form:\n  ' + '\n  '.join(refusals)
+    )
+  _require('ctranslate2')
+  run = read_run(workdir, checkpoint)
+  ctranslate2_model.write(
+    directory, run.params, run.model_config, run.vocabulary, quantization=quantization
+  )
+  logging.info(
+    'Wrote the CTranslate2 model %s (%s of %s, %s).', directory, run.label, workdir, quantization
+  )
+
+
+def _require(package: str) -> None:
+  try:
+    __import__(package)
+  except ImportError:
+    raise InvalidInput(
+      f'This needs {package}: pip install -r requirements-interop.txt (the `interop` extra).'
+    ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Imported:
+  """A Hugging Face Marian model in this project's terms."""
+
+  directory: str
+  fields: dict[str, Any]  # `vocab_size`, `model.*` and `decode.*` of the config.
+  params: Any  # numpy float32, this project's tree.
+  vocabulary: bytes  # The SentencePiece model, in this project's id order.
+  languages: tuple[str | None, str | None]  # tokenizer_config.json's source and target.
+
+
+def load_hf(directory: str) -> Imported:
+  """Reads a Marian directory into this project's fields, parameters and vocabulary.
+
+  Refused with one message naming each config.json key without an exact form here, and
+  when source.spm and target.spm segment differently (this project's runs have one
+  SentencePiece model for both sides).
+  """
+  directory = os.path.abspath(os.path.expanduser(directory))
+  if not os.path.isdir(directory):
+    raise InvalidInput(f'--from_hf={directory} is not a directory.')
+  marian_config = hf_files.read_config(directory)
+  vocab, source_spm, target_spm = hf_files.read_vocabularies(directory)
+  if '<unk>' not in vocab:
+    raise InvalidInput(f'{directory}/vocab.json has no <unk> piece.')
+  size = marian_config['vocab_size']
+  if len(vocab) != size or sorted(vocab.values()) != list(range(size)):
+    raise InvalidInput(
+      f'{directory}/vocab.json holds {len(vocab)} pieces for ids other than 0..{size - 1} '
+      f'(config.json vocab_size={size}).'
+    )
+  order = marian.vocabulary_order(
+    marian_config['pad_token_id'],
+    marian_config['eos_token_id'],
+    marian_config['decoder_start_token_id'],
+    vocab['<unk>'],
+    size,
+  )
+  source, source_dropped = hf_files.rebuild_vocabulary(source_spm, vocab, order)
+  target, target_dropped = hf_files.rebuild_vocabulary(target_spm, vocab, order)
+  if source != target:
+    raise InvalidInput(
+      f'{directory}: source.spm and target.spm differ. This project encodes both sides '
+      'with one SentencePiece model (config.data.vocab_path), so a model with a vocabulary '
+      'per side is not imported exactly.'
+    )
+  if source_dropped:
+    logging.warning(
+      '%d pieces of %s/source.spm are not in vocab.json: MarianTokenizer maps them to <unk>; '
+      'here text is segmented around them.',
+      source_dropped,
+      directory,
+    )
+  state = hf_files.read_weights(directory)
+  fields = marian.model_fields(
+    marian_config, vocab_size=len(order), logits_bias=marian.nonzero_logits_bias(state)
+  )
+  cfg = ModelConfig(vocab_size=fields['vocab_size'], **fields['model'])
+  try:
+    params = marian.from_marian(state, cfg, order)
+  except KeyError as e:
+    raise InvalidInput(f'{directory}: {e.args[0]}') from None
+  fields['decode'] = _decode_fields(directory)
+  languages = _languages(directory)
+  del target_dropped  # Same model as the source's.
+  return Imported(directory, fields, params, source, languages)
+
+
+def _decode_fields(directory: str) -> dict[str, Any]:
+  """`decode.*` from generation_config.json (beam size; GNMT alpha of its length penalty)."""
+  path = os.path.join(directory, 'generation_config.json')
+  if not os.path.isfile(path):
+    return {}
+  generation = json.loads(storage.read_text(path))
+  fields = {}
+  if isinstance(generation.get('num_beams'), int) and generation['num_beams'] >= 1:
+    fields['beam_size'] = generation['num_beams']
+  penalty = generation.get('length_penalty')
+  if isinstance(penalty, int | float) and penalty >= 0:
+    length = hf_files.TYPICAL_TARGET_LENGTH
+    fields['alpha'] = round(float(penalty) * (5 + length) / length, 6)
+  return fields
+
+
+def _languages(directory: str) -> tuple[str | None, str | None]:
+  path = os.path.join(directory, 'tokenizer_config.json')
+  if not os.path.isfile(path):
+    return None, None
+  loaded = json.loads(storage.read_text(path))
+  return loaded.get('source_lang'), loaded.get('target_lang')
+
+
+def params_digest(params: Any) -> str:
+  """sha256 over the arrays' names, shapes, dtypes and bytes (the provenance of a start)."""
+  digest = hashlib.sha256()
+  for path, leaf in sorted(
+    jax.tree_util.tree_flatten_with_path(params)[0], key=lambda item: jax.tree_util.keystr(item[0])
+  ):
+    array = np.ascontiguousarray(np.asarray(leaf))
+    digest.update(f'{jax.tree_util.keystr(path)}:{array.shape}:{array.dtype};'.encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
+
+
+def apply_fields(config: ml_collections.ConfigDict, fields: dict[str, Any]) -> None:
+  """Sets the imported model's `vocab_size`, `model.*` and `decode.*` on `config`."""
+  config.vocab_size = fields['vocab_size']
+  for group in ('model', 'decode'):
+    for key, value in fields.get(group, {}).items():
+      config[group][key] = value
+
+
+def import_hf(directory: str, workdir: str, config: ml_collections.ConfigDict) -> str:
+  """Writes `workdir` holding the Marian model of `directory`; `config` gives data and training.
+
+  Returns the checkpoint's directory. The config's model fields, vocab_size and decoding
+  are the imported model's; `data.vocab_path` is WORKDIR/vocabulary.model.
+  """
+  workdir = check_new_output(workdir, '--workdir')
+  imported = load_hf(directory)
+  config = ml_collections.ConfigDict(config.to_dict())
+  apply_fields(config, imported.fields)
+  config.data.vocab_path = os.path.join(workdir, VOCABULARY_FILE)
+  for side, name in zip(imported.languages, ('source_lang', 'target_lang'), strict=True):
+    if side and config.data[name] and side != config.data[name]:
+      logging.warning(
+        '%s/tokenizer_config.json names %s=%r; the config reads config.data.%s=%r.',
+        directory,
+        name,
+        side,
+        name,
+        config.data[name],
+      )
+  config_lib.validate(config, num_devices=jax.device_count())
+  os.makedirs(workdir, exist_ok=True)
+  storage.write_bytes(config.data.vocab_path, imported.vocabulary)
+  run = evaluation.setup(config)
+  state = _train_state(run, imported.params, config)
+  checkpointer = checkpoints.Checkpointer(workdir)
+  try:
+    # The data item of a checkpoint is an input position; an imported model has none to keep
+    # (train.py refuses to resume this workdir), so it is the start of an empty dataset.
+    import grain  # pylint: disable=g-import-not-at-top
+
+    position = iter(grain.MapDataset.range(1).to_iter_dataset())
+    checkpointer.save(0, state, position, force=True)
+    checkpointer.wait_until_finished()
+  finally:
+    checkpointer.close()
+  runs.write_config(config, workdir)
+  entry = provenance.current()
+  entry[IMPORTED_KEY] = {
+    'path': imported.directory,
+    'params_sha256': params_digest(imported.params),
+  }
+  entry['inputs'] = {'vocabulary': provenance.vocabulary_input(config, imported.vocabulary)}
+  storage.append_text(
+    storage.join(workdir, provenance.FILENAME), json.dumps(entry, sort_keys=True) + '\n'
+  )
+  logging.info('Imported %s into %s (step 0).', imported.directory, workdir)
+  return storage.join(workdir, 'checkpoints')
+
+
+def _train_state(run: evaluation.Setup, params: Any, config: ml_collections.ConfigDict):
+  """A train state at step 0 holding `params`, placed as the config's mesh lays it out."""
+  from transformer import train_steps  # pylint: disable=g-import-not-at-top
+
+  abstract = run.abstract_state
+  placed = jax.tree.map(
+    lambda value, target: jax.device_put(np.asarray(value, target.dtype), target.sharding),
+    params,
+    abstract.params,
+  )
+  optimizer = optim.create_optimizer(config)
+  opt_state = jax.jit(
+    optimizer.init, out_shardings=jax.tree.map(lambda a: a.sharding, abstract.opt_state)
+  )(placed)
+  return train_steps.TrainState(
+    step=jax.device_put(np.asarray(0, np.int32), abstract.step.sharding),
+    params=placed,
+    opt_state=opt_state,
+    dropout_key=jax.device_put(
+      np.asarray(jax.random.key_data(jax.random.key(config.seed))), abstract.dropout_key.sharding
+    ),
+  )
+
+
+def imported_from(workdir: str) -> dict[str, Any] | None:
+  """The source recorded by `import_hf` in WORKDIR's provenance, or None."""
+  for entry in provenance.read(workdir):
+    if IMPORTED_KEY in entry:
+      return entry[IMPORTED_KEY]
+  return None

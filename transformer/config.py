@@ -102,6 +102,11 @@ WANDB_NAME = Rule(
   "'' or a name of at most 128 characters without / \\ # ? % :",
   lambda v: isinstance(v, str) and len(v) <= 128 and not set('/\\#?%:') & set(v),
 )
+# `config.init_from` (transformer/initialization.py): '' or where a run's parameters come from.
+INIT_SOURCE = Rule(
+  "'' (random parameters) or the workdir of a training run (a path or a gs:// URL)",
+  lambda v: isinstance(v, str) and v == v.strip(),
+)
 AXIS_RULES = Rule(
   'a sequence of (logical axis, mesh axes) pairs',
   lambda v: (
@@ -142,6 +147,8 @@ CONFIG_RULES: dict[str, Rule] = {
   'decode.alpha': real(0.0),  # GNMT length penalty exponent; 0: none.
   'decode.max_extra_len': POSITIVE_INT,
   'decode.checkpoint': CHECKPOINT_SPEC,  # eval.py's --checkpoint unless given.
+  'init_from': INIT_SOURCE,  # '': random parameters.
+  'init_checkpoint': CHECKPOINT_SPEC,  # Of config.init_from, as eval.py's --checkpoint.
   'model.architecture': one_of(ARCHITECTURES),
   'model.num_layers': POSITIVE_INT,
   'model.d_model': POSITIVE_INT,
@@ -266,6 +273,17 @@ def checkpoint_kept_errors(c, spec: str, name: str, advice: bool = False) -> lis
   return []
 
 
+def _init_errors(c) -> list[str]:
+  """A checkpoint of config.init_from named without config.init_from would be ignored."""
+  if c.init_checkpoint != 'latest' and not c.init_from:
+    return [
+      f'config.init_checkpoint={c.init_checkpoint!r} names a checkpoint of config.init_from, '
+      "which is '' (random parameters): set config.init_from to the run to start from, or "
+      'drop the config.init_checkpoint override.'
+    ]
+  return []
+
+
 def platform_errors(config: ml_collections.ConfigDict, platform: str) -> list[str]:
   """What `config` cannot run on devices of `platform` ('cpu', 'gpu', 'tpu')."""
   impl = config.model.attention_impl
@@ -385,6 +403,7 @@ _CROSS_CHECKS: tuple[Callable[[ml_collections.ConfigDict], list[str]], ...] = (
   _model_errors,
   _schedule_errors,
   _decode_checkpoint_errors,
+  _init_errors,
   _attention_errors,
   _length_errors,
   _task_errors,

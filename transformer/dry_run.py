@@ -4,14 +4,15 @@ import jax
 import ml_collections
 
 from transformer import config as config_lib
-from transformer import memory, summary, train_steps
+from transformer import initialization, memory, summary, train_steps
 from transformer.config import ModelConfig
 
 
 def run(config: ml_collections.ConfigDict, num_devices: int | None = None) -> int:
   """Prints the parameter table, FLOPs per token, the train step's memory per device (with
   the mesh over `num_devices`, default this host's devices; `transformer/memory.py`) and a
-  last line `params: N`; returns N."""
+  last line `params: N`; returns N. With `config.init_from`, first checks that source
+  against the config (`initialization.resolve`, which reads no parameters) and names it."""
   platform = jax.devices()[0].platform
   if num_devices is None:  # This host's devices: what train.py would refuse here, refused.
     config_lib.validate(config, jax.device_count())
@@ -20,6 +21,8 @@ def run(config: ml_collections.ConfigDict, num_devices: int | None = None) -> in
     config_lib.validate(config, num_devices)
     for error in config_lib.platform_errors(config, platform):
       print(f'Note: not on this host: {error}')
+  if source := initialization.resolve(config):
+    print(f'parameters from: {source.describe()}')
   model_config = ModelConfig.from_config(config)
   model, _ = train_steps.create_models(model_config)
   params = summary.abstract_params(model)

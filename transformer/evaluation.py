@@ -324,9 +324,16 @@ def _load_best_params(workdir: str, abstract_state, checkpoint: str, metric: str
   finally:
     best.close()
   if len(steps) == 1:
-    return total, f'best_step_{steps[0]}'
-  label = f'avg_best{len(steps)}_' + '-'.join(map(str, steps))
-  return jax.tree.map(lambda x: x / len(steps), total), label
+    return total, best_checkpoints_label(steps)
+  return jax.tree.map(lambda x: x / len(steps), total), best_checkpoints_label(steps)
+
+
+def best_checkpoints_label(steps: list[int]) -> str:
+  """The label of the parameters of best checkpoints `steps`: `best_step_1200` for one,
+  `avg_best3_900-1200-1500` for 3 averaged."""
+  if len(steps) == 1:
+    return f'best_step_{steps[0]}'
+  return f'avg_best{len(steps)}_' + '-'.join(map(str, steps))
 
 
 def available_steps(workdir: str) -> list[int]:

@@ -14,6 +14,10 @@ fingerprint of its source files, which keys the prepared data and ids). A
 resume whose inputs differ in content, at whatever path, is refused
 (`input_changes`): the checkpoint's token ids and data position would mean
 something else. The same content at another path is the same input.
+
+A new run that starts from another run's parameters (`config.init_from`) records, in the
+entry of that start, where they came from (`initialization`): the source, the steps read
+and the sha256 of the parameters.
 """
 
 from __future__ import annotations
@@ -215,14 +219,22 @@ def differences(previous: dict[str, Any], entry: dict[str, Any]) -> list[str]:
   return changes
 
 
-def record(workdir: str, run_inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+def record(
+  workdir: str,
+  run_inputs: dict[str, Any] | None = None,
+  initialization: dict[str, Any] | None = None,
+) -> dict[str, Any]:
   """Appends this process's entry (with `run_inputs`, see `inputs`) to WORKDIR/provenance.jsonl.
 
+  `initialization`: where a new run's parameters came from (`initialization.load`'s record:
+  the source, its checkpoints, the parameters' sha256), on the start that loaded them.
   Warns if the code changed since the previous entry.
   """
   entry = current()
   if run_inputs is not None:
     entry['inputs'] = run_inputs
+  if initialization is not None:
+    entry['initialization'] = initialization
   history = read(workdir)
   if history:
     changes = differences(history[-1], entry)

@@ -78,6 +78,11 @@ _WEIGHT_MEANING_KEYS = (
 )
 
 
+# Where the run's parameters started (`initialization`): its checkpoints go on from there, so a
+# change on resume is refused; a resume never initialises again.
+_INITIALIZATION_KEYS = ('init_from', 'init_checkpoint')
+
+
 def _changes_weight_meaning(key: str) -> bool:
   """Every model field (sizes, norm, position, activation, bias, ...) and the vocabulary."""
   return (
@@ -85,7 +90,17 @@ def _changes_weight_meaning(key: str) -> bool:
   ) or key in _WEIGHT_MEANING_KEYS
 
 
-def _flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def weight_meaning_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+  """'config.KEY: before -> now' for each key of two flattened configs (`flatten`) whose
+  change would read saved weights as another model's (`_changes_weight_meaning`)."""
+  return [
+    f'config.{key}: {before.get(key)!r} -> {now.get(key)!r}'
+    for key in sorted(set(before) | set(now))
+    if _changes_weight_meaning(key) and before.get(key) != now.get(key)
+  ]
+
+
+def flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """{'model.d_model': 256, ...} with values as JSON holds them (tuples become lists)."""
   return config_lib.flatten(json.loads(config.to_json_best_effort()))
 
@@ -93,18 +108,19 @@ def _flatten(config: ml_collections.ConfigDict) -> dict[str, Any]:
 def saved_config(workdir: str) -> dict[str, Any] | None:
   """WORKDIR/config.json flattened, with the keys older runs lack as they had them (`upgrade`)."""
   saved = read_run_config(workdir)
-  return None if saved is None else _flatten(saved)
+  return None if saved is None else flatten(saved)
 
 
 def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses a resume that would read the workdir's checkpoints as something else.
 
   Once the workdir holds a checkpoint: every model field and the vocabulary size
-  (`_changes_weight_meaning`) must equal WORKDIR/config.json's, and so must what the
-  optimizer state and a decayed schedule depend on
-  (`_continuation_changes`); other keys may change (`write_config` reports them);
-  `config.num_train_steps` must not lie below the latest checkpoint, and the data and an
-  existing vocabulary must have the content the run recorded (`check_inputs`). Runs before
+  (`_changes_weight_meaning`) must equal WORKDIR/config.json's, and so must where the run's
+  parameters started (`config.init_from`, `config.init_checkpoint`: a resume goes on from its
+  own checkpoints and never initialises again) and what the optimizer state and a decayed
+  schedule depend on (`_continuation_changes`); other keys may change (`write_config` reports
+  them); `config.num_train_steps` must not lie below the latest checkpoint, and the data and
+  an existing vocabulary must have the content the run recorded (`check_inputs`). Runs before
   anything is written.
   """
   metrics.read_rows(storage.join(workdir, metrics.FILENAME))  # Damaged: refused before writing.
@@ -121,18 +137,29 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
     return
   checkpoint_dir = storage.join(workdir, 'checkpoints')
   saved = saved_config(workdir)
-  current = _flatten(config)
-  changed = [
+  current = flatten(config)
+  changed = [] if saved is None else weight_meaning_changes(saved, current)
+  restarted = [
     f'config.{key}: {saved.get(key)!r} -> {current.get(key)!r}'
-    for key in sorted(set(saved or {}) | set(current))
-    if saved is not None and _changes_weight_meaning(key) and saved.get(key) != current.get(key)
+    for key in _INITIALIZATION_KEYS
+    if saved is not None and saved.get(key) != current.get(key)
   ]
-  if changed:
+  if changed or restarted:
+    since = f'Changed since {workdir}/config.json (saved -> now):\n  '
+    problems = []
+    if changed:
+      problems.append(
+        f'The checkpoints in {checkpoint_dir} belong to another model: resuming would read '
+        f'their weights with a changed meaning. {since}' + '\n  '.join(changed)
+      )
+    if restarted:
+      problems.append(
+        f'The checkpoints in {checkpoint_dir} go on from the parameters this run started from: '
+        'a resume continues from its own checkpoints and never initialises again, so where it '
+        f'started cannot change. {since}' + '\n  '.join(restarted)
+      )
     raise InvalidInput(
-      f'The checkpoints in {checkpoint_dir} belong to another model: resuming would read their '
-      f'weights with a changed meaning. Changed since {workdir}/config.json (saved -> now):\n  '
-      + '\n  '.join(changed)
-      + '\nNothing was changed. Train this model in a new --workdir, '
+      '\n'.join(problems) + '\nNothing was changed. Train this model in a new --workdir, '
       'or resume with the saved values (drop these overrides).'
     )
   if config.num_train_steps < steps[-1]:
@@ -290,7 +317,7 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   path = storage.join(workdir, 'config.json')
   previous = saved_config(workdir)
   if previous is not None:
-    current = _flatten(config)
+    current = flatten(config)
     for key in sorted(set(previous) | set(current)):
       if previous.get(key) != current.get(key):
         level = logging.INFO if key in RESUMABLE_KEYS else logging.WARNING
@@ -427,6 +454,8 @@ def final_metrics(workdir: str, step: int) -> dict[str, float] | None:
 # model and schedule, Adam without clipping, the sharding table of the time). `upgrade` fills
 # them in.
 ADDED_KEYS: dict[str, Any] = {
+  'init_from': '',  # Runs before fine-tuning started from random parameters.
+  'init_checkpoint': 'latest',
   'model.architecture': 'encoder_decoder',
   'model.position': 'sinusoidal',
   'model.ffn_activation': 'relu',

@@ -29,6 +29,7 @@ from jax.sharding import Mesh
 from transformer import (
   checkpoints,
   divergence,
+  initialization,
   input_pipeline,
   losses,
   metrics,
@@ -178,6 +179,7 @@ class _Run:
   validation_metrics: Callable[[Any], dict[str, float]]  # params -> the task's (BLEU).
   learning_rate: optax.Schedule  # The optimizer's, for the log.
   run_inputs: dict[str, Any]  # The inputs' content, for the provenance record.
+  initialized: dict[str, Any] | None  # Where a new run's parameters came from (config.init_from).
   checkpointer: checkpoints.Checkpointer
   selection_metric: str  # Ranks the best checkpoints and stops early.
   stopping: runs.EarlyStopping  # Replayed from metrics.jsonl up to `start_step`.
@@ -200,9 +202,12 @@ def _set_up(
   """Checks the config, the checkpoints and the data, then restores the latest checkpoint.
 
   Every check comes before the workdir changes: the checkpointer, created last,
-  makes checkpoints/. Without a checkpoint the state is new.
+  makes checkpoints/. Without a checkpoint the state is new: its parameters random, or with
+  `config.init_from` that run's (`initialization`).
   """
   runs.check_resume(config, workdir)  # Before anything else: a changed model is refused.
+  # A new run from another run's parameters, checked against this config; None for a resume.
+  source = initialization.resolve(config, workdir)
   # The config becomes the model config, mesh, rules and task once; they are passed down.
   model_config = ModelConfig.from_config(config)
   mesh = sharding.create_mesh(config.mesh, devices)
@@ -218,6 +223,10 @@ def _set_up(
   train_iter, eval_batches, validation_metrics, run_inputs = _data(
     config, workdir, task, eval_model, mesh, rules, cleanup
   )
+  initialized = None
+  if source is not None:  # Read before the workdir changes: an unreadable source leaves no trace.
+    target = initialization.Target(model, task, mesh, rules, state_shardings.params)
+    params, initialized = initialization.load(source, target)
 
   # Created only now, after every check on the config and the data: it starts Orbax's background
   # threads and the checkpoints/ folder. Closed however the run ends, so that an error is the
@@ -232,6 +241,8 @@ def _set_up(
     state = train_steps.create_train_state(
       model, optimizer, task, state_shardings, mesh, params_key
     )
+    if source is not None:  # Fresh optimizer state, step 0 and data position; its parameters.
+      state = state.replace(params=params)
   start_step = int(state.step)
   # A run that stopped early (its validation BLEU had not improved for `patience` evaluations)
   # stays stopped; a larger config.early_stopping_patience lets it go on.
@@ -256,6 +267,7 @@ def _set_up(
     validation_metrics=validation_metrics,
     learning_rate=optim.learning_rate_schedule(config),
     run_inputs=run_inputs,
+    initialized=initialized,
     checkpointer=checkpointer,
     selection_metric=selection_metric,
     stopping=stopping,
@@ -353,8 +365,9 @@ def _open_outputs(run: _Run, cleanup: contextlib.ExitStack, started: float) -> N
     if mirror := wandb_run.WandbRun.start(run.config, run.workdir):
       cleanup.push(lambda failed, *_: mirror.finish(failed=failed is not None))
     runs.write_config(run.config, run.workdir)
-    # Command line, git commit, package versions (warns on changes), the inputs' content.
-    provenance.record(run.workdir, run.run_inputs)
+    # Command line, git commit, package versions (warns on changes), the inputs' content and
+    # where a new run's parameters came from.
+    provenance.record(run.workdir, run.run_inputs, run.initialized)
   run.writer = metrics.MetricsWriter(run.workdir, started=started, mirror=mirror)
   run.writer.truncate_after(run.start_step)
   run.best = None

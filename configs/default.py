@@ -69,7 +69,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.target_metric = 'eval_bleu'  # Ranks sweeps: 'eval_bleu', 'eval_bleu_lc' or 'eval_loss'.
 
   # Fine-tuning (docs/training.md): the parameters of another run; optimizer, schedule, data anew.
-  config.init_from = ''  # That run's workdir (a path or gs://); '': random parameters.
+  config.init_from = ''  # That run's workdir (a path or gs://), or hf:DIR; '': random.
   config.init_checkpoint = 'latest'  # As eval.py's --checkpoint: 'latest', a step, 'avg:N', 'best'.
 
   # Decoding (section 6.1): eval.py's defaults (its flags override them), validation BLEU's beam.

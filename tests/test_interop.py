@@ -8,6 +8,7 @@ formats; export then import bit for bit; every refusal naming its field.
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,12 +20,13 @@ import pytest
 
 from configs import tiny
 from tests.conftest import synthetic_captions
-from transformer import evaluation, inference, tokenizer, training
+from transformer import evaluation, inference, initialization, provenance, tokenizer, training
 from transformer.config import ModelConfig
 from transformer.errors import InvalidInput
 from transformer.interop import ctranslate2_model, hf_files, marian, workdirs
 from transformer.model import Transformer
 from transformer.tasks.translation import decode
+from transformer.tools import sweeps
 
 torch = pytest.importorskip('torch', reason='pip install -r requirements-interop.txt')
 transformers = pytest.importorskip('transformers', reason='pip install -r requirements-interop.txt')
@@ -315,6 +317,23 @@ def test_eval_py_translations_equal_ctranslate2s_text(run):
   assert [processor.decode(r.hypotheses[0]) for r in results] == ours
 
 
+@pytest.mark.parametrize('quantization', ['int8', 'int8_float32'])
+def test_a_quantized_ctranslate2_export_is_smaller_and_translates(run, tmp_path, quantization):
+  workdir, _, ct2_dir, _ = run
+  quantized = tmp_path / quantization
+  workdirs.export_ctranslate2(str(workdir), str(quantized), None, quantization=quantization)
+  float32_bytes = (ct2_dir / 'model.bin').stat().st_size
+  # The tiny model's matrices hold most of its bytes: 1 byte a weight instead of 4.
+  assert (quantized / 'model.bin').stat().st_size < 0.5 * float32_bytes
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+  processor = spm.SentencePieceProcessor(model_file=str(quantized / 'sentencepiece.model'))
+  results = ctranslate2.Translator(str(quantized), device='cpu').translate_batch(
+    [processor.encode(line, out_type=str) for line in SENTENCES[:8]], beam_size=2
+  )
+  assert all(r.hypotheses[0] for r in results)
+
+
 def test_export_then_import_gives_the_same_parameters_bit_for_bit(run, tmp_path):
   _, hf_dir, _, params = run
   imported = workdirs.load_hf(str(hf_dir))
@@ -325,6 +344,79 @@ def test_export_then_import_gives_the_same_parameters_bit_for_bit(run, tmp_path)
   ):
     assert got.dtype == want.dtype and np.array_equal(got, want)
   assert imported.fields['model']['d_model'] == params.model_config.d_model
+
+
+# A fine-tuning run's learning rate too small to move a float32 parameter: its first evaluation
+# reads the parameters it started from.
+STILL = {
+  'num_train_steps': 2,
+  'eval_every_steps': 2,
+  'checkpoint_every_steps': 2,
+  'warmup_steps': 4,
+  'peak_learning_rate': 1e-9,
+}
+
+
+def _hf_finetune_config(workdir, hf_dir, **overrides):
+  """The exported run's own config, fine-tuned from its Hugging Face export."""
+  return sweeps.apply_overrides(
+    evaluation.load_run_config(str(workdir)),
+    {**STILL, 'init_from': f'hf:{hf_dir}', **overrides},
+  )
+
+
+def test_a_run_fine_tuned_from_hf_dir_starts_from_its_parameters_and_vocabulary(run, tmp_path):
+  workdir, hf_dir, _, params = run
+  vocabulary = tmp_path / 'vocabulary.model'  # Not there yet: written from hf_dir.
+  config = _hf_finetune_config(workdir, hf_dir, **{'data.vocab_path': str(vocabulary)})
+  finetuned = tmp_path / 'finetuned'
+  training.train_and_evaluate(config, str(finetuned))
+  assert vocabulary.read_bytes() == params.vocabulary
+  [entry] = provenance.read(str(finetuned))
+  assert entry['initialization'] == {
+    'init_from': f'hf:{hf_dir}',
+    'init_checkpoint': 'latest',
+    'steps': [],
+    'params_sha256': initialization.params_sha256(params.params),
+  }
+  # Its first evaluation is the exported checkpoint's (the source's last).
+  losses = lambda d: [r['eval_loss'] for r in _metric_rows(d) if 'eval_loss' in r]
+  np.testing.assert_allclose(losses(finetuned)[0], losses(workdir)[-1], rtol=1e-5)
+
+
+def _metric_rows(workdir):
+  return [json.loads(line) for line in (Path(workdir) / 'metrics.jsonl').read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+  'overrides,message',
+  [
+    ({'model.d_ff': 96}, 'config.model.d_ff: '),
+    ({'model.ffn_activation': 'relu'}, "config.model.ffn_activation: 'swish' -> 'relu'"),
+    ({'data.vocab_path': None}, 'set config.data.vocab_path'),
+    ({'init_checkpoint': 'avg:2'}, 'holds one set of parameters'),
+  ],
+)
+def test_a_fine_tuning_from_hf_dir_that_does_not_fit_is_refused_by_name(
+  run, tmp_path, overrides, message
+):
+  workdir, hf_dir, _, _ = run
+  config = _hf_finetune_config(
+    workdir, hf_dir, **{'data.vocab_path': str(tmp_path / 'v.model'), **overrides}
+  )
+  with pytest.raises(InvalidInput, match=re.escape(message)):
+    initialization.resolve(config, str(tmp_path / 'new'))
+  assert not (tmp_path / 'new').exists() and not (tmp_path / 'v.model').exists()
+
+
+def test_a_vocabulary_file_other_than_hf_dirs_is_refused(run, tmp_path):
+  workdir, hf_dir, _, _ = run
+  other = tmp_path / 'other.model'
+  other.write_bytes(b'not the model vocabulary')
+  config = _hf_finetune_config(workdir, hf_dir, **{'data.vocab_path': str(other)})
+  with pytest.raises(InvalidInput, match='the vocabulary'):
+    initialization.resolve(config, str(tmp_path / 'new'))
+  assert other.read_bytes() == b'not the model vocabulary'
 
 
 def _command(script, *args):

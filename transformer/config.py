@@ -104,7 +104,8 @@ WANDB_NAME = Rule(
 )
 # `config.init_from` (transformer/initialization.py): '' or where a run's parameters come from.
 INIT_SOURCE = Rule(
-  "'' (random parameters) or the workdir of a training run (a path or a gs:// URL)",
+  "'' (random parameters), the workdir of a training run (a path or a gs:// URL), or "
+  'hf:DIR (a Hugging Face Marian directory)',
   lambda v: isinstance(v, str) and v == v.strip(),
 )
 AXIS_RULES = Rule(

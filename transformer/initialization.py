@@ -17,8 +17,11 @@ and data position start fresh.
   on another number of devices loads), logs what it loaded and returns the record that
   provenance.jsonl keeps: where from, which steps, and the sha256 of the parameters.
 
-A kind of source is one function from `config.init_from` to a `Source` (`_source`); today
-there is one, the workdir of a training run (`_run_source`: a path, or a gs:// URL).
+A kind of source is one function from `config.init_from` to a `Source` (`_source`): the
+workdir of a training run (`_run_source`: a path, or a gs:// URL), or `hf:DIR`, a Hugging Face
+Marian directory (`_hf_source`, read by `interop.workdirs.load_hf` as `convert.py --from_hf`
+reads it). The parameters of `hf:DIR` come with their vocabulary: `config.data.vocab_path`
+must name it, a file with that content or a new one that `write_vocabulary` writes.
 """
 
 from __future__ import annotations
@@ -74,9 +77,12 @@ class Source:
   config: ml_collections.ConfigDict  # The source's model, vocabulary and languages, as keys.
   vocabulary: dict[str, str | None]  # {'path', 'hash'} of the vocabulary it trained with.
   read: Callable[[Target], Any]  # The parameters, in the target's shapes.
+  vocabulary_model: bytes | None = None  # The serialized vocabulary, where it comes along.
 
   def describe(self) -> str:
     """'workdirs/a, checkpoint 'avg:2' (steps 400, 500 averaged)'."""
+    if not self.steps:
+      return self.location
     steps = ', '.join(map(str, self.steps))
     which = f'steps {steps} averaged' if len(self.steps) > 1 else f'step {steps}'
     return f'{self.location}, checkpoint {self.checkpoint!r} ({which})'
@@ -95,6 +101,8 @@ def resolve(config: ml_collections.ConfigDict, workdir: str | None = None) -> So
   if workdir is not None and checkpoints.committed_steps(storage.join(workdir, 'checkpoints')):
     return None  # A resume: from the run's own checkpoints (`runs.check_resume`).
   name = f'config.init_from={config.init_from}'
+  if config.init_from.startswith(HF_PREFIX):
+    return _checked(_hf_source(config), config)
   errors = storage.path_errors(config.init_from, 'config.init_from') or (
     storage.checkpoint_errors(config.init_from, 'config.init_from')
   )
@@ -107,7 +115,12 @@ def resolve(config: ml_collections.ConfigDict, workdir: str | None = None) -> So
       f"{name} is this run's own --workdir: a run starts from another run's parameters. "
       'Fine-tune in a new --workdir.'
     )
-  source = _source(config)
+  return _checked(_source(config), config)
+
+
+def _checked(source: Source, config: ml_collections.ConfigDict) -> Source:
+  """`source`, once its model, languages and vocabulary are found to be `config`'s."""
+  name = f'config.init_from={config.init_from}'
   problems = runs.weight_meaning_changes(runs.flatten(source.config), runs.flatten(config))
   problems += _vocabulary_problems(source, config)
   if problems:
@@ -172,10 +185,74 @@ def _run_source(config: ml_collections.ConfigDict) -> Source:
   return Source(location, spec, tuple(steps), source_config, vocabulary, read)
 
 
+HF_PREFIX = 'hf:'
+
+
+def _hf_source(config: ml_collections.ConfigDict) -> Source:
+  """A Hugging Face Marian directory, `hf:DIR`: its one set of parameters and vocabulary."""
+  from transformer.interop import workdirs  # pylint: disable=g-import-not-at-top
+
+  name = f'config.init_from={config.init_from}'
+  directory = path_checks.absolute(config.init_from[len(HF_PREFIX) :])
+  if storage.is_url(directory) or not storage.isdir(directory):
+    raise MissingInput(
+      f'{name}: {directory} is not a local directory. Name a Hugging Face Marian model '
+      'directory (its config.json, weights and tokenizer files), e.g. one saved by '
+      "transformers' save_pretrained or by convert.py --to_hf."
+    )
+  if config.init_checkpoint != 'latest':
+    raise InvalidInput(
+      f'config.init_checkpoint={config.init_checkpoint!r} of {name}: a Hugging Face '
+      "directory holds one set of parameters; leave it at 'latest'."
+    )
+  if not config.data.vocab_path:
+    raise InvalidInput(
+      f'{name}: set config.data.vocab_path. The parameters come with their vocabulary, '
+      'which this run reads from there: a file that holds it, or a new file that the run '
+      'writes from the model directory before it starts.'
+    )
+  try:
+    imported = workdirs.load_hf(directory)
+  except (InvalidInput, MissingInput) as e:
+    raise InvalidInput(f'{name}: {e}') from None
+  source_config = ml_collections.ConfigDict(config.to_dict())
+  workdirs.apply_fields(source_config, {**imported.fields, 'decode': {}})
+  for side, key in zip(imported.languages, ('source_lang', 'target_lang'), strict=True):
+    if side:  # tokenizer_config.json's languages, where it names them.
+      source_config.data[key] = side
+  vocabulary = {
+    'path': f'{directory} (source.spm, vocab.json)',
+    'hash': hashlib.sha256(imported.vocabulary).hexdigest(),
+  }
+  location = f'{HF_PREFIX}{directory}'
+  return Source(
+    location,
+    config.init_checkpoint,
+    (),
+    source_config,
+    vocabulary,
+    lambda target: imported.params,
+    imported.vocabulary,
+  )
+
+
+def write_vocabulary(source: Source | None, config: ml_collections.ConfigDict) -> None:
+  """Writes the vocabulary that comes with `source`'s parameters to `config.data.vocab_path`
+  where no file is there yet (`resolve` checked an existing one's content)."""
+  if source is None or source.vocabulary_model is None:
+    return
+  path = provenance.vocabulary_input(config)['path']
+  if not storage.exists(path):
+    storage.write_bytes(path, source.vocabulary_model)
+    logging.info('Wrote the vocabulary of %s to %s.', source.location, path)
+
+
 def _vocabulary_problems(source: Source, config: ml_collections.ConfigDict) -> list[str]:
   """[A line] if `config`'s vocabulary is not the one the source trained with, by content."""
   what = 'the vocabulary (every token id would mean another piece)'
   before, now = source.vocabulary, provenance.vocabulary_input(config)
+  if now['hash'] is None and source.vocabulary_model is not None:
+    return []  # Written from the source before the run reads it (`write_vocabulary`).
   if not before.get('hash'):
     return [
       f'{what}: the one the source trained with is not recorded in its '

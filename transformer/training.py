@@ -220,6 +220,7 @@ def _set_up(
   )
   # Before any data preparation or compile: a foreign checkpoint is an error.
   checkpoints.check_latest_compatible(workdir, abstract_state)
+  initialization.write_vocabulary(source, config)  # hf:DIR's, where vocab_path has none yet.
   train_iter, eval_batches, validation_metrics, run_inputs = _data(
     config, workdir, task, eval_model, mesh, rules, cleanup
   )

@@ -82,8 +82,8 @@ def build_spec(params: Mapping[str, Any], cfg: ModelConfig, pieces: list[str]):
     rms_norm=cfg.norm == 'rmsnorm',
   )
 
-  def f32(x):
-    return np.ascontiguousarray(np.asarray(x, np.float32))
+  def f32(x):  # A writable copy: the spec quantizes its arrays in place.
+    return np.array(x, np.float32, order='C')
 
   def linear(target, kernel_in_out, bias=None):
     target.weight = f32(np.asarray(kernel_in_out).T)

@@ -314,19 +314,23 @@ def translation_batches(
   return ds.batch(batch_size, batch_fn=_PadTranslationBatch(batch_size, data.max_eval_len))
 
 
-def translation_references(config: ml_collections.ConfigDict, split: str) -> list[str]:
-  """Returns the target strings of a split in input order.
+def translation_texts(config: ml_collections.ConfigDict, split: str) -> list[tuple[str, str]]:
+  """Returns the (source, target) strings of a split in input order.
 
   Aligned with the valid rows of `translation_batches(config, ..., split, ...)`
   taken in order.
   """
   data = config.data
-  source = datasets.get_data_source(data, split)
-  ordered = _input_order(source)
+  ordered = _input_order(datasets.get_data_source(data, split))
   return [
-    datasets.translation_pair(ordered[i][1], data.source_lang, data.target_lang)[1]
+    datasets.translation_pair(ordered[i][1], data.source_lang, data.target_lang)
     for i in range(len(ordered))
   ]
+
+
+def translation_references(config: ml_collections.ConfigDict, split: str) -> list[str]:
+  """Returns the target strings of a split in input order (as `translation_texts`)."""
+  return [target for _, target in translation_texts(config, split)]
 
 
 @dataclasses.dataclass(frozen=True)

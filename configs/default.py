@@ -109,6 +109,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.manual_dir = config_dict.placeholder(str)  # Local raw files; None: download.
   config.data.data_dir = '~/tensorflow_datasets'  # Where prepared TFDS data is written.
   config.data.vocab_path = config_dict.placeholder(str)  # SentencePiece model; None: beside data.
+  config.data.target_vocab_path = config_dict.placeholder(str)  # Imported target model; None: one.
   config.data.train_split = 'train'  # Split to train on.
   config.data.eval_split = 'validation'  # Split for validation loss.
   config.data.test_split = 'test_2016_flickr'  # Default split for eval.py.

@@ -9,6 +9,7 @@ formats; export then import bit for bit; every refusal naming its field.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ from transformer.config import ModelConfig
 from transformer.errors import InvalidInput
 from transformer.interop import ctranslate2_model, hf_files, marian, workdirs
 from transformer.model import Transformer
-from transformer.tasks.translation import decode
+from transformer.tasks.translation import data, decode
 from transformer.tools import sweeps
 
 torch = pytest.importorskip('torch', reason='pip install -r requirements-interop.txt')
@@ -103,13 +104,17 @@ def opus_like(tmp_path_factory):
   """A random MarianMTModel with OPUS-MT's conventions, saved with MarianTokenizer's files.
 
   eos 0, unk 1, the pieces, pad last and the decoder's start token; swish; a nonzero
-  final_logits_bias; LayerNorms off their initial values. The SentencePiece model is trained
-  here on made-up captions.
+  final_logits_bias; LayerNorms off their initial values. A SentencePiece model per side,
+  trained here on made-up captions (source.spm on the English side, target.spm on the German),
+  over one joint vocab.json, as OPUS-MT's.
   """
   directory = tmp_path_factory.mktemp('opus_like')
   pairs = synthetic_captions(400, seed=5)
-  vocab = tokenizer.train_tokenizer([t for pair in pairs for t in pair], 200)
-  pieces = [vocab.id_to_piece(i) for i in range(4, vocab.vocab_size)]
+  source_vocab = tokenizer.train_tokenizer([en for en, _ in pairs], 120)
+  target_vocab = tokenizer.train_tokenizer([de for _, de in pairs], 120)
+  pieces = list(
+    dict.fromkeys(v.id_to_piece(i) for v in (source_vocab, target_vocab) for i in range(4, 120))
+  )
   marian_vocab = {'</s>': 0, '<unk>': 1, **{p: i + 2 for i, p in enumerate(pieces)}}
   marian_vocab['<pad>'] = len(marian_vocab)
   size = len(marian_vocab)
@@ -142,21 +147,22 @@ def opus_like(tmp_path_factory):
         param.normal_(0.0, 0.5)
   model.save_pretrained(directory)
   (directory / 'vocab.json').write_text(json.dumps(marian_vocab))
-  for name in ('source.spm', 'target.spm'):
-    (directory / name).write_bytes(vocab.serialized_model())
+  (directory / 'source.spm').write_bytes(source_vocab.serialized_model())
+  (directory / 'target.spm').write_bytes(target_vocab.serialized_model())
   (directory / 'tokenizer_config.json').write_text(json.dumps({'source_lang': 'en'}))
-  return directory, model, vocab
+  return directory, model
 
 
 def test_an_opus_like_model_imports_with_transformers_logits(opus_like):
-  directory, model, vocab = opus_like
+  directory, model = opus_like
   imported = workdirs.load_hf(str(directory))
   cfg = ModelConfig(
     vocab_size=imported.fields['vocab_size'], deterministic=True, **imported.fields['model']
   )
   assert (cfg.ffn_activation, cfg.norm_epsilon, cfg.logits_bias) == ('swish', 1e-5, True)
   assert cfg.vocab_size == model.config.vocab_size + 1  # bos: a copy of pad, the start token.
-  ours = tokenizer.Tokenizer(imported.vocabulary)
+  ours = tokenizer.Tokenizer(imported.vocabulary, imported.target_vocabulary)
+  assert imported.target_vocabulary is not None  # One model per side, as OPUS-MT's.
   hf_tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
   lines = SENTENCES[:6]
   batch = hf_tokenizer(lines, return_tensors='pt', padding=True)
@@ -167,6 +173,13 @@ def test_an_opus_like_model_imports_with_transformers_logits(opus_like):
   src[batch['attention_mask'].numpy() == 0] = 0
   for line, row in zip(lines, src, strict=True):  # Same pieces, in this project's ids.
     assert [t for t in row.tolist() if t] == ours.encode(line) + [tokenizer.EOS_ID]
+  # Targets are segmented by target.spm, there and here, and decoded to the same text.
+  targets = [de for _, de in synthetic_captions(12, seed=9)]
+  for text, marian_ids in zip(targets, hf_tokenizer(text_target=targets)['input_ids'], strict=True):
+    our_ids = [to_ours[m] for m in marian_ids]
+    assert our_ids == ours.target.encode(text) + [tokenizer.EOS_ID]
+    assert ours.decode(our_ids) == hf_tokenizer.decode(marian_ids, skip_special_tokens=True)
+  assert ours.target.encode(targets[0]) != ours.encode(targets[0])  # Two segmentations.
   tgt = np.random.default_rng(0).integers(2, size - 1, size=(len(lines), 7))
   tgt[:, 0] = size - 1
   with torch.no_grad():
@@ -183,12 +196,12 @@ def test_an_opus_like_model_imports_with_transformers_logits(opus_like):
 
 @pytest.mark.parametrize('decoder,beams', [('greedy', 1), ('beam', 4)])
 def test_an_opus_like_model_translates_as_generate_does(opus_like, decoder, beams):
-  directory, model, _ = opus_like
+  directory, model = opus_like
   imported = workdirs.load_hf(str(directory))
   cfg = ModelConfig(
     vocab_size=imported.fields['vocab_size'], deterministic=True, **imported.fields['model']
   )
-  ours = tokenizer.Tokenizer(imported.vocabulary)
+  ours = tokenizer.Tokenizer(imported.vocabulary, imported.target_vocabulary)
   size = model.config.vocab_size
   order = marian.vocabulary_order(size - 1, 0, size - 1, 1, size)
   rows, translated = _translate(imported.params, cfg, ours, SENTENCES, decoder, beams)
@@ -205,6 +218,57 @@ def test_an_opus_like_model_translates_as_generate_does(opus_like, decoder, beam
   _assert_same_translations(mapped, generated, at_least=0)
   assert min(len(row) for row, _ in generated) >= 10
   assert len({tuple(row) for row, _ in generated}) > 5  # Not one degenerate output for all.
+
+
+def test_an_opus_like_import_keeps_a_vocabulary_per_side_for_eval_and_fine_tuning(
+  opus_like, tmp_path, synthetic_multi30k_dir, synthetic_multi30k_data_dir
+):
+  directory, _ = opus_like
+  config = tiny.get_config()
+  config.data.manual_dir = str(synthetic_multi30k_dir)
+  config.data.data_dir = str(synthetic_multi30k_data_dir)
+  workdir = tmp_path / 'imported'
+  workdirs.import_hf(str(directory), str(workdir), config)
+  saved = evaluation.load_run_config(str(workdir))
+  assert saved.data.target_vocab_path == str(workdir / workdirs.TARGET_VOCABULARY_FILE)
+  loaded = tokenizer.get_tokenizer(saved)
+  imported = workdirs.load_hf(str(directory))
+  assert loaded.serialized_model() == imported.vocabulary
+  assert loaded.target_model() == imported.target_vocabulary
+  [entry] = provenance.read(str(workdir))
+  assert set(entry['inputs']) == {'vocabulary', 'target_vocabulary'}
+  # hf:DIR needs somewhere for each side's model, and writes both before the run reads them.
+  config = sweeps.apply_overrides(
+    saved,
+    {'init_from': f'hf:{directory}', 'data.vocab_path': str(tmp_path / 'source.model')},
+  )
+  config.data.target_vocab_path = None
+  with pytest.raises(InvalidInput, match='set config.data.target_vocab_path'):
+    initialization.resolve(config, str(tmp_path / 'new'))
+  config.data.target_vocab_path = str(tmp_path / 'target.model')
+  source = initialization.resolve(config, str(tmp_path / 'new'))
+  initialization.write_vocabulary(source, config)
+  assert (tmp_path / 'source.model').read_bytes() == imported.vocabulary
+  assert (tmp_path / 'target.model').read_bytes() == imported.target_vocabulary
+  # A fine-tuning run reads each side of its data with that side's model.
+  finetuned = tmp_path / 'finetuned'
+  training.train_and_evaluate(sweeps.apply_overrides(config, STILL), str(finetuned))
+  both = tokenizer.get_tokenizer(config)
+  pairs = data.translation_texts(config, 'validation')
+  split = data.encoded_pairs(config, both, 'validation')
+  ids, starts, lengths = split.read(range(len(pairs)))
+  found = {
+    tuple(ids[starts[i, 1] : starts[i, 1] + lengths[i, 1]].tolist()) for i in range(len(pairs))
+  }
+  assert {tuple(both.target.encode(de)) for _, de in pairs} == found
+  assert {tuple(both.encode(de)) for _, de in pairs} != found
+  [*_, entry] = provenance.read(str(finetuned))
+  assert entry['inputs']['target_vocabulary']['path'] == str(tmp_path / 'target.model')
+  # Exported again, each side keeps its own model.
+  exported = tmp_path / 'exported'
+  workdirs.export_hf(str(workdir), str(exported), None)
+  assert (exported / 'source.spm').read_bytes() == imported.vocabulary
+  assert (exported / 'target.spm').read_bytes() == imported.target_vocabulary
 
 
 # --- A tiny run trained here, exported to transformers and CTranslate2 --------------------------
@@ -435,12 +499,16 @@ def test_convert_py_imports_a_workdir_that_eval_py_scores_and_train_py_will_not_
 ):
   workdir, hf_dir, _, params = run
   imported = tmp_path / 'imported'
-  data = [
+  data_flags = [
     f'--config.data.manual_dir={synthetic_multi30k_dir}',
     f'--config.data.data_dir={synthetic_multi30k_data_dir}',
   ]
   done = _command(
-    'convert.py', f'--from_hf={hf_dir}', f'--workdir={imported}', '--config=configs/tiny.py', *data
+    'convert.py',
+    f'--from_hf={hf_dir}',
+    f'--workdir={imported}',
+    '--config=configs/tiny.py',
+    *data_flags,
   )
   assert done.returncode == 0, done.stderr[-3000:]
   scored = _command('eval.py', f'--workdir={imported}', '--decoder=greedy')
@@ -449,7 +517,7 @@ def test_convert_py_imports_a_workdir_that_eval_py_scores_and_train_py_will_not_
   assert original.returncode == 0, original.stderr[-3000:]
   result = lambda w: json.loads(next((w / 'eval').glob('*test*greedy*.json')).read_text())['bleu']
   assert result(imported) == result(workdir)  # The same model, the same translations.
-  resumed = _command('train.py', '--config=configs/tiny.py', f'--workdir={imported}', *data)
+  resumed = _command('train.py', '--config=configs/tiny.py', f'--workdir={imported}', *data_flags)
   assert resumed.returncode == 1
   assert f'--config.init_from={imported}' in resumed.stderr
   again = _command('convert.py', f'--from_hf={hf_dir}', f'--workdir={imported}')
@@ -499,12 +567,21 @@ def test_pre_ln_is_refused_for_marian_but_served_by_ctranslate2():
 def test_a_marian_config_without_an_exact_form_here_is_refused_by_key(
   opus_like, tmp_path, key, value
 ):
-  directory, _, _ = opus_like
+  directory, _ = opus_like
   config = json.loads((directory / 'config.json').read_text())
   config[key] = value
   (tmp_path / 'config.json').write_text(json.dumps(config))
   with pytest.raises(InvalidInput, match=f'config.json {key}={value!r}'):
     hf_files.read_config(str(tmp_path))
+
+
+def test_a_tokenizer_with_ids_of_its_own_per_side_is_refused(opus_like, tmp_path):
+  directory, _ = opus_like
+  copy = tmp_path / 'copy'
+  shutil.copytree(directory, copy)
+  (copy / 'tokenizer_config.json').write_text(json.dumps({'separate_vocabs': True}))
+  with pytest.raises(InvalidInput, match='separate_vocabs=true'):
+    workdirs.load_hf(str(copy))
 
 
 def test_an_export_into_a_directory_that_holds_files_changes_nothing(run, tmp_path):

@@ -174,6 +174,7 @@ CONFIG_RULES: dict[str, Rule] = {
   'data.manual_dir': OPTIONAL_PATH,
   'data.data_dir': NAME,
   'data.vocab_path': OPTIONAL_PATH,
+  'data.target_vocab_path': OPTIONAL_PATH,  # The target side's own model; None: vocab_path.
   'data.train_split': NAME,
   'data.eval_split': NAME,
   'data.test_split': NAME,
@@ -335,6 +336,11 @@ def _task_errors(c) -> list[str]:
   decoder_only = c.model.architecture == 'decoder_only'
   monolingual = tuple(name for name, entry in _datasets().items() if entry.monolingual)
   errors = []
+  if decoder_only and c.data.get('target_vocab_path'):
+    errors.append(
+      f'config.data.target_vocab_path={c.data.target_vocab_path!r} names a vocabulary of a '
+      'target side, which a decoder_only model on monolingual text has not: leave it unset.'
+    )
   if decoder_only != (c.data.dataset in monolingual):
     errors.append(
       f'config.model.architecture={c.model.architecture!r} does not fit '

@@ -77,7 +77,10 @@ class Source:
   config: ml_collections.ConfigDict  # The source's model, vocabulary and languages, as keys.
   vocabulary: dict[str, str | None]  # {'path', 'hash'} of the vocabulary it trained with.
   read: Callable[[Target], Any]  # The parameters, in the target's shapes.
-  vocabulary_model: bytes | None = None  # The serialized vocabulary, where it comes along.
+  vocabulary_model: bytes | None = None  # The serialized vocabulary, where it comes along,
+  target_vocabulary_model: bytes | None = None  # and the target side's own, where it has one.
+  # {'path', 'hash'} of the target side's own vocabulary; None: `vocabulary` encodes both.
+  target_vocabulary: dict[str, str | None] | None = None
 
   def describe(self) -> str:
     """'workdirs/a, checkpoint 'avg:2' (steps 400, 500 averaged)'."""
@@ -182,7 +185,10 @@ def _run_source(config: ml_collections.ConfigDict) -> Source:
   vocabulary = provenance.recorded_inputs(location).get('vocabulary')
   if not (vocabulary and vocabulary.get('hash')):  # A run from before inputs were recorded.
     vocabulary = provenance.vocabulary_input(source_config)  # Its config's file, if here.
-  return Source(location, spec, tuple(steps), source_config, vocabulary, read)
+  target_vocabulary = provenance.recorded_inputs(location).get('target_vocabulary')
+  return Source(
+    location, spec, tuple(steps), source_config, vocabulary, read, None, None, target_vocabulary
+  )
 
 
 HF_PREFIX = 'hf:'
@@ -215,6 +221,18 @@ def _hf_source(config: ml_collections.ConfigDict) -> Source:
     imported = workdirs.load_hf(directory)
   except (InvalidInput, MissingInput) as e:
     raise InvalidInput(f'{name}: {e}') from None
+  if (imported.target_vocabulary is None) != (not config.data.target_vocab_path):
+    raise InvalidInput(
+      f'{name}: '
+      + (
+        'its target.spm differs from its source.spm (a SentencePiece model per side): set '
+        "config.data.target_vocab_path to where the target's is (a file that holds it, or a "
+        'new file the run writes before it starts).'
+        if imported.target_vocabulary is not None
+        else f'one SentencePiece model segments both its sides: leave '
+        f'config.data.target_vocab_path={config.data.target_vocab_path!r} unset.'
+      )
+    )
   source_config = ml_collections.ConfigDict(config.to_dict())
   workdirs.apply_fields(source_config, {**imported.fields, 'decode': {}})
   for side, key in zip(imported.languages, ('source_lang', 'target_lang'), strict=True):
@@ -224,27 +242,37 @@ def _hf_source(config: ml_collections.ConfigDict) -> Source:
     'path': f'{directory} (source.spm, vocab.json)',
     'hash': hashlib.sha256(imported.vocabulary).hexdigest(),
   }
-  location = f'{HF_PREFIX}{directory}'
+  target_vocabulary = None
+  if imported.target_vocabulary is not None:
+    target_vocabulary = {
+      'path': f'{directory} (target.spm, vocab.json)',
+      'hash': hashlib.sha256(imported.target_vocabulary).hexdigest(),
+    }
   return Source(
-    location,
-    config.init_checkpoint,
-    (),
-    source_config,
-    vocabulary,
-    lambda target: imported.params,
-    imported.vocabulary,
+    location=f'{HF_PREFIX}{directory}',
+    checkpoint=config.init_checkpoint,
+    steps=(),
+    config=source_config,
+    vocabulary=vocabulary,
+    read=lambda target: imported.params,
+    vocabulary_model=imported.vocabulary,
+    target_vocabulary_model=imported.target_vocabulary,
+    target_vocabulary=target_vocabulary,
   )
 
 
 def write_vocabulary(source: Source | None, config: ml_collections.ConfigDict) -> None:
   """Writes the vocabulary that comes with `source`'s parameters to `config.data.vocab_path`
   where no file is there yet (`resolve` checked an existing one's content)."""
-  if source is None or source.vocabulary_model is None:
+  if source is None:
     return
-  path = provenance.vocabulary_input(config)['path']
-  if not storage.exists(path):
-    storage.write_bytes(path, source.vocabulary_model)
-    logging.info('Wrote the vocabulary of %s to %s.', source.location, path)
+  for model, found in (
+    (source.vocabulary_model, provenance.vocabulary_input(config)),
+    (source.target_vocabulary_model, provenance.target_vocabulary_input(config)),
+  ):
+    if model is not None and not storage.exists(found['path']):
+      storage.write_bytes(found['path'], model)
+      logging.info('Wrote the vocabulary of %s to %s.', source.location, found['path'])
 
 
 def _vocabulary_problems(source: Source, config: ml_collections.ConfigDict) -> list[str]:
@@ -264,7 +292,27 @@ def _vocabulary_problems(source: Source, config: ml_collections.ConfigDict) -> l
       f'{what}: {before["path"]} (sha256 {before["hash"][:16]}) -> {now["path"]}, which does '
       'not exist yet: this run would train a new one'
     ]
-  return provenance.input_changes({'vocabulary': before}, {'vocabulary': now})
+  return provenance.input_changes({'vocabulary': before}, {'vocabulary': now}) + (
+    _target_vocabulary_problems(source, config)
+  )
+
+
+def _target_vocabulary_problems(source: Source, config: ml_collections.ConfigDict) -> list[str]:
+  """[A line] if the target side's own vocabulary (config.data.target_vocab_path) is not the
+  source's, or one side has one and the other not."""
+  what = "the target side's vocabulary (targets would be segmented otherwise)"
+  before, now = source.target_vocabulary, provenance.target_vocabulary_input(config)
+  one = 'none (one vocabulary for both sides)'
+  if before is None and now is None:
+    return []
+  if before is None or now is None:
+    before_path, now_path = ((e or {}).get('path', one) for e in (before, now))
+    return [f'{what}: {before_path} -> {now_path} (config.data.target_vocab_path)']
+  if now['hash'] is None:
+    if source.target_vocabulary_model is not None:
+      return []  # Written from the source (`write_vocabulary`).
+    return [f'{what}: {before["path"]} -> {now["path"]}, which does not exist']
+  return provenance.input_changes({'target_vocabulary': before}, {'target_vocabulary': now})
 
 
 def _read_run(

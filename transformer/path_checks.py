@@ -37,7 +37,8 @@ RUN_ENTRIES = (
   'eval.log',
   'wandb.json',
   'wandb',
-  'vocabulary.model',  # A workdir convert.py imported from Hugging Face: its vocabulary.
+  'vocabulary.model',  # A workdir convert.py imported from Hugging Face: its vocabulary,
+  'target_vocabulary.model',  # and its target side's own, where it has one.
 )
 # The checkout that holds this package: the files git tracks there are the code.
 CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -178,6 +179,7 @@ def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]
       (data.manual_dir, 'config.data.manual_dir'),
       (data.data_dir, 'config.data.data_dir'),
       (data.vocab_path, 'config.data.vocab_path'),
+      (data.get('target_vocab_path'), 'config.data.target_vocab_path'),
     )
     for error in storage.path_errors(value, name)
   ]
@@ -204,8 +206,9 @@ def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]
     path, '--workdir', {**raw, 'the prepared data (config.data.data_dir)': data.data_dir}
   )
   errors += protected_path_errors(data.data_dir, 'config.data.data_dir', raw)
-  if data.vocab_path and not storage.exists(absolute(data.vocab_path)):  # Trained, then written.
-    errors += protected_path_errors(data.vocab_path, 'config.data.vocab_path', raw)
+  for key in ('vocab_path', 'target_vocab_path'):  # Trained (or hf:DIR's), then written.
+    if data.get(key) and not storage.exists(absolute(data[key])):
+      errors += protected_path_errors(data[key], f'config.data.{key}', raw)
   if errors or storage.is_url(path):  # A bucket's writes were probed above.
     return errors
   return writable_dir_errors(path, '--workdir') or run_entry_errors(path)

@@ -82,8 +82,11 @@ class PreparedIdsError(Refusal, RuntimeError):
 
 
 def vocabulary_hash(tokenizer: tokenizer_lib.Tokenizer) -> str:
-  """sha256 (hex) of the serialized SentencePiece model."""
-  return hashlib.sha256(tokenizer.serialized_model()).hexdigest()
+  """sha256 (hex) of the serialized SentencePiece model (and of the target side's own)."""
+  digest = hashlib.sha256(tokenizer.serialized_model())
+  if target := tokenizer.target_model():
+    digest.update(b'\0target\0' + target)
+  return digest.hexdigest()
 
 
 def ids_dir(config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, key: str) -> str:
@@ -298,7 +301,12 @@ def _encode_block(block: tuple[int, int]) -> list[bytes]:
   examples = datasets.read_examples(source, list(range(*block)))
   fields = [texts(example) for example in examples]
   num_texts = len(fields[0])
-  ids = tokenizer.encode_batch([text for texts_of in fields for text in texts_of])
+  # Each text by its side's model (`texts.sides`: a translation's target by the target's).
+  columns = [
+    (tokenizer.target if side == 'target' else tokenizer).encode_batch([f[k] for f in fields])
+    for k, side in enumerate(texts.sides)
+  ]
+  ids = [columns[k][i] for i in range(len(fields)) for k in range(num_texts)]
   lengths = np.fromiter(map(len, ids), np.int64, len(ids)).reshape(-1, num_texts)
   words = lengths.sum(1) + num_texts
   ends = np.cumsum(words)
@@ -321,6 +329,8 @@ class PairTexts:
   source_lang: str
   target_lang: str
 
+  sides = ('source', 'target')  # Which side's vocabulary encodes each text.
+
   def __call__(self, example: Any) -> tuple[str, str]:
     return datasets.translation_pair(example, self.source_lang, self.target_lang)
 
@@ -332,6 +342,8 @@ class PairTexts:
 @dataclasses.dataclass(frozen=True)
 class DocumentText:
   """The one text of a language-model data source element."""
+
+  sides = ('source',)
 
   def __call__(self, example: Any) -> tuple[str]:
     return (datasets.document_text(example),)

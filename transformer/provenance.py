@@ -162,22 +162,43 @@ def vocabulary_input(config, vocabulary: bytes | None = None) -> dict[str, str |
   return {'path': path, 'hash': digest}
 
 
+def target_vocabulary_input(config) -> dict[str, str | None] | None:
+  """The target side's own vocabulary (`config.data.target_vocab_path`) by path and sha256;
+  None where the run has one vocabulary for both sides."""
+  from transformer import tokenizer  # pylint: disable=g-import-not-at-top
+
+  path = tokenizer.target_vocab_path(config)
+  if path is None:
+    return None
+  path = storage.resolve(path)
+  return {'path': path, 'hash': file_sha256(path) if storage.isfile(path) else None}
+
+
 def inputs(config, vocabulary: bytes | None = None) -> dict[str, dict[str, str | None]]:
   """The files `config` trains on, by content: {what: {'path': ..., 'hash': ...}}.
 
   'data': the prepared data's folder and the fingerprint of its source files (sha256 of
   their names and bytes; the catalog name for catalog datasets); 'vocabulary':
-  `vocabulary_input`. Raises what `datasets.fingerprint` raises for missing source files.
+  `vocabulary_input`; 'target_vocabulary' where the target side has its own
+  (`target_vocabulary_input`). Raises what `datasets.fingerprint` raises for missing source
+  files.
   """
   from transformer import datasets  # pylint: disable=g-import-not-at-top
 
   data = {'path': datasets.dataset_dir(config.data), 'hash': datasets.fingerprint(config.data)}
-  return {'data': data, 'vocabulary': vocabulary_input(config, vocabulary)}
+  found = {'data': data, 'vocabulary': vocabulary_input(config, vocabulary)}
+  if target := target_vocabulary_input(config):
+    found['target_vocabulary'] = target
+  return found
 
 
 # What each input is, and what its hash is, for messages.
 _INPUT_NAMES = {
   'vocabulary': ('the vocabulary (every token id would mean another piece)', 'sha256'),
+  'target_vocabulary': (
+    "the target side's vocabulary (targets would be segmented otherwise)",
+    'sha256',
+  ),
   'data': ('the training data (the data position would point into other examples)', 'fingerprint'),
 }
 
@@ -193,6 +214,15 @@ def input_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str
   Only inputs known on both sides are compared (a vocabulary still to be trained is not).
   """
   changes = []
+  if recorded and bool(recorded.get('target_vocabulary')) != bool(
+    current.get('target_vocabulary')
+  ):  # One vocabulary for both sides against one per side: the targets' ids would change.
+    one = 'none (the vocabulary segments both sides)'
+    before, now = (
+      (entry or {}).get('path', one)
+      for entry in (recorded.get('target_vocabulary'), current.get('target_vocabulary'))
+    )
+    changes.append(f'{_INPUT_NAMES["target_vocabulary"][0]}: {before} -> {now}')
   for key, now in current.items():
     before = recorded.get(key) or {}
     if before.get('hash') and now.get('hash') and before['hash'] != now['hash']:

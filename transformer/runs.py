@@ -45,6 +45,7 @@ RESUMABLE_KEYS = (
   'data.manual_dir',
   'data.data_dir',
   'data.vocab_path',
+  'data.target_vocab_path',  # By path; its content is a recorded input (`check_inputs`).
   'skip_nonfinite_steps',
   'target_metric',
   'keep_best_checkpoints',
@@ -473,6 +474,7 @@ ADDED_KEYS: dict[str, Any] = {
   'decode.max_extra_len': 50,
   'decode.checkpoint': 'latest',
   'data.spm_model_type': 'unigram',
+  'data.target_vocab_path': None,  # One vocabulary for both sides.
   'data.spm_normalization': 'nmt_nfkc',
   'keep_best_checkpoints': 0,
   'early_stopping_patience': 0,

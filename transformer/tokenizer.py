@@ -1,5 +1,8 @@
 """Shared SentencePiece vocabulary (unigram, or BPE) for source and target.
 
+(A model imported with a SentencePiece model per side, as OPUS-MT's, keeps the target's at
+`config.data.target_vocab_path`: the same pieces under the same ids, segmented its own way.)
+
 Trained on the training split (both languages, at most
 `config.data.spm_train_sentences` sentences) with `config.vocab_size` pieces, by
 SentencePiece's `config.data.spm_model_type` algorithm ('unigram' or 'bpe'),
@@ -41,8 +44,12 @@ _READ_CHUNK = 1024  # Examples read at once from the data source.
 class Tokenizer:
   """SentencePiece tokenizer with fixed special ids (pad 0, eos 1, bos 2, unk 3)."""
 
-  def __init__(self, model_proto: bytes):
-    """Creates the tokenizer from a serialized SentencePiece model."""
+  def __init__(self, model_proto: bytes, target_proto: bytes | None = None):
+    """Creates the tokenizer from a serialized SentencePiece model.
+
+    `target_proto`: another model that segments the target side (a model imported with a
+    vocabulary per side, as OPUS-MT's); it must hold the same pieces under the same ids.
+    """
     self._proto = model_proto
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     specials = {
@@ -54,14 +61,39 @@ class Tokenizer:
     for name, (got, want) in specials.items():
       if got != want:
         raise InvalidInput(f'SentencePiece model has {name} id {got}, expected {want}.')
+    self._target = None
+    if target_proto is not None and target_proto != model_proto:
+      self._target = Tokenizer(target_proto)
+      if self._target.vocab_size != self.vocab_size:
+        raise InvalidInput(
+          f'The target SentencePiece model has {self._target.vocab_size} pieces, the source '
+          f'model {self.vocab_size}: one vocabulary has one id per piece on both sides.'
+        )
+      for i in range(self.vocab_size):
+        if self._target.id_to_piece(i) != self.id_to_piece(i):
+          raise InvalidInput(
+            f'Id {i} is {self.id_to_piece(i)!r} in the source SentencePiece model but '
+            f'{self._target.id_to_piece(i)!r} in the target one: they must hold the same '
+            'pieces under the same ids.'
+          )
 
   @classmethod
-  def load(cls, path: str) -> 'Tokenizer':
-    """Loads a `.model` file."""
-    return cls(storage.read_bytes(path))
+  def load(cls, path: str, target_path: str | None = None) -> 'Tokenizer':
+    """Loads a `.model` file (and the target side's, if it has its own)."""
+    target = storage.read_bytes(target_path) if target_path else None
+    return cls(storage.read_bytes(path), target)
 
   def __reduce__(self):
-    return (Tokenizer, (self._proto,))
+    return (Tokenizer, (self._proto, self._target and self._target._proto))
+
+  @property
+  def target(self) -> 'Tokenizer':
+    """The tokenizer of the target side: this one, unless the target has its own model."""
+    return self._target or self
+
+  def target_model(self) -> bytes | None:
+    """The target side's serialized model, where it has its own; else None."""
+    return self._target and self._target.serialized_model()
 
   @property
   def vocab_size(self) -> int:
@@ -77,7 +109,13 @@ class Tokenizer:
     return self._sp.encode(list(texts))
 
   def decode(self, ids: Iterable[int]) -> str:
-    """Returns the text of `ids`, up to the first EOS; PAD and BOS are ignored."""
+    """Returns the text of `ids`, up to the first EOS; PAD and BOS are ignored.
+
+    By the target side's model: what is decoded is a translation (both sides hold the same
+    pieces, so a source's ids read the same).
+    """
+    if self._target is not None:
+      return self._target.decode(ids)
     kept = []
     for i in ids:
       i = int(i)
@@ -184,7 +222,41 @@ def vocab_path(config: ml_collections.ConfigDict) -> str:
   return os.path.join(datasets.dataset_dir(config.data), name)
 
 
+def target_vocab_path(config: ml_collections.ConfigDict) -> str | None:
+  """Where the target side's own model lives (`config.data.target_vocab_path`); None: none."""
+  path = config.data.get('target_vocab_path')
+  return os.path.expanduser(path) if path else None
+
+
 def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
+  """The model at `vocab_path(config)` (`_source_tokenizer`), with the target side's own
+  model at `config.data.target_vocab_path` where one is named (an imported model's: this
+  project trains one vocabulary for both sides, never one per side)."""
+  tokenizer = _source_tokenizer(config)
+  path = target_vocab_path(config)
+  if path is None:
+    return tokenizer
+  if not storage.isfile(path):
+    raise InvalidInput(
+      f'{path} (config.data.target_vocab_path) is not a file. A vocabulary of the target '
+      'side alone comes with an imported model (convert.py --from_hf writes '
+      'target_vocabulary.model); runs here train one vocabulary for both sides '
+      '(config.data.vocab_path). Point the key at that file, or leave it unset.'
+    )
+  try:
+    combined = Tokenizer(tokenizer.serialized_model(), storage.read_bytes(path))
+  except RuntimeError as e:  # SentencePiece's.
+    reason = str(e).strip().rstrip('.')
+    raise InvalidInput(
+      f'{path} (config.data.target_vocab_path) is not a usable SentencePiece model: {reason}.'
+    ) from e
+  except InvalidInput as e:
+    raise InvalidInput(f'{path} (config.data.target_vocab_path): {e}') from None
+  logging.info("Loaded the target side's SentencePiece model %s.", path)
+  return combined
+
+
+def _source_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
   """Loads the model at `vocab_path(config)`, training it first if absent.
 
   Training reads `config.data.train_split` of `config.data.dataset` (both

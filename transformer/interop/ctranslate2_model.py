@@ -26,6 +26,7 @@ import numpy as np
 from transformer import layers, tokenizer
 from transformer.config import ModelConfig
 
+TARGET_SENTENCEPIECE = 'target_sentencepiece.model'  # Beside, where the target has its own.
 QUANTIZATIONS = (
   'float32',
   'int8',
@@ -178,8 +179,10 @@ def write(
   vocabulary: bytes,
   *,
   quantization: str = 'float32',
+  target_vocabulary: bytes | None = None,
 ) -> None:
-  """Saves the CTranslate2 model of `params` in `directory`, with `sentencepiece.model` beside."""
+  """Saves the CTranslate2 model of `params` in `directory`, with `sentencepiece.model` beside
+  (and `target_sentencepiece.model`, the target side's own, where `target_vocabulary` is one)."""
   vocab = tokenizer.Tokenizer(vocabulary)
   pieces = [vocab.id_to_piece(i) for i in range(vocab.vocab_size)]
   spec = build_spec(params, cfg, pieces)
@@ -189,3 +192,6 @@ def write(
   spec.save(directory)
   with open(f'{directory}/sentencepiece.model', 'wb') as f:
     f.write(vocabulary)
+  if target_vocabulary is not None:
+    with open(f'{directory}/{TARGET_SENTENCEPIECE}', 'wb') as f:
+      f.write(target_vocabulary)

@@ -53,6 +53,7 @@ def write(
   cfg: ModelConfig,
   vocabulary: bytes,
   *,
+  target_vocabulary: bytes | None = None,
   source_lang: str,
   target_lang: str,
   beam_size: int,
@@ -61,7 +62,8 @@ def write(
 ) -> list[str]:
   """Writes the Hugging Face Marian directory of `params`; returns the files written.
 
-  `vocabulary`: the run's serialized SentencePiece model. Nothing is written if the model
+  `vocabulary`: the run's serialized SentencePiece model (source.spm; target.spm too unless
+  `target_vocabulary`, the target side's own, is given). Nothing is written if the model
   has no exact Marian form (`marian.export_refusals`, raised as one InvalidInput).
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
@@ -117,7 +119,7 @@ def write(
       {'eos_token': '</s>', 'unk_token': '<unk>', 'pad_token': '<pad>'}
     ),
     'source.spm': vocabulary,
-    'target.spm': vocabulary,
+    'target.spm': target_vocabulary or vocabulary,
   }
   for name, content in files.items():
     with open(os.path.join(directory, name), 'wb') as f:

@@ -34,6 +34,7 @@ from transformer.errors import InvalidInput
 from transformer.interop import ctranslate2_model, hf_files, marian
 
 VOCABULARY_FILE = 'vocabulary.model'  # An imported workdir's vocabulary (path_checks.RUN_ENTRIES).
+TARGET_VOCABULARY_FILE = 'target_vocabulary.model'  # Its target side's, where it has its own.
 IMPORTED_KEY = provenance.IMPORTED_KEY  # Its provenance entry's record of the source.
 
 
@@ -60,6 +61,7 @@ class RunParams:
   params: Any
   label: str  # Which checkpoints: `step_1500`, `avg5_1100-1500`, ...
   vocabulary: bytes
+  target_vocabulary: bytes | None = None  # The target side's own model, where it has one.
 
 
 def run_model_config(workdir: str) -> tuple[ml_collections.ConfigDict, ModelConfig]:
@@ -76,7 +78,9 @@ def read_run(workdir: str, checkpoint: str | None) -> RunParams:
   params, label = evaluation.restore_params(run, workdir, spec)
   params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), params)
   vocabulary = storage.read_bytes(tokenizer_lib.vocab_path(config))
-  return RunParams(config, run.model_config, params, label, vocabulary)
+  target_path = tokenizer_lib.target_vocab_path(config)
+  target = storage.read_bytes(target_path) if target_path else None
+  return RunParams(config, run.model_config, params, label, vocabulary, target)
 
 
 def export_hf(
@@ -103,6 +107,7 @@ def export_hf(
     run.params,
     run.model_config,
     run.vocabulary,
+    target_vocabulary=run.target_vocabulary,
     source_lang=run.config.data.source_lang,
     target_lang=run.config.data.target_lang,
     beam_size=run.config.decode.beam_size,
@@ -131,7 +136,12 @@ def export_ctranslate2(
   _require('ctranslate2')
   run = read_run(workdir, checkpoint)
   ctranslate2_model.write(
-    directory, run.params, run.model_config, run.vocabulary, quantization=quantization
+    directory,
+    run.params,
+    run.model_config,
+    run.vocabulary,
+    quantization=quantization,
+    target_vocabulary=run.target_vocabulary,
   )
   logging.info(
     'Wrote the CTranslate2 model %s (%s of %s, %s).', directory, run.label, workdir, quantization
@@ -155,20 +165,26 @@ class Imported:
   fields: dict[str, Any]  # `vocab_size`, `model.*` and `decode.*` of the config.
   params: Any  # numpy float32, this project's tree.
   vocabulary: bytes  # The SentencePiece model, in this project's id order.
-  languages: tuple[str | None, str | None]  # tokenizer_config.json's source and target.
+  target_vocabulary: bytes | None  # The target side's (same pieces and ids); None: the same.
+  languages: tuple[str | None, str | None] = (None, None)  # tokenizer_config.json's sides.
 
 
 def load_hf(directory: str) -> Imported:
   """Reads a Marian directory into this project's fields, parameters and vocabulary.
 
-  Refused with one message naming each config.json key without an exact form here, and
-  when source.spm and target.spm segment differently (this project's runs have one
-  SentencePiece model for both sides).
+  Refused with one message naming each config.json key without an exact form here. A
+  target.spm that differs from source.spm (OPUS-MT's: a model per language over one joint
+  vocab.json) is kept as the target side's own model, with the same pieces and ids.
   """
   directory = os.path.abspath(os.path.expanduser(directory))
   if not os.path.isdir(directory):
     raise InvalidInput(f'--from_hf={directory} is not a directory.')
   marian_config = hf_files.read_config(directory)
+  if _tokenizer_config(directory).get('separate_vocabs'):
+    raise InvalidInput(
+      f'{directory}/tokenizer_config.json separate_vocabs=true: its sides have ids of their '
+      'own (vocab.json, target_vocab.json); here one id names one piece on both sides.'
+    )
   vocab, source_spm, target_spm = hf_files.read_vocabularies(directory)
   if '<unk>' not in vocab:
     raise InvalidInput(f'{directory}/vocab.json has no <unk> piece.')
@@ -187,19 +203,15 @@ def load_hf(directory: str) -> Imported:
   )
   source, source_dropped = hf_files.rebuild_vocabulary(source_spm, vocab, order)
   target, target_dropped = hf_files.rebuild_vocabulary(target_spm, vocab, order)
-  if source != target:
-    raise InvalidInput(
-      f'{directory}: source.spm and target.spm differ. This project encodes both sides '
-      'with one SentencePiece model (config.data.vocab_path), so a model with a vocabulary '
-      'per side is not imported exactly.'
-    )
-  if source_dropped:
-    logging.warning(
-      '%d pieces of %s/source.spm are not in vocab.json: MarianTokenizer maps them to <unk>; '
-      'here text is segmented around them.',
-      source_dropped,
-      directory,
-    )
+  for name, dropped in (('source.spm', source_dropped), ('target.spm', target_dropped)):
+    if dropped:
+      logging.warning(
+        '%d pieces of %s/%s are not in vocab.json: MarianTokenizer maps them to <unk>; '
+        'here text is segmented around them.',
+        dropped,
+        directory,
+        name,
+      )
   state = hf_files.read_weights(directory)
   fields = marian.model_fields(
     marian_config, vocab_size=len(order), logits_bias=marian.nonzero_logits_bias(state)
@@ -211,8 +223,9 @@ def load_hf(directory: str) -> Imported:
     raise InvalidInput(f'{directory}: {e.args[0]}') from None
   fields['decode'] = _decode_fields(directory)
   languages = _languages(directory)
-  del target_dropped  # Same model as the source's.
-  return Imported(directory, fields, params, source, languages)
+  return Imported(
+    directory, fields, params, source, None if target == source else target, languages
+  )
 
 
 def _decode_fields(directory: str) -> dict[str, Any]:
@@ -231,11 +244,20 @@ def _decode_fields(directory: str) -> dict[str, Any]:
   return fields
 
 
-def _languages(directory: str) -> tuple[str | None, str | None]:
+def _tokenizer_config(directory: str) -> dict[str, Any]:
+  """tokenizer_config.json of DIR, {} where there is none."""
   path = os.path.join(directory, 'tokenizer_config.json')
   if not os.path.isfile(path):
-    return None, None
-  loaded = json.loads(storage.read_text(path))
+    return {}
+  try:
+    loaded = json.loads(storage.read_text(path))
+  except ValueError as e:
+    raise InvalidInput(f'{path} is not JSON: {e}') from None
+  return loaded if isinstance(loaded, dict) else {}
+
+
+def _languages(directory: str) -> tuple[str | None, str | None]:
+  loaded = _tokenizer_config(directory)
   return loaded.get('source_lang'), loaded.get('target_lang')
 
 
@@ -270,6 +292,8 @@ def import_hf(directory: str, workdir: str, config: ml_collections.ConfigDict) -
   config = ml_collections.ConfigDict(config.to_dict())
   apply_fields(config, imported.fields)
   config.data.vocab_path = os.path.join(workdir, VOCABULARY_FILE)
+  if imported.target_vocabulary is not None:
+    config.data.target_vocab_path = os.path.join(workdir, TARGET_VOCABULARY_FILE)
   for side, name in zip(imported.languages, ('source_lang', 'target_lang'), strict=True):
     if side and config.data[name] and side != config.data[name]:
       logging.warning(
@@ -283,6 +307,8 @@ def import_hf(directory: str, workdir: str, config: ml_collections.ConfigDict) -
   config_lib.validate(config, num_devices=jax.device_count())
   os.makedirs(workdir, exist_ok=True)
   storage.write_bytes(config.data.vocab_path, imported.vocabulary)
+  if imported.target_vocabulary is not None:
+    storage.write_bytes(config.data.target_vocab_path, imported.target_vocabulary)
   run = evaluation.setup(config)
   state = _train_state(run, imported.params, config)
   checkpointer = checkpoints.Checkpointer(workdir)
@@ -303,6 +329,8 @@ def import_hf(directory: str, workdir: str, config: ml_collections.ConfigDict) -
     'params_sha256': params_digest(imported.params),
   }
   entry['inputs'] = {'vocabulary': provenance.vocabulary_input(config, imported.vocabulary)}
+  if target := provenance.target_vocabulary_input(config):
+    entry['inputs']['target_vocabulary'] = target
   storage.append_text(
     storage.join(workdir, provenance.FILENAME), json.dumps(entry, sort_keys=True) + '\n'
   )

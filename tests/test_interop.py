@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_finetune import STILL  # 2 steps that move no parameter measurably.
 
 from configs import tiny
 from tests.conftest import synthetic_captions
@@ -408,17 +409,6 @@ def test_export_then_import_gives_the_same_parameters_bit_for_bit(run, tmp_path)
   ):
     assert got.dtype == want.dtype and np.array_equal(got, want)
   assert imported.fields['model']['d_model'] == params.model_config.d_model
-
-
-# A fine-tuning run's learning rate too small to move a float32 parameter: its first evaluation
-# reads the parameters it started from.
-STILL = {
-  'num_train_steps': 2,
-  'eval_every_steps': 2,
-  'checkpoint_every_steps': 2,
-  'warmup_steps': 4,
-  'peak_learning_rate': 1e-9,
-}
 
 
 def _hf_finetune_config(workdir, hf_dir, **overrides):

@@ -44,15 +44,17 @@ def _without(monkeypatch, *modules: str) -> None:
 # --- The refusals, through the calls a command makes ---------------------------------------------
 
 
-@pytest.mark.parametrize(('scheme', 'backend'), [('gs', 'gcsfs'), ('s3', 's3fs')])
+@pytest.mark.parametrize(
+  ('scheme', 'backend', 'use'), [('gs', 'gcsfs', 'a gs:// path'), ('s3', 's3fs', 'an s3:// path')]
+)
 def test_a_bucket_path_without_its_backend_is_refused_naming_buckets(
-  scheme, backend, monkeypatch, tmp_path
+  scheme, backend, use, monkeypatch, tmp_path
 ):
   monkeypatch.delenv(storage.CREDENTIALS_ENV, raising=False)
   url = f'{scheme}://a-bucket/run'
   assert storage.path_errors(url, '--workdir') == []  # Installed: nothing to say.
   _without(monkeypatch, backend)
-  refusal = f'--workdir={url}: ' + _refusal(backend, 'buckets', f'a {scheme}:// path')
+  refusal = f'--workdir={url}: ' + _refusal(backend, 'buckets', use)
   assert storage.path_errors(url, '--workdir') == [refusal]
   # train.py's check of its paths, before any request (the test's network guard allows none).
   config = tiny.get_config()

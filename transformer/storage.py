@@ -99,8 +99,8 @@ def configure_clients(seconds: float | None = None) -> None:
 
 # URL schemes a path may have; anything else with '://' (hdfs://, file://, http://) is refused.
 URL_SCHEMES = ('gs', 's3')
-# The fsspec backend of each, from the buckets extra (requirements/buckets.txt).
-BACKENDS = {'gs': 'gcsfs', 's3': 's3fs'}
+# The fsspec backend of each, from the buckets extra (requirements/buckets.txt), and what needs it.
+BACKENDS = {'gs': ('gcsfs', 'a gs:// path'), 's3': ('s3fs', 'an s3:// path')}
 _URL = re.compile(r'^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$')
 # 'gs:/bucket' or 'gs:bucket': a URL with a slash missing, which os would read as a local path.
 _MALFORMED = re.compile(r'^(gs|s3):/?(?!/)', re.IGNORECASE)
@@ -166,7 +166,8 @@ def path_errors(path: str | None, name: str) -> list[str]:
     ]
   if '//' in rest or rest.endswith('/.') or '/../' in f'{rest}/':
     return [f"{name}={path}: a URL's path may not hold empty, '.' or '..' parts."]
-  if problem := extras.missing(BACKENDS[scheme], 'buckets', f'a {scheme}:// path'):
+  backend, use = BACKENDS[scheme]
+  if problem := extras.missing(backend, 'buckets', use):
     return [f'{name}={path}: {problem}']
   return credential_errors(path, name)
 

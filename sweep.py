@@ -142,6 +142,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   slurm = _LAUNCHER.value == 'slurm'
+  if slurm and not _SUMMARIZE.value:
+    sweep_slurm.require_submitit()  # The sweeps extra: before anything is checked or written.
   sweep_runner.check_parallel(_PARALLEL.value, slurm=slurm)
   if _SLURM_OPTIONS.value and not slurm:
     raise app.UsageError('--slurm_option is for --launcher=slurm.')
@@ -182,7 +184,8 @@ def main(argv):
   )
   base = sweeps.Trial('base', {}, sweep.config)
   for trial in [*sweep.trials, base] if study else sweep.trials:
-    # W&B online without a login would stop every trial at its start: refused before the first.
+    # W&B without wandb, or online without a login, would stop every trial at its start:
+    # refused before the first.
     for error in [] if _SUMMARIZE.value else wandb_run.login_errors(trial.config):
       raise errors.InvalidInput(error)
     # config.launch is the Slurm launcher's: a local trial would run as one process regardless.

@@ -146,7 +146,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Weights & Biases, opt-in (transformer/wandb_run.py): the rows and config of the run.
   config.wandb = ml_collections.ConfigDict()
-  config.wandb.project = ''  # W&B project to log to ('': off; needs `pip install wandb`).
+  config.wandb.project = ''  # W&B project to log to ('': off; needs requirements/tracking.txt).
   config.wandb.entity = ''  # W&B user or team ('': the login's default).
   config.wandb.group = ''  # Groups runs in W&B, e.g. a sweep's trials ('': none).
   config.wandb.mode = 'online'  # 'offline': kept under WORKDIR/wandb/ for a later `wandb sync`.

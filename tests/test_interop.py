@@ -30,9 +30,9 @@ from transformer.model import Transformer
 from transformer.tasks.translation import data, decode
 from transformer.tools import sweeps
 
-torch = pytest.importorskip('torch', reason='pip install -r requirements-interop.txt')
-transformers = pytest.importorskip('transformers', reason='pip install -r requirements-interop.txt')
-ctranslate2 = pytest.importorskip('ctranslate2', reason='pip install -r requirements-interop.txt')
+torch = pytest.importorskip('torch', reason='pip install -r requirements/interop.txt')
+transformers = pytest.importorskip('transformers', reason='pip install -r requirements/interop.txt')
+ctranslate2 = pytest.importorskip('ctranslate2', reason='pip install -r requirements/interop.txt')
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

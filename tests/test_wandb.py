@@ -210,4 +210,4 @@ def test_wandb_settings_are_checked_against_their_domains(monkeypatch):
     importlib.util, 'find_spec', lambda name, *a: None if name == 'wandb' else real_find_spec(name)
   )
   (error,) = config_lib.machine_errors(config)
-  assert 'the wandb package is not installed here: pip install wandb' in error
+  assert 'needs wandb, which is not installed: pip install -r requirements/tracking.txt' in error

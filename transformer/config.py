@@ -21,7 +21,6 @@ meant is one line in `runs.ADDED_KEYS`. The domains themselves are built with
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import re
 import sys
@@ -32,7 +31,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import app
 
-from transformer import domains, sharding
+from transformer import domains, extras, sharding
 from transformer.domains import (
   BOOLEAN,
   CHECKPOINT_SPEC,
@@ -589,14 +588,17 @@ def launch_errors(config: ml_collections.ConfigDict, processes: int | None) -> l
   ]
 
 
+def wandb_use(project: str) -> str:
+  """What needs the tracking extra (wandb): a run that logs to W&B project `project`."""
+  return f'config.wandb.project={project!r} (logging to Weights & Biases)'
+
+
 def machine_errors(config: ml_collections.ConfigDict) -> list[str]:
   """Resource counts of `config` that this machine cannot serve (`validate` with devices)."""
   cores = os.cpu_count() or 1
-  if 'wandb' in config and config.wandb.project and importlib.util.find_spec('wandb') is None:
-    return [
-      f'config.wandb.project={config.wandb.project!r} logs to Weights & Biases, and the wandb '
-      "package is not installed here: pip install wandb, or set config.wandb.project=''."
-    ]
+  project = config.wandb.project if 'wandb' in config else ''
+  if project and (problem := extras.missing('wandb', 'tracking', wandb_use(project))):
+    return [f"{problem} Or set config.wandb.project='' to train without W&B."]
   if config.data.num_workers > cores:
     return [
       f'config.data.num_workers={config.data.num_workers} exceeds the {cores} CPU cores of this '

@@ -3,8 +3,9 @@
 Every path a run reads or writes (its workdir, a vocabulary, raw data, eval
 outputs, sweep roots) may be a local path or a `gs://bucket/...` or
 `s3://bucket/...` URL. URLs go through `etils.epath` and its fsspec backends
-(`gcsfs`, `s3fs`), the path type Orbax and TFDS use; local paths keep `os`'s
-behaviour, so that a local run writes exactly what it wrote before URLs existed.
+(`gcsfs`, `s3fs`: the buckets extra, without which `path_errors` refuses a URL), the path
+type Orbax and TFDS use; local paths keep `os`'s behaviour, so that a local run writes
+exactly what it wrote before URLs existed.
 
 Object stores differ from a file system in three ways this module absorbs:
 - No rename: a file is written whole with one PUT (atomic: a reader sees the
@@ -38,7 +39,7 @@ from typing import Any
 import fsspec.config
 from etils import epath
 
-from transformer import domains
+from transformer import domains, extras
 from transformer.errors import InvalidInput
 
 # No listings cache for buckets: another process (the training run, a resumed one, eval.py)
@@ -75,12 +76,15 @@ def configure_clients(seconds: float | None = None) -> None:
     driver retries it; set only where the user has not.
   Called when this module is imported; again by tests that change the setting.
   """
-  import aiohttp  # pylint: disable=g-import-not-at-top
-
   seconds = timeout_seconds() if seconds is None else seconds
-  timeout = aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
-  for protocol in ('gs', 'gcs'):
-    fsspec.config.conf[protocol]['requests_timeout'] = timeout
+  try:
+    import aiohttp  # pylint: disable=g-import-not-at-top  (gcsfs's client, installed with it)
+  except ImportError:  # Without the buckets extra: gs:// paths are refused (`path_errors`).
+    aiohttp = None
+  if aiohttp is not None:
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+    for protocol in ('gs', 'gcs'):
+      fsspec.config.conf[protocol]['requests_timeout'] = timeout
   for protocol in ('s3', 's3a'):
     conf = fsspec.config.conf[protocol]
     conf['config_kwargs'] = {
@@ -95,6 +99,8 @@ def configure_clients(seconds: float | None = None) -> None:
 
 # URL schemes a path may have; anything else with '://' (hdfs://, file://, http://) is refused.
 URL_SCHEMES = ('gs', 's3')
+# The fsspec backend of each, from the buckets extra (requirements/buckets.txt), and what needs it.
+BACKENDS = {'gs': ('gcsfs', 'a gs:// path'), 's3': ('s3fs', 'an s3:// path')}
 _URL = re.compile(r'^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$')
 # 'gs:/bucket' or 'gs:bucket': a URL with a slash missing, which os would read as a local path.
 _MALFORMED = re.compile(r'^(gs|s3):/?(?!/)', re.IGNORECASE)
@@ -160,6 +166,9 @@ def path_errors(path: str | None, name: str) -> list[str]:
     ]
   if '//' in rest or rest.endswith('/.') or '/../' in f'{rest}/':
     return [f"{name}={path}: a URL's path may not hold empty, '.' or '..' parts."]
+  backend, use = BACKENDS[scheme]
+  if problem := extras.missing(backend, 'buckets', use):
+    return [f'{name}={path}: {problem}']
   return credential_errors(path, name)
 
 

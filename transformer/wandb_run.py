@@ -1,8 +1,9 @@
 """Weights & Biases, opt-in: a training run's rows and config in a W&B run (`config.wandb`).
 
 Off unless `config.wandb.project` is set, and `wandb` is then the only thing it needs
-(`pip install wandb`; the project never imports it otherwise). The run sends what
-metrics.jsonl and TensorBoard get, row by row (`MetricsWriter`'s mirror), and its
+(the tracking extra: `pip install -r requirements/tracking.txt`; the project never imports
+it otherwise, and without it refuses a run that sets the project, before any work). The run
+sends what metrics.jsonl and TensorBoard get, row by row (`MetricsWriter`'s mirror), and its
 resolved config, so that a sweep's trials form W&B's table of hyperparameters.
 
 The rows are sent, not read back from the event files (W&B's `sync_tensorboard`):
@@ -27,7 +28,8 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from transformer import storage
+from transformer import config as config_lib
+from transformer import extras, storage
 from transformer.errors import InvalidInput
 
 FILENAME = 'wandb.json'  # WORKDIR/wandb.json: {"id": ...}, the W&B run of this workdir.
@@ -38,13 +40,19 @@ _OFFLINE_MODES = ('offline', 'disabled', 'dryrun')  # WANDB_MODE values that nee
 
 
 def login_errors(config: ml_collections.ConfigDict) -> list[str]:
-  """Why a run of `config` would find no W&B login here ([] when it needs none or has one).
+  """Why a run of `config` could not start W&B here ([] when it needs none or has one).
 
-  What `wandb.init` looks for, without starting a run or asking: WANDB_API_KEY (or an identity
-  token file), ~/.netrc's entry for the W&B host, W&B's settings. `sweep.py` checks it before
-  its first trial (and with --dry_run), since every trial would fail at its start without it.
+  The wandb package (the tracking extra), then what `wandb.init` looks for online, without
+  starting a run or asking: WANDB_API_KEY (or an identity token file), ~/.netrc's entry for the
+  W&B host, W&B's settings. `sweep.py` checks it before its first trial (and with --dry_run),
+  since every trial would fail at its start without it.
   """
-  if not config.wandb.project or config.wandb.mode != 'online':
+  if not config.wandb.project:
+    return []
+  use = config_lib.wandb_use(config.wandb.project)
+  if problem := extras.missing('wandb', 'tracking', use):
+    return [f"{problem} Or set config.wandb.project='' to train without W&B."]
+  if config.wandb.mode != 'online':
     return []
   if os.environ.get('WANDB_MODE', '').lower() in _OFFLINE_MODES:
     return []
@@ -89,7 +97,7 @@ class WandbRun:
     """
     if not config.wandb.project:
       return None
-    import wandb  # pylint: disable=g-import-not-at-top
+    wandb = extras.require('wandb', 'tracking', config_lib.wandb_use(config.wandb.project))
 
     id_path = storage.join(workdir, FILENAME)
     saved = None

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from sentencepiece import sentencepiece_model_pb2
 
-from transformer import storage, tokenizer
+from transformer import extras, storage, tokenizer
 from transformer.config import ModelConfig
 from transformer.errors import InvalidInput
 from transformer.interop import marian
@@ -163,13 +163,9 @@ def read_weights(directory: str) -> dict[str, np.ndarray]:
   torch_path = os.path.join(directory, TORCH_WEIGHTS)
   if os.path.isfile(torch_path):
     try:
-      import torch  # pylint: disable=g-import-not-at-top
-    except ImportError:
-      raise InvalidInput(
-        f'{torch_path}: reading PyTorch weights needs torch: pip install -r '
-        'requirements-interop.txt (the `interop` extra), or convert the directory to '
-        'safetensors first.'
-      ) from None
+      torch = extras.require('torch', 'interop', f'{torch_path}: reading PyTorch weights')
+    except InvalidInput as e:
+      raise InvalidInput(f'{e} Or convert the directory to safetensors first.') from None
     loaded = torch.load(torch_path, map_location='cpu', weights_only=True)
     return {name: value.float().numpy() for name, value in loaded.items()}
   raise InvalidInput(

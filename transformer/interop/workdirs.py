@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from transformer import checkpoints, evaluation, optim, provenance, runs, storage
+from transformer import checkpoints, evaluation, extras, optim, provenance, runs, storage
 from transformer import config as config_lib
 from transformer import tokenizer as tokenizer_lib
 from transformer.config import ModelConfig
@@ -127,13 +127,13 @@ def export_ctranslate2(
     raise InvalidInput(
       f'--quantization={quantization!r} is not one of {ctranslate2_model.QUANTIZATIONS}.'
     )
+  extras.require('ctranslate2', 'interop', '--to_ctranslate2')  # Before the run is read.
   _, model_config = run_model_config(workdir)
   refusals = ctranslate2_model.refusals(model_config)
   if refusals:
     raise InvalidInput(
       f'The run in {workdir} has no exact CTranslate2 form:\n  ' + '\n  '.join(refusals)
     )
-  _require('ctranslate2')
   run = read_run(workdir, checkpoint)
   ctranslate2_model.write(
     directory,
@@ -146,15 +146,6 @@ def export_ctranslate2(
   logging.info(
     'Wrote the CTranslate2 model %s (%s of %s, %s).', directory, run.label, workdir, quantization
   )
-
-
-def _require(package: str) -> None:
-  try:
-    __import__(package)
-  except ImportError:
-    raise InvalidInput(
-      f'This needs {package}: pip install -r requirements-interop.txt (the `interop` extra).'
-    ) from None
 
 
 @dataclasses.dataclass(frozen=True)

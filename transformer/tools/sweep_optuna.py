@@ -51,7 +51,7 @@ from typing import Any
 
 import ml_collections
 
-from transformer import storage
+from transformer import extras, storage
 from transformer.errors import InvalidInput
 from transformer.tools import sweeps
 from transformer.tools.sweeps import Overrides, Sweep, Trial
@@ -60,6 +60,7 @@ SEARCHES = ('list', 'optuna')
 SAMPLERS = ('tpe', 'random')
 PRUNERS = ('median', 'halving', 'hyperband', 'none')
 DEFAULT_STORAGE = 'study.db'  # In the sweep root: sqlite:///ROOT/study.db.
+_NEEDS_OPTUNA = 'An Optuna study (sweep.py --search=optuna)'  # What needs the sweeps extra.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +173,8 @@ def create(
   The sweep file's `space()` (or the values its `sweep()` lists) is checked against the
   config: every key, both bounds and every choice, as a trial's overrides are.
   """
+  if problem := extras.missing('optuna', 'sweeps', _NEEDS_OPTUNA):  # First: before any check.
+    raise InvalidInput(problem)
   if seeds != 1:
     raise InvalidInput(
       f'--seeds={seeds}: an Optuna study runs each configuration once. Run the configurations '
@@ -384,8 +387,8 @@ def describe(study: Study) -> list[str]:
 
 
 def import_optuna():
-  import optuna  # pylint: disable=g-import-not-at-top
-
+  """Optuna; without it, `InvalidInput` naming the sweeps extra."""
+  optuna = extras.require('optuna', 'sweeps', _NEEDS_OPTUNA)
   # The constant liar and the retry callback are experimental; the driver relies on both.
   warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
   return optuna

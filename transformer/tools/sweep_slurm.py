@@ -55,14 +55,18 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import submitit
 from absl import logging
-from submitit.slurm import slurm as submitit_slurm
 
-from transformer import storage, workdir_lock
+from transformer import extras, storage, workdir_lock
 from transformer.errors import InvalidInput
 from transformer.tools import slurm_jobs, sweep_runner
 from transformer.tools.sweeps import REPO_DIR, Sweep, Trial
+
+try:  # The sweeps extra: sweep.py imports this module for its local trials too.
+  import submitit
+  from submitit.slurm import slurm as submitit_slurm
+except ImportError:  # --launcher=slurm is refused (`require_submitit`).
+  submitit = submitit_slurm = None
 
 FOLDER = 'slurm'  # Under the sweep root.
 JOBS_FILE = 'jobs.jsonl'
@@ -85,6 +89,11 @@ _OWN_OPTIONS = {
   'open_mode': 'submitit',
 }
 _INT_OPTIONS = ('cpus_per_task', 'gpus_per_node', 'gpus_per_task', 'signal_delay_s')
+
+
+def require_submitit() -> None:
+  """Refuses --launcher=slurm without submitit (the sweeps extra), before any work."""
+  extras.require('submitit', 'sweeps', '--launcher=slurm')
 
 
 def _job_waiting_or_running(job_id: str) -> bool:
@@ -295,6 +304,7 @@ def submit(
   `options` are `parse_options`'s; `cluster` is submitit's: 'slurm', or 'local' for its
   LocalExecutor (every trial at once on this machine, without Slurm).
   """
+  require_submitit()
   _check_root(sweep)
   if cluster == 'slurm':
     for error in cluster_errors():
@@ -355,6 +365,7 @@ def dry_run(
   sweep: Sweep, parallel: int, options: Mapping[str, Any], only: str | None = None
 ) -> list[str]:
   """What `submit` would submit: each array's sbatch script, then every trial's commands."""
+  require_submitit()
   _check_root(sweep)
   todo = plan(sweep, only)
   folder = os.path.join(sweep.root, FOLDER)
@@ -495,7 +506,11 @@ class _TaskRunner(sweep_runner._Runner):
     self.told = True
 
 
-class SlurmTrial(submitit.helpers.Checkpointable):
+# Without submitit no SlurmTrial is made (`submit` refuses first), but the class is defined.
+_Checkpointable = submitit.helpers.Checkpointable if submitit else object
+
+
+class SlurmTrial(_Checkpointable):
   """One trial as the task of a job: run by the leader (rank 0) with the others' help."""
 
   def __init__(self, sweep: Sweep, name: str, stop_seconds: float, requeues: int = 0):

@@ -135,6 +135,30 @@ def test_fingerprint_reuses_unchanged_files_and_prepares_changed_ones(
   assert pathlib.Path(first_dir).exists()  # The old data is left alone.
 
 
+def test_two_processes_preparing_the_same_data_at_once_both_read_it(
+  tmp_path, write_parallel_corpus, config_for, monkeypatch
+):
+  # Two runs started at once on one data_dir: the other prepares the same folder while this one
+  # prepares, and renames its copy into place first (the rename of this one then finds it).
+  corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 8, 'val': 4})
+  config = config_for(tmp_path / 'tfds', corpus)
+  original = parallel_text.ParallelText._split_generators
+  raced = []
+
+  def racing(self, *args, **kwargs):
+    if not raced:
+      raced.append(True)
+      datasets.prepare(config.data)  # The other process, done before this one renames.
+    return original(self, *args, **kwargs)
+
+  monkeypatch.setattr(parallel_text.ParallelText, '_split_generators', racing)
+  builder = datasets.prepare(config.data)
+  assert raced and builder.info.splits['train'].num_examples == 8
+  assert len(_texts(datasets.get_data_source(config.data, 'train'), 'en')) == 8
+  leftovers = [p.name for p in pathlib.Path(builder.data_dir).parent.iterdir()]
+  assert leftovers == ['1.0.0'], leftovers  # This copy's temporary folder is gone.
+
+
 def test_languages_are_validated(tmp_path, write_parallel_corpus, config_for):
   corpus = write_parallel_corpus(tmp_path / 'raw', {'train': 5, 'val': 2}, langs=('en', 'de', 'fr'))
   config = config_for(tmp_path / 'tfds', corpus, source_lang='fr', target_lang='en')

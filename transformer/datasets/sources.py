@@ -143,9 +143,17 @@ def prepare(data_config: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
     _check_languages(data_config, available=languages(builder))
   if manual_dir is None and not builder.data_path.exists():
     _check_servers_reachable(name, download_files(data_config))
-  builder.download_and_prepare(
-    download_config=tfds.download.DownloadConfig(manual_dir=manual_dir, try_download_gcs=False)
-  )
+  try:
+    builder.download_and_prepare(
+      download_config=tfds.download.DownloadConfig(manual_dir=manual_dir, try_download_gcs=False)
+    )
+  except FileExistsError:
+    # Another process prepared the same data meanwhile (two runs started at once on one
+    # data_dir): TFDS's rename of this copy into place found that one there. Read it.
+    if not os.path.isfile(os.path.join(builder.data_dir, 'dataset_info.json')):
+      raise
+    logging.info('%s was prepared by another process meanwhile; reading it.', builder.data_dir)
+    return prepare(data_config)
   if remote is not None and jax.process_index() == 0:
     bucket_mirror.push(remote)  # Prepared here first: the other hosts copy it.
   logging.info('Dataset %s ready in %s.', name, builder.data_dir)

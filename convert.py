@@ -21,8 +21,8 @@ signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends this at once while i
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from transformer import checkpoint_spec, errors  # noqa: E402
 from transformer import config as config_lib  # noqa: E402
-from transformer import domains, errors  # noqa: E402
 from transformer.errors import InvalidInput  # noqa: E402
 from transformer.interop import ctranslate2_model, workdirs  # noqa: E402
 
@@ -71,7 +71,7 @@ def main(argv):
   if _CHECKPOINT.value is not None:
     if _FROM_HF.value is not None:
       raise app.UsageError('--checkpoint chooses what to export; --from_hf has none.')
-    if error := domains.checkpoint_spec_error(_CHECKPOINT.value):
+    if error := checkpoint_spec.error(_CHECKPOINT.value):
       raise InvalidInput(f'--{error}')
   if _QUANTIZATION.present and _TO_CT2.value is None:
     raise app.UsageError('--quantization is for --to_ctranslate2.')

@@ -29,10 +29,9 @@ signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 from absl import app, flags, logging  # noqa: E402
 
-from transformer import config as config_lib  # noqa: E402
 from transformer import (  # noqa: E402
+  checkpoint_spec,
   datasets,
-  domains,
   errors,
   evaluation,
   inference,
@@ -43,6 +42,7 @@ from transformer import (  # noqa: E402
   storage,
   tasks,
 )
+from transformer import config as config_lib  # noqa: E402
 from transformer.tools import attention_maps  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A directory written by train.py.')
@@ -200,10 +200,10 @@ def main(argv):
   checkpoint = _CHECKPOINT.value or config.decode.checkpoint
   try:
     params, label = evaluation.restore_params(run, _WORKDIR.value, checkpoint)
-  except evaluation.NoSuchCheckpoint as e:
+  except checkpoint_spec.NoSuchCheckpoint as e:
     if _CHECKPOINT.value is not None:
       raise
-    raise evaluation.NoSuchCheckpoint(
+    raise checkpoint_spec.NoSuchCheckpoint(
       f"{e} --checkpoint was not given, so {checkpoint!r} is the run's "
       f'config.decode.checkpoint (in {storage.join(_WORKDIR.value, "config.json")}); pass '
       '--checkpoint=latest, a step or avg:N with fewer checkpoints.'
@@ -239,7 +239,7 @@ def _check_flags(config) -> None:
       if flags.FLAGS[name].value is not None  # None: the run's config's value.
     }
   )
-  if _CHECKPOINT.value is not None and (error := domains.checkpoint_spec_error(_CHECKPOINT.value)):
+  if _CHECKPOINT.value is not None and (error := checkpoint_spec.error(_CHECKPOINT.value)):
     errors.append(f'--{error}')
   inputs = {'--input_file': _INPUT_FILE.value}
   if config is not None:

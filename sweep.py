@@ -42,6 +42,7 @@ from transformer import config as config_lib  # noqa: E402
 from transformer import errors, wandb_run  # noqa: E402
 from transformer.tools import (  # noqa: E402
   sweep_devices,
+  sweep_flags,
   sweep_optuna,
   sweep_runner,
   sweep_slurm,
@@ -154,7 +155,7 @@ def main(argv):
     _SWEEP.value,
     _WORKDIR.value,
     config_flags.get_override_values(flags.FLAGS['config']),
-    sweeps.parse_eval_flags(_EVAL_FLAGS.value, _EVAL.value),
+    sweep_flags.parse_eval_flags(_EVAL_FLAGS.value, _EVAL.value),
   )
   study = None
   if (_SEARCH.value or sweep_optuna.search_of(_SWEEP.value)) == 'optuna':

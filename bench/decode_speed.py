@@ -46,6 +46,7 @@ from transformer import (  # noqa: E402
   errors,
   evaluation,
   inference,
+  paper,
   tokenizer,
   train_steps,
 )
@@ -80,7 +81,7 @@ _ONE_PASS = flags.DEFINE_bool(
   'one_pass', True, 'Also time each two-pass decoder in one pass of every step (before issue 14).'
 )
 
-BEAM_SIZE, ALPHA, MAX_EXTRA_LEN = 4, 0.6, 50
+BEAM_SIZE, ALPHA, MAX_EXTRA_LEN = paper.BEAM_SIZE, paper.LENGTH_PENALTY_ALPHA, paper.MAX_EXTRA_LEN
 DECODERS = {
   'greedy': inference.DecodeOptions(decoder='greedy', max_extra_len=MAX_EXTRA_LEN),
   f'beam-{BEAM_SIZE}': inference.DecodeOptions(

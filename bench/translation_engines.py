@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from absl import app, flags, logging  # noqa: E402
 
-from transformer import errors, inference, scoring  # noqa: E402
+from transformer import errors, inference, paper, scoring  # noqa: E402
 from transformer.interop import ctranslate2_model, marian, workdirs  # noqa: E402
 from transformer.tasks.translation import data, decode  # noqa: E402
 
@@ -52,7 +52,7 @@ _MAX_SENTENCES = flags.DEFINE_integer('max_sentences', 0, 'Translate at most thi
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 64, "transformers' and CTranslate2's batch rows.")
 _OUTPUT = flags.DEFINE_string('output', None, 'Where the figures are written as JSON.')
 
-MAX_EXTRA_LEN = 50  # Every engine's output limit: source length + this (eval.py's default).
+MAX_EXTRA_LEN = paper.MAX_EXTRA_LEN  # Every engine's output limit: source length + this.
 
 
 class Ours:

@@ -10,7 +10,7 @@ import pytest
 
 from configs import default, lm_default, tiny
 from transformer import config as config_lib
-from transformer import inference, path_checks, runs
+from transformer import inference, path_checks, ranking, runs
 from transformer.tools import sweeps
 
 CONFIGS = sorted(
@@ -149,9 +149,9 @@ def test_a_case_folding_run_selects_by_the_lowercased_bleu_once_it_targets_it():
   assert config_lib.config_errors(sweeps.apply_overrides(default.get_config(), folded))
   folded['target_metric'] = 'eval_bleu_lc'
   assert not config_lib.config_errors(sweeps.apply_overrides(default.get_config(), folded))
-  assert config_lib.selection_metric('eval_bleu_lc') == 'eval_bleu_lc'
-  assert config_lib.selection_metric('eval_loss') == config_lib.selection_metric('eval_bleu')
-  assert config_lib.selection_metric('eval_bleu') == 'eval_bleu'
+  assert ranking.selection_metric('eval_bleu_lc') == 'eval_bleu_lc'
+  assert ranking.selection_metric('eval_loss') == ranking.selection_metric('eval_bleu')
+  assert ranking.selection_metric('eval_bleu') == 'eval_bleu'
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import pytest
 import sacrebleu
 
 from configs import tiny
-from transformer import domains, errors, evaluation, inference, training
+from transformer import checkpoint_spec, errors, evaluation, inference, training
 from transformer.tasks import translation
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,15 +113,15 @@ def test_decoding_settings_default_to_the_runs_config_and_flags_override_them(ru
   [([1500], 'step_1500', (1500, 1)), ([1100, 1200, 1300, 1400, 1500], 'avg5_1100-1500', (1500, 5))],
 )
 def test_a_label_of_the_last_checkpoints_names_its_step_budget(steps, label, budget):
-  assert evaluation.last_checkpoints_label(steps) == label
-  assert evaluation.step_budget(label) == budget
+  assert checkpoint_spec.last_checkpoints_label(steps) == label
+  assert checkpoint_spec.step_budget(label) == budget
 
 
 @pytest.mark.parametrize(
   'label', ['best_step_1200', 'avg_best3_900-1200-1500', 'step_', 'avg5_1500', 'final', 'step_12a']
 )
 def test_other_labels_name_no_step_budget(label):
-  assert evaluation.step_budget(label) is None
+  assert checkpoint_spec.step_budget(label) is None
 
 
 def test_checkpoint_averaging_averages_parameters(run):
@@ -129,7 +129,7 @@ def test_checkpoint_averaging_averages_parameters(run):
   target = evaluation.setup(config).abstract_state
   averaged, label = evaluation.load_params(workdir, target, 'avg:2')
   assert label == 'avg2_30-60'
-  assert evaluation.step_budget(label) == (60, 2)
+  assert checkpoint_spec.step_budget(label) == (60, 2)
   p30, _ = evaluation.load_params(workdir, target, '30')
   p60, _ = evaluation.load_params(workdir, target, 'latest')
   leaf = lambda p: np.asarray(p['encoder']['layer_0']['ffn']['wi']['kernel'])
@@ -145,7 +145,7 @@ def test_best_checkpoints_are_chosen_by_validation_bleu(run):
   best_step = max(sorted(bleus), key=lambda step: bleus[step])  # The earlier one on a tie.
   best, label = evaluation.load_params(workdir, target, 'best')
   assert label == f'best_step_{best_step}'
-  assert evaluation.step_budget(label) is None  # Chosen by validation BLEU, not a budget.
+  assert checkpoint_spec.step_budget(label) is None  # Chosen by validation BLEU, not a budget.
   same, _ = evaluation.load_params(workdir, target, str(best_step))
   jax.tree.map(np.testing.assert_array_equal, best, same)
   # Ranked by the lowercased BLEU, stored with them too (config.target_metric='eval_bleu_lc').
@@ -207,27 +207,28 @@ def test_translate_lines_keeps_empty_lines_and_alignment(run):
 def test_missing_checkpoint_lists_existing_steps(run):
   workdir, _ = run
   with pytest.raises(ValueError, match=r"checkpoint='45' does not exist.*\[30, 60\]"):
-    evaluation.select_steps([30, 60], '45')
+    checkpoint_spec.select_steps([30, 60], '45')
   with pytest.raises(ValueError, match='needs 3 checkpoints, but there are only 2'):
-    evaluation.select_steps([30, 60], 'avg:3')
+    checkpoint_spec.select_steps([30, 60], 'avg:3')
   result = _eval_py(f'--workdir={workdir}', '--checkpoint=avg:5')
   assert result.returncode != 0 and 'there are only 2' in result.stderr
 
 
 def test_average_up_to_a_step_reads_a_shorter_runs_last_checkpoints(run, caplog):
   steps = list(range(100, 1100, 100))
-  assert evaluation.select_steps(steps, 'avg:3@500') == [300, 400, 500]
-  assert evaluation.select_steps(steps, 'avg:3@1000') == evaluation.select_steps(steps, 'avg:3')
-  assert evaluation.select_steps(steps, 'avg:1@100') == [100]
+  assert checkpoint_spec.select_steps(steps, 'avg:3@500') == [300, 400, 500]
+  latest3 = checkpoint_spec.select_steps(steps, 'avg:3')
+  assert checkpoint_spec.select_steps(steps, 'avg:3@1000') == latest3
+  assert checkpoint_spec.select_steps(steps, 'avg:1@100') == [100]
   with pytest.raises(ValueError, match=r"'avg:3@450': there is no checkpoint at step 450; .*\[100"):
-    evaluation.select_steps(steps, 'avg:3@450')
+    checkpoint_spec.select_steps(steps, 'avg:3@450')
   with pytest.raises(ValueError, match=r'needs 3 checkpoints, but there are only 2 up to step 200'):
-    evaluation.select_steps(steps, 'avg:3@200')
+    checkpoint_spec.select_steps(steps, 'avg:3@200')
   for spec in ('avg:3@', 'avg:3@x', 'avg:0@500', 'avg:@500', 'avg_best:2@500'):
-    assert domains.checkpoint_spec_error(spec), spec
-  assert domains.checkpoint_spec_error('avg:3@500') is None
-  assert (domains.averaged_count('avg:3@500'), domains.averaged_last_step('avg:3@500')) == (3, 500)
-  assert domains.averaged_last_step('avg:3') is None
+    assert checkpoint_spec.error(spec), spec
+  assert checkpoint_spec.error('avg:3@500') is None
+  assert checkpoint_spec.parse('avg:3@500') == checkpoint_spec.CheckpointSpec('avg', 3, 500)
+  assert checkpoint_spec.parse('avg:3').step is None
   # The fixture's run saved steps 30 and 60: 'avg:1@30' is step 30, 'avg:2@60' is 'avg:2'.
   workdir, config = run
   setup = evaluation.setup(config)

@@ -527,6 +527,7 @@ def test_convert_py_imports_a_workdir_that_eval_py_scores_and_train_py_will_not_
     (dict(use_bias=False), 'config.model.use_bias'),
     (dict(architecture='decoder_only'), 'config.model.architecture'),
     (dict(norm_epsilon=1e-6), 'config.model.norm_epsilon'),
+    (dict(qk_norm=True), 'config.model.qk_norm'),  # Declared after the exporter: by name.
   ],
 )
 def test_a_variant_without_an_exact_marian_form_is_refused_by_name(change, field):
@@ -541,6 +542,9 @@ def test_pre_ln_is_refused_for_marian_but_served_by_ctranslate2():
   assert ctranslate2_model.refusals(cfg) == []
   assert ctranslate2_model.refusals(cfg.replace(position='rope'))[0].startswith(
     'config.model.position'
+  )
+  assert ctranslate2_model.refusals(cfg.replace(qk_norm=True))[0].startswith(
+    'config.model.qk_norm=True'
   )
 
 

@@ -52,7 +52,7 @@ from transformer import config as config_lib
 from transformer import tokenizer as tokenizer_lib
 from transformer.datasets import wmt14
 from transformer.tasks import translation
-from transformer.tools import sweep_runner, sweeps
+from transformer.tools import sweep_flags, sweep_runner, sweeps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -958,10 +958,10 @@ def test_no_output_is_a_file_of_a_run_an_input_or_the_code(small_run, copied_run
   [error] = path_checks.protected_path_errors(str(result), '--output', {'argument 1': str(result)})
   assert 'lies in eval of the training run' in error
   config = _small_config(corpus, data_dir)
-  assert sweeps.root_errors(config, str(workdir)) == [
+  assert sweep_flags.root_errors(config, str(workdir)) == [
     f'--workdir={workdir} is the workdir of a training run; give the sweep its own folder.'
   ]
-  assert 'lies in the raw data' in sweeps.root_errors(config, str(corpus / 'sweep'))[0]
+  assert 'lies in the raw data' in sweep_flags.root_errors(config, str(corpus / 'sweep'))[0]
 
 
 @pytest.mark.parametrize('case', ['empty', 'file', 'in_a_run', 'raw_data', 'bad_eval_split'])

@@ -28,7 +28,7 @@ from test_sweeps import synthetic_corpus  # noqa: F401  (a fixture: the sweeps' 
 from configs import tiny
 from transformer import workdir_lock
 from transformer.errors import InvalidInput
-from transformer.tools import slurm_jobs, sweep_runner, sweep_slurm, sweeps
+from transformer.tools import slurm_jobs, slurm_trial, sweep_runner, sweep_slurm, sweeps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -209,7 +209,7 @@ def test_a_trial_whose_slurm_job_ended_is_not_running_and_its_lock_is_removed(
   (workdir / workdir_lock.LOCK_FILE).write_text(json.dumps(holder))
   assert status({'job_id': job, 'restarts': 0}) == 'running'
   assert status({'job_id': job, 'restarts': 1}) == 'interrupted'  # That start of it ended.
-  sweep_slurm._remove_lock_of_an_ended_job(str(workdir))
+  slurm_trial._remove_lock_of_an_ended_job(str(workdir))
   assert workdir_lock.read_holder(str(workdir)) == holder  # Its job runs: kept.
   # Submitting again leaves a trial whose job is queued or running.
   sweep_file = _write_sweep(tmp_path / 's.py', "[{'seed': 1}]")
@@ -223,7 +223,7 @@ def test_a_trial_whose_slurm_job_ended_is_not_running_and_its_lock_is_removed(
   assert status({'job_id': job, 'restarts': 0}) == 'interrupted'
   assert status({'job_id': '999999', 'restarts': 0}) == 'interrupted'  # Unknown to Slurm.
   assert slurm_jobs.job_state('999999') == slurm_jobs.JobState('GONE', 0)
-  sweep_slurm._remove_lock_of_an_ended_job(str(workdir))
+  slurm_trial._remove_lock_of_an_ended_job(str(workdir))
   assert workdir_lock.read_holder(str(workdir)) is None
   assert sweep_slurm.plan(sweep) == sweep_slurm.Plan({sweep_slurm.Shape(1, 1): [*sweep.trials]}, {})
 

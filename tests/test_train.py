@@ -16,7 +16,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import tiny
-from transformer import checkpoints, metrics, optim, runs, train_steps, training
+from transformer import best_checkpoints, metrics, optim, runs, train_steps, training
 from transformer.config import ModelConfig
 from transformer.tools import sweeps
 
@@ -222,10 +222,10 @@ def test_best_checkpoints_resume_exactly_and_early_stopping_stays_stopped(data_d
   # Each is stored with both validation BLEUs, the cased one ranking them
   # (configs/tiny.py targets eval_loss: selection reads eval_bleu).
   lowercased = {r['step']: r['eval_bleu_lc'] for r in _metrics(straight) if 'eval_bleu_lc' in r}
-  stored = checkpoints.BestCheckpoints(str(straight), read_only=True)
+  stored = best_checkpoints.BestCheckpoints(str(straight), read_only=True)
   assert stored.scores() == {s: bleus[s] for s in sorted(kept, key=lambda s: (-bleus[s], s))}
   stored.close()
-  by_lc = checkpoints.BestCheckpoints(str(straight), metric='eval_bleu_lc', read_only=True)
+  by_lc = best_checkpoints.BestCheckpoints(str(straight), metric='eval_bleu_lc', read_only=True)
   assert by_lc.scores() == {s: lowercased[s] for s in sorted(kept, key=lambda s: -lowercased[s])}
   by_lc.close()
   # They were kept by eval_bleu: a resume that would rank them by eval_bleu_lc is refused.
@@ -283,25 +283,25 @@ def test_best_checkpoints_keep_the_best_by_their_metric_and_refuse_an_unstored_o
   bleus = {5: (3.0, 4.0), 10: (5.0, 3.5), 15: (4.0, 6.0)}
   for metric, expected in (('eval_bleu', {10: 5.0, 15: 4.0}), ('eval_bleu_lc', {15: 6.0, 5: 4.0})):
     workdir = str(tmp_path / metric)
-    best = checkpoints.BestCheckpoints(workdir, metric=metric, keep=2)
+    best = best_checkpoints.BestCheckpoints(workdir, metric=metric, keep=2)
     for step, (cased, lowercased) in bleus.items():
       best.save(step, params, {'eval_bleu': cased, 'eval_bleu_lc': lowercased, 'eval_loss': 2.0})
     best.close()
-    kept = checkpoints.BestCheckpoints(workdir, metric=metric, read_only=True)
+    kept = best_checkpoints.BestCheckpoints(workdir, metric=metric, read_only=True)
     assert kept.scores() == expected and list(kept.scores()) == list(expected)  # Best first.
     kept.close()
   # Best checkpoints of a run from before eval_bleu_lc store eval_bleu alone.
-  older = tmp_path / 'older' / checkpoints.BEST_DIRECTORY
+  older = tmp_path / 'older' / best_checkpoints.DIRECTORY
   manager = ocp.CheckpointManager(
     str(older), options=ocp.CheckpointManagerOptions(best_fn=lambda m: m['eval_bleu'])
   )
   manager.save(5, args=ocp.args.StandardSave(params), metrics={'eval_bleu': 3.0})
   manager.close()
-  assert checkpoints.BestCheckpoints(str(older.parent), read_only=True).scores() == {5: 3.0}
+  assert best_checkpoints.BestCheckpoints(str(older.parent), read_only=True).scores() == {5: 3.0}
   with pytest.raises(ValueError, match=r'Best checkpoints \[5\] .* carry no eval_bleu_lc'):
-    checkpoints.BestCheckpoints(str(older.parent), metric='eval_bleu_lc', keep=2)
+    best_checkpoints.BestCheckpoints(str(older.parent), metric='eval_bleu_lc', keep=2)
   with pytest.raises(ValueError, match="metric='eval_loss' is not one of"):
-    checkpoints.BestCheckpoints(str(older.parent), metric='eval_loss')
+    best_checkpoints.BestCheckpoints(str(older.parent), metric='eval_loss')
   assert sorted(os.listdir(older)) == ['5']
 
 

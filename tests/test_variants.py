@@ -35,6 +35,7 @@ VARIANTS = {
   'swish': dict(ffn_activation='swish'),
   'logits_bias': dict(logits_bias=True),
   'no_bias': dict(use_bias=False),
+  'qk_norm': dict(qk_norm=True),
   'decoder_only': dict(architecture='decoder_only'),
 }
 
@@ -240,6 +241,45 @@ def test_logits_bias_is_added_to_every_positions_logits():
   same = {k: v for k, v in with_bias['decoder'].items() if k != 'logits_bias'}
   without = _apply(plain, {**with_bias, 'decoder': same}, src, tgt)
   np.testing.assert_allclose(_apply(model, with_bias, src, tgt), without + bias, atol=1e-5)
+
+
+def _scaled_query_and_key_kernels(params, factor):
+  """`params` with every attention's query and key projections multiplied by `factor`."""
+
+  def scale(tree):
+    if not isinstance(tree, dict):
+      return tree
+    return {
+      k: jax.tree.map(lambda x: x * factor, v) if k in ('query', 'key') else scale(v)
+      for k, v in tree.items()
+    }
+
+  return scale(params)
+
+
+def test_qk_norm_normalises_each_heads_queries_and_keys():
+  model, params = _model_and_params('qk_norm')
+  plain, plain_params = _model_and_params('paper')
+  src, tgt = _random_tokens(1, (2, 8)), _random_tokens(2, (2, 6))
+  # Its own scale over the head dimension, for queries and keys of every attention.
+  attention = params['decoder']['layer_0']['cross_attention']
+  assert attention['query_norm']['scale'].shape == (8,)  # d_model 16 / 2 heads.
+  assert attention['key_norm']['scale'].shape == (8,)
+  assert 'query_norm' not in plain_params['decoder']['layer_0']['cross_attention']
+  # Normalised: queries and keys 10 times larger change no logit (LayerNorm(10 x) = LayerNorm(x)
+  # up to its epsilon), while the paper's dot products grow 100-fold.
+  logits = _apply(model, params, src, tgt)
+  larger = _apply(model, _scaled_query_and_key_kernels(params, 10.0), src, tgt)
+  np.testing.assert_allclose(larger, logits, atol=1e-4)
+  plain_logits = _apply(plain, plain_params, src, tgt)
+  plain_larger = _apply(plain, _scaled_query_and_key_kernels(plain_params, 10.0), src, tgt)
+  assert not np.allclose(plain_larger, plain_logits, atol=1e-2)
+
+
+def test_runs_from_before_qk_norm_read_it_as_off():
+  config = default.get_config()
+  del config.model['qk_norm']  # A WORKDIR/config.json written before the switch existed.
+  assert ModelConfig.from_config(runs.upgrade(config)).qk_norm is False
 
 
 def test_rmsnorm_divides_by_root_mean_square_and_scales():

@@ -252,20 +252,30 @@ class MultiHeadAttention(nn.Module):
     projection = lambda name: _Projection(
       cfg, (heads, head_dim), 1, ('embed', 'heads', 'kv'), name=name
     )
-    query_BLHK = projection('query')(inputs_q_BLD)
+
+    def queries_or_keys(name: str, x_BLD: jax.Array) -> jax.Array:
+      """Projected to [B, L, H, K]; with `qk_norm`, each head's vector normalised (its own
+      scale over K, the configured norm): QK-norm (Dehghani et al. 2023), which bounds the
+      logits q.k / sqrt(d_k) of eq. 1 by the two scales."""
+      x_BLHK = projection(name)(x_BLD)
+      if not cfg.qk_norm:
+        return x_BLHK
+      return layers.norm(cfg, f'{name}_norm', axis='kv')(x_BLHK).astype(x_BLHK.dtype)
+
+    query_BLHK = queries_or_keys('query', inputs_q_BLD)
 
     if self.decode and self.is_cross_attention:
       # Keys and values of the encoder output, projected once per source sentence and
       # kept as [B, H, K, S].
       key_BSHK = self.variable(
-        'cache', 'cross_key', lambda: _heads_first(projection('key')(inputs_kv_BSD))
+        'cache', 'cross_key', lambda: _heads_first(queries_or_keys('key', inputs_kv_BSD))
       )
       value_BSHK = self.variable(
         'cache', 'cross_value', lambda: _heads_first(projection('value')(inputs_kv_BSD))
       )
       key_BSHK, value_BSHK = key_BSHK.value, value_BSHK.value
     else:
-      key_BSHK = projection('key')(inputs_kv_BSD)
+      key_BSHK = queries_or_keys('key', inputs_kv_BSD)
       value_BSHK = projection('value')(inputs_kv_BSD)
 
     if relative and cfg.position == 'rope':

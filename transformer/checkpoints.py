@@ -2,7 +2,7 @@
 
 Layout (Orbax's default): WORKDIR/checkpoints/<step>/{state,data}/, and with
 `config.keep_best_checkpoints` the parameters of the evaluations with the best
-validation BLEU in WORKDIR/best_checkpoints/<step>/ (`BestCheckpoints`). Writes are
+validation BLEU in WORKDIR/best_checkpoints/<step>/ (`best_checkpoints`). Writes are
 asynchronous and atomic (Orbax renames a finished temporary folder
 `<step>.orbax-checkpoint-tmp*` into place), so an interrupted save never leaves
 a checkpoint that looks complete; such folders are never read, and a training
@@ -41,7 +41,7 @@ from transformer.errors import InvalidInput, MissingInput, Refusal
 
 T = TypeVar('T')
 # custom_metadata key of each checkpoint: {array path: checksum} (`array_checksums`).
-_CHECKSUMS_KEY = 'array_checksums'
+CHECKSUMS_KEY = 'array_checksums'
 
 
 class CorruptCheckpointError(Refusal, RuntimeError):
@@ -116,7 +116,7 @@ def _quiet_read_only_notice():
 COMMIT_FILE = 'commit_success.txt'
 
 
-def _atomicity(directory: str) -> ocp.options.AtomicityOptions | None:
+def atomicity(directory: str) -> ocp.options.AtomicityOptions | None:
   """Orbax's commit protocol for `directory`: a commit file on buckets, its default locally."""
   if storage.is_url(directory):
     return ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE)
@@ -223,7 +223,7 @@ class Checkpointer:
             read_only=read_only,
             cleanup_tmp_directories=not read_only,
             async_options=async_options,
-            atomicity_options=_atomicity(self.directory),
+            atomicity_options=atomicity(self.directory),
           ),
           # Both items' handlers, so that restoring the state alone (eval.py) is not a warning.
           item_handlers={
@@ -264,7 +264,7 @@ class Checkpointer:
           data=grain.checkpoint.CheckpointSave(data_iterator),
         ),
         force=force,
-        custom_metadata={_CHECKSUMS_KEY: array_checksums(state)},
+        custom_metadata={CHECKSUMS_KEY: array_checksums(state)},
       )
 
   @contextlib.contextmanager
@@ -336,7 +336,7 @@ class Checkpointer:
       args['data'] = grain.checkpoint.CheckpointRestore(data_iterator)
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**args))
-      saved_checksums = self._manager.metadata(step).custom_metadata.get(_CHECKSUMS_KEY)
+      saved_checksums = self._manager.metadata(step).custom_metadata.get(CHECKSUMS_KEY)
     except Exception as e:
       raise self._read_error(step, e) from e
     if saved_checksums is not None:  # Checkpoints written before checksums have none.
@@ -459,121 +459,6 @@ class Checkpointer:
     if saving is None or saving == committed:
       return saved, []
     return saved, [f'checkpoint {saving} (its commit did not finish; discarded at the next start)']
-
-  def close(self) -> None:
-    self._manager.close()
-
-
-# Where `BestCheckpoints` keeps parameters, and the validation BLEUs stored with them.
-BEST_DIRECTORY = 'best_checkpoints'
-BEST_METRICS = ('eval_bleu', 'eval_bleu_lc')
-
-
-class BestCheckpoints:
-  """The parameters of the evaluations with the best validation BLEU: WORKDIR/best_checkpoints.
-
-  Each evaluation's parameters are saved under its step with its validation BLEUs
-  (`BEST_METRICS`, Orbax's metrics) and array checksums; Orbax's CheckpointManager keeps
-  the `keep` with the highest `metric` (`best_fn`, `max_to_keep`) and deletes the others.
-  `metric` is `transformer.config.selection_metric(target_metric)`; runs before `eval_bleu_lc`
-  stored `eval_bleu` alone. Parameters only: they are for evaluation (`eval.py
-  --checkpoint=best`, `avg_best:N`); a run resumes from WORKDIR/checkpoints, which keeps the
-  latest.
-  """
-
-  def __init__(
-    self,
-    workdir: str,
-    *,
-    metric: str = 'eval_bleu',
-    keep: int | None = None,
-    read_only: bool = False,
-  ):
-    if metric not in BEST_METRICS:
-      raise InvalidInput(f'metric={metric!r} is not one of {BEST_METRICS}.')
-    self.directory = storage.join(storage.resolve(workdir), BEST_DIRECTORY)
-    self.metric = metric
-    if read_only and not storage.isdir(self.directory):
-      raise MissingInput(
-        f'No best checkpoints at {self.directory}: the run kept none '
-        "(config.keep_best_checkpoints=0). Use 'latest', a step or 'avg:N'."
-      )
-    self._manager = ocp.CheckpointManager(
-      self.directory,
-      options=ocp.CheckpointManagerOptions(
-        max_to_keep=keep,
-        best_fn=lambda metrics: metrics[metric],
-        best_mode='max',
-        keep_checkpoints_without_metrics=False,
-        create=not read_only,
-        read_only=read_only,
-        cleanup_tmp_directories=not read_only,
-        atomicity_options=_atomicity(self.directory),
-      ),
-    )
-    unscored = [s for s in self._manager.all_steps() if metric not in self._metrics(s)]
-    if unscored:
-      self._manager.close()
-      raise InvalidInput(
-        f'Best checkpoints {unscored} in {self.directory} carry no {metric} (they store '
-        f'{sorted(self._metrics(unscored[0]))}): they were selected by another metric, so they '
-        f"cannot be ranked by {metric}. Nothing was changed. Keep the run's "
-        'config.target_metric, or train in a new --workdir.'
-      )
-
-  def _metrics(self, step: int) -> dict[str, float]:
-    return self._manager.metrics(step) or {}
-
-  def save(self, step: int, params, bleus: dict[str, float]) -> None:
-    """Starts an asynchronous save of `params` with their validation BLEUs (`BEST_METRICS`);
-    the worst by `metric` beyond `keep` go."""
-    self._manager.save(
-      step,
-      args=ocp.args.StandardSave(params),
-      metrics={name: float(bleus[name]) for name in BEST_METRICS},
-      custom_metadata={_CHECKSUMS_KEY: array_checksums(params)},
-      force=True,
-    )
-
-  def drop_after(self, step: int) -> None:
-    """Deletes the parameters of evaluations after `step`, which a resumed run does again.
-
-    They belong to a timeline that no longer exists (as `metrics.MetricsWriter.truncate_after`'s
-    rows); the resumed run evaluates the same steps again, exactly.
-    """
-    for later in [s for s in self._manager.all_steps() if s > step]:
-      logging.info(
-        'Deleting best checkpoint %s/%d: the run resumes from step %d.', self.directory, later, step
-      )
-      self._manager.delete(later)
-
-  def scores(self) -> dict[int, float]:
-    """{step: its validation BLEU (`metric`)}, best first (ties: the earlier step first)."""
-    scores = {s: float(self._metrics(s)[self.metric]) for s in self._manager.all_steps()}
-    return dict(sorted(scores.items(), key=lambda item: (-item[1], item[0])))
-
-  def restore(self, step: int, abstract_params):
-    """The parameters of `step`, in `abstract_params`' shapes and shardings, checksums verified."""
-    try:
-      params = self._manager.restore(step, args=ocp.args.StandardRestore(abstract_params))
-      saved = self._manager.metadata(step).custom_metadata.get(_CHECKSUMS_KEY)
-    except Exception as e:
-      raise CorruptCheckpointError(
-        f'Best checkpoint {step} ({self.directory}/{step}) cannot be restored: '
-        f'{type(e).__name__}: {str(e).splitlines()[0][:400]}'
-      ) from e
-    restored = array_checksums(params)
-    damaged = sorted(k for k, v in restored.items() if saved is not None and saved.get(k) != v)
-    if damaged:
-      raise CorruptCheckpointError(
-        f'Best checkpoint {step} ({self.directory}/{step}) cannot be restored: '
-        f'{len(damaged)} arrays differ from the checksums written with them ({damaged[0]}, ...).'
-      )
-    logging.info('Restored best checkpoint %s/%d.', self.directory, step)
-    return params
-
-  def wait_until_finished(self) -> None:
-    self._manager.wait_until_finished()
 
   def close(self) -> None:
     self._manager.close()

@@ -1,21 +1,17 @@
 """The config checked: every value's domain, the rules across keys, and the model's dataclass.
 
-- `validate(config)`: every value against its domain (one table,
-  `CONFIG_RULES`), then the rules across keys. `train_and_evaluate`,
-  `train.py --dry_run`, `sweep.py` (every trial's config, before any trial
-  runs) and `eval.py` (the run's config and its decoding flags) call it before
-  anything is read, written or compiled. Errors name the key, its value and
-  what it may be, all at once.
-- `ModelConfig`: the model's hyperparameters, built once from `config.model`
+- `validate(config)`: every value against its domain (`CONFIG_RULES`, from the one
+  declaration of each field in `config_fields`), then the rules across keys. `train_and_evaluate`,
+  `train.py --dry_run`, `sweep.py` (every trial's config, before any trial runs) and `eval.py`
+  (the run's config and its decoding flags) call it before anything is read, written or
+  compiled. Errors name the key, its value and what it may be, all at once.
+- `ModelConfig`: the model's frozen dataclass, one field per `model.` field of
+  `config_fields` (same name, same default), built once from a config
   (`ModelConfig.from_config`) and read by every module of the model.
 - eval.py's flags, checked the same way (`EVAL_FLAG_RULES`).
 
-A new config field is one line in `CONFIG_RULES` (a test asserts that every
-leaf key of every config in configs/ has a rule there; a `model.` field is
-also a `ModelConfig` field of the same name); a rule that involves several
-keys is a function in `_CROSS_CHECKS`; a field that changes what an older run
-meant is one line in `runs.ADDED_KEYS`. The domains themselves are built with
-`domains`.
+A new config field is one `config_fields.Field` line; a rule that involves several keys is a
+function in `_CROSS_CHECKS`.
 """
 
 from __future__ import annotations
@@ -31,171 +27,28 @@ import jax.numpy as jnp
 import ml_collections
 from absl import app
 
-from transformer import domains, extras, sharding
-from transformer.domains import (
-  BOOLEAN,
-  CHECKPOINT_SPEC,
-  NAME,
-  OPTIONAL_PATH,
-  OPTIONAL_POSITIVE_REAL,
-  POSITIVE_INT,
-  POSITIVE_REAL,
-  PROBABILITY,
-  Rule,
-  integer,
-  is_int,
-  one_of,
-  real,
+from transformer import checkpoint_spec, config_fields, extras, ranking, sharding
+from transformer.config_fields import (  # noqa: F401  (the choices, where callers read them)
+  ARCHITECTURES,
+  ATTENTION_IMPLS,
+  DECAYING_TO_LAST_STEP,
+  EVAL_BLEU_DECODERS,
+  FFN_ACTIVATIONS,
+  NORMS,
+  POSITIONS,
+  REMATS,
+  SCHEDULES,
+  SPM_MODEL_TYPES,
+  SPM_NORMALIZATIONS,
 )
+from transformer.domains import POSITIVE_REAL, Rule, integer, real
 from transformer.errors import InvalidInput
 
-# The choices of each model switch; the first is the paper's.
-ARCHITECTURES = ('encoder_decoder', 'decoder_only')
-NORMS = ('post_ln', 'pre_ln', 'rmsnorm')
-POSITIONS = ('sinusoidal', 'learned', 'rope', 'alibi')
-FFN_ACTIVATIONS = ('relu', 'gelu', 'swiglu', 'swish')
-# Learning-rate decay after warmup (`optim.learning_rate_schedule`); the first is the paper's.
-SCHEDULES = ('inverse_sqrt', 'linear', 'cosine')
-# Schedules that decay to config.num_train_steps: a run's early checkpoints are not a shorter run's.
-DECAYING_TO_LAST_STEP = ('linear', 'cosine')
-# How attention runs (transformer/attention.py): the fused kernel where it applies, or XLA.
-ATTENTION_IMPLS = ('auto', 'xla', 'cudnn')
-REMATS = ('none', 'layer')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
-# SentencePiece's algorithms (`config.data.spm_model_type`); the first is the default.
-SPM_MODEL_TYPES = ('unigram', 'bpe')
-# SentencePiece's normalization rules (`config.data.spm_normalization`): NFKC, or NFKC with
-# case folding (a vocabulary that lowercases everything it reads); the first is the default.
-SPM_NORMALIZATIONS = ('nmt_nfkc', 'nmt_nfkc_cf')
+assert tuple(DTYPES) == config_fields.DTYPE_NAMES
 
-# What `config.target_metric` may rank sweep trials by: greedy validation BLEU, cased or on
-# lowercased text, or the validation loss.
-TARGET_METRICS = ('eval_bleu', 'eval_bleu_lc', 'eval_loss')
-EVAL_BLEU_DECODERS = ('greedy', 'beam')
-
-
-def _datasets() -> dict[str, Any]:
-  """The dataset registry (`datasets.registry.DATASETS`), by name.
-
-  Imported on first use, not with this module: the model imports this module
-  (`ModelConfig`), and must not load the data code (TFDS) with it.
-  """
-  from transformer.datasets import registry
-
-  return registry.DATASETS
-
-
-DATASET = Rule(lambda: f'one of {tuple(_datasets())}', lambda v: v in _datasets())
-
-
-LANGUAGE = Rule(
-  'a string (a language code; empty only for a language model)', lambda v: isinstance(v, str)
-)
-MESH_SIZE = Rule(
-  'a positive integer or -1 (all remaining devices)', lambda v: is_int(v) and (v >= 1 or v == -1)
-)
-# Weights & Biases (`config.wandb`, transformer/wandb_run.py): its modes, and its project, entity
-# and group names ('' for none), which W&B refuses with any of these characters.
-WANDB_MODES = ('online', 'offline')
-WANDB_NAME = Rule(
-  "'' or a name of at most 128 characters without / \\ # ? % :",
-  lambda v: isinstance(v, str) and len(v) <= 128 and not set('/\\#?%:') & set(v),
-)
-# `config.init_from` (transformer/initialization.py): '' or where a run's parameters come from.
-INIT_SOURCE = Rule(
-  "'' (random parameters), the workdir of a training run (a path or a gs:// URL), or "
-  'hf:DIR (a Hugging Face Marian directory)',
-  lambda v: isinstance(v, str) and v == v.strip(),
-)
-AXIS_RULES = Rule(
-  'a sequence of (logical axis, mesh axes) pairs',
-  lambda v: (
-    isinstance(v, list | tuple) and all(isinstance(e, list | tuple) and len(e) == 2 for e in v)
-  ),
-)
-
-
-# Every leaf key of a training config (dotted) -> its domain. One line per field.
-CONFIG_RULES: dict[str, Rule] = {
-  'seed': integer(0),
-  'dtype': one_of(tuple(DTYPES)),
-  'vocab_size': integer(8),
-  'num_train_steps': POSITIVE_INT,
-  'warmup_steps': POSITIVE_INT,
-  'lr_scale': POSITIVE_REAL,
-  'schedule': one_of(SCHEDULES),
-  'peak_learning_rate': OPTIONAL_POSITIVE_REAL,  # None: lr_scale's (eq. 3).
-  'final_lr_fraction': real(0.0, 1.0),
-  'weight_decay': real(0.0),  # 0: Adam.
-  'adam_b1': PROBABILITY,
-  'adam_b2': PROBABILITY,
-  'adam_eps': POSITIVE_REAL,
-  'label_smoothing': PROBABILITY,
-  'grad_accum_steps': POSITIVE_INT,
-  'grad_clip_norm': real(0.0),  # 0: no clipping.
-  'skip_nonfinite_steps': BOOLEAN,
-  'log_every_steps': POSITIVE_INT,
-  'eval_every_steps': POSITIVE_INT,
-  'eval_bleu_sentences': integer(0),  # 0: off.
-  'eval_bleu_decoder': one_of(EVAL_BLEU_DECODERS),
-  'checkpoint_every_steps': POSITIVE_INT,
-  'keep_checkpoints': POSITIVE_INT,
-  'keep_best_checkpoints': integer(0),  # 0: none.
-  'early_stopping_patience': integer(0),  # 0: never stops early.
-  'target_metric': one_of(TARGET_METRICS),
-  'decode.beam_size': POSITIVE_INT,
-  'decode.alpha': real(0.0),  # GNMT length penalty exponent; 0: none.
-  'decode.max_extra_len': POSITIVE_INT,
-  'decode.checkpoint': CHECKPOINT_SPEC,  # eval.py's --checkpoint unless given.
-  'init_from': INIT_SOURCE,  # '': random parameters.
-  'init_checkpoint': CHECKPOINT_SPEC,  # Of config.init_from, as eval.py's --checkpoint.
-  'model.architecture': one_of(ARCHITECTURES),
-  'model.num_layers': POSITIVE_INT,
-  'model.d_model': POSITIVE_INT,
-  'model.num_heads': POSITIVE_INT,
-  'model.d_ff': POSITIVE_INT,
-  'model.dropout_rate': PROBABILITY,
-  'model.attention_dropout_rate': PROBABILITY,
-  'model.ffn_dropout_rate': PROBABILITY,
-  'model.norm': one_of(NORMS),
-  'model.position': one_of(POSITIONS),
-  'model.ffn_activation': one_of(FFN_ACTIVATIONS),
-  'model.use_bias': BOOLEAN,
-  'model.norm_epsilon': real(0.0, 0.1, low_open=True),
-  'model.logits_bias': BOOLEAN,
-  'model.share_embeddings': BOOLEAN,
-  'model.max_len': POSITIVE_INT,
-  'model.attention_impl': one_of(ATTENTION_IMPLS),
-  'model.remat': one_of(REMATS),
-  'data.dataset': DATASET,
-  'data.source_lang': LANGUAGE,
-  'data.target_lang': NAME,
-  'data.manual_dir': OPTIONAL_PATH,
-  'data.data_dir': NAME,
-  'data.vocab_path': OPTIONAL_PATH,
-  'data.target_vocab_path': OPTIONAL_PATH,  # The target side's own model; None: vocab_path.
-  'data.train_split': NAME,
-  'data.eval_split': NAME,
-  'data.test_split': NAME,
-  'data.max_len': integer(2),  # At least one token and EOS.
-  'data.max_eval_len': integer(2),
-  'data.tokens_per_batch': POSITIVE_INT,
-  'data.spm_train_sentences': POSITIVE_INT,
-  'data.spm_model_type': one_of(SPM_MODEL_TYPES),
-  'data.spm_normalization': one_of(SPM_NORMALIZATIONS),
-  'data.lines_per_document': POSITIVE_INT,
-  'data.num_workers': integer(0),  # 0: batches are made in the training process.
-  'mesh.data': MESH_SIZE,
-  'mesh.fsdp': MESH_SIZE,
-  'mesh.tensor': MESH_SIZE,
-  'mesh.rules': AXIS_RULES,
-  'launch.nodes': POSITIVE_INT,
-  'launch.tasks_per_node': POSITIVE_INT,
-  'wandb.project': WANDB_NAME,  # '': off.
-  'wandb.entity': WANDB_NAME,  # '': the login's default.
-  'wandb.group': WANDB_NAME,  # '': none.
-  'wandb.mode': one_of(WANDB_MODES),
-}
+# Every leaf key of a training config (dotted) -> its domain (`config_fields.FIELDS`).
+CONFIG_RULES: dict[str, Rule] = {field.key: field.domain for field in config_fields.FIELDS}
 
 
 def flatten(
@@ -249,16 +102,17 @@ def checkpoint_kept_errors(c, spec: str, name: str, advice: bool = False) -> lis
 
   'avg:N' reads the last N of the `keep_checkpoints`, 'best' and 'avg_best:N' the best of
   the `keep_best_checkpoints`; `name` names the value ('--checkpoint', ...), `advice` adds
-  what to do instead. `spec` is in its domain (`domains.checkpoint_spec_error`).
+  what to do instead. `spec` is in its domain (`checkpoint_spec.RULE`).
   """
-  count = domains.averaged_count(spec)
-  if spec.startswith('avg:') and count > c.keep_checkpoints:
+  parsed = checkpoint_spec.parse(spec)
+  count = parsed.count
+  if parsed.kind == 'avg' and count > c.keep_checkpoints:
     return [
       f'{name}={spec!r} averages the last {count} checkpoints, but '
       f'config.keep_checkpoints={c.keep_checkpoints} keeps {c.keep_checkpoints}.'
       + (f' Average at most {c.keep_checkpoints}.' if advice else '')
     ]
-  if (spec == 'best' or spec.startswith('avg_best:')) and count > c.keep_best_checkpoints:
+  if parsed.is_best and count > c.keep_best_checkpoints:
     best = 'the best checkpoint' if count == 1 else f'the {count} best checkpoints'
     return [
       f'{name}={spec!r} reads {best} by validation '
@@ -321,19 +175,12 @@ def _length_errors(c) -> list[str]:
   return errors
 
 
-def selection_metric(target_metric: str) -> str:
-  """The validation BLEU that keeps the best checkpoints and stops early, by `target_metric`.
-
-  `eval_bleu_lc` (BLEU on lowercased text) where the run targets it, else the cased
-  `eval_bleu`: selection ranks by a BLEU, also in a run whose sweep ranks by loss.
-  """
-  return 'eval_bleu_lc' if target_metric == 'eval_bleu_lc' else 'eval_bleu'
-
-
 def _task_errors(c) -> list[str]:
   """A language model and its data, or a translation model and its languages, fit together."""
   decoder_only = c.model.architecture == 'decoder_only'
-  monolingual = tuple(name for name, entry in _datasets().items() if entry.monolingual)
+  monolingual = tuple(
+    name for name, entry in config_fields.dataset_registry().items() if entry.monolingual
+  )
   errors = []
   if decoder_only and c.data.get('target_vocab_path'):
     errors.append(
@@ -367,7 +214,7 @@ def _task_errors(c) -> list[str]:
       "'eval_loss' for a decoder_only model."
     )
   folded = c.data.spm_normalization == 'nmt_nfkc_cf'
-  if uses_bleu and folded and selection_metric(c.target_metric) == 'eval_bleu':
+  if uses_bleu and folded and ranking.selection_metric(c.target_metric) == 'eval_bleu':
     errors.append(
       f'{" and ".join(uses_bleu)} select by config.target_metric={c.target_metric!r}, '
       "which selects by cased BLEU (eval_bleu), but config.data.spm_normalization='nmt_nfkc_cf' "
@@ -386,7 +233,7 @@ def sweep_target_errors(c) -> list[str]:
   A BLEU target needs the validation BLEU of `config.eval_bleu_sentences` sentences. A single
   train.py run may do without (the target only ranks a sweep's trials); a sweep may not.
   """
-  if c.target_metric in ('eval_bleu', 'eval_bleu_lc') and not c.eval_bleu_sentences:
+  if c.target_metric in ranking.BLEU_METRICS and not c.eval_bleu_sentences:
     return [
       f'config.target_metric={c.target_metric!r} ranks the trials by their validation BLEU, '
       f'but config.eval_bleu_sentences={c.eval_bleu_sentences} computes none, so no trial '
@@ -483,35 +330,8 @@ def raise_if(errors: Sequence[str], what: str = 'config') -> None:
     raise ConfigError(f'Invalid {what}:\n  ' + '\n  '.join(errors))
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """Hyperparameters of the model, built once from `config.model` (see configs/)."""
-
-  vocab_size: int
-  architecture: str = 'encoder_decoder'  # ARCHITECTURES; 'decoder_only': a language model.
-  num_layers: int = 6
-  d_model: int = 512
-  num_heads: int = 8
-  d_ff: int = 2048
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.0
-  ffn_dropout_rate: float = 0.0  # On the FFN's hidden activation (fairseq's --activation-dropout).
-  norm: str = 'post_ln'  # NORMS; pre-norm variants end each stack with a final norm.
-  position: str = 'sinusoidal'  # POSITIONS; rope and alibi act inside self-attention.
-  ffn_activation: str = 'relu'  # FFN_ACTIVATIONS.
-  use_bias: bool = True  # Biases of attention/FFN Dense layers and LayerNorm.
-  norm_epsilon: float = 1e-6  # Added to the variance in every LayerNorm/RMSNorm.
-  logits_bias: bool = False  # A learned bias on the output logits (Marian's final_logits_bias).
-  share_embeddings: bool = True
-  max_len: int = 512
-  dtype: Any = jnp.float32
-  attention_impl: str = 'auto'  # ATTENTION_IMPLS; see transformer/attention.py.
-  remat: str = 'none'  # REMATS; 'layer': each layer's activations are recomputed for gradients.
-  # Variants: `replace(deterministic=True)` for evaluation, `replace(decode=True,
-  # max_decode_len=N)` for cached one-token-per-step decoding.
-  deterministic: bool = False
-  decode: bool = False
-  max_decode_len: int = 0
+class _ModelConfigMethods:
+  """What `ModelConfig` adds to its fields: the domain check, derived switches, construction."""
 
   def __post_init__(self):
     """Checks every field against its domain in `CONFIG_RULES`."""
@@ -535,21 +355,49 @@ class ModelConfig:
   def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
     """Builds the dataclass from `config.model`; invalid values are errors naming the key.
 
-    Every field with a `model.` rule in `CONFIG_RULES` is read from `config.model`
-    under its own name (a new model field is a field here and a rule there), the
-    vocabulary size and dtype from the top of the config.
+    Every `model.` field is read from `config.model` under its own name, the vocabulary
+    size and dtype from the top of the config.
     """
     dtype_error = CONFIG_RULES['dtype'].error('config.dtype', config.dtype)
     raise_if([dtype_error] if dtype_error else [], 'model config')  # The rest: __post_init__.
-    model_keys = [f.name for f in dataclasses.fields(cls) if f'model.{f.name}' in CONFIG_RULES]
     return cls(
       vocab_size=config.vocab_size,
       dtype=DTYPES[config.dtype],
-      **{key: config.model[key] for key in model_keys},
+      **{name: config.model[name] for name in MODEL_FIELD_NAMES},
     )
 
   def replace(self, **changes) -> ModelConfig:
     return dataclasses.replace(self, **changes)
+
+
+# The model's fields: each `model.` field of `config_fields` under its own name and default.
+MODEL_FIELD_NAMES = tuple(key.split('.', 1)[1] for key in config_fields.keys(group='model'))
+# Hyperparameters of the model, built once from `config.model` (`from_config`); frozen and
+# hashable, as Flax module attributes are. Besides the declared fields: the vocabulary size
+# (required), the dtype, and the variants `replace(deterministic=True)` for evaluation and
+# `replace(decode=True, max_decode_len=N)` for cached one-token-per-step decoding.
+ModelConfig = dataclasses.make_dataclass(
+  'ModelConfig',
+  [
+    ('vocab_size', int),
+    *(
+      (field.key.split('.', 1)[1], type(field.default), dataclasses.field(default=field.default))
+      for field in config_fields.model_fields()
+    ),
+    ('dtype', Any, dataclasses.field(default=jnp.float32)),
+    ('deterministic', bool, dataclasses.field(default=False)),
+    ('decode', bool, dataclasses.field(default=False)),
+    ('max_decode_len', int, dataclasses.field(default=0)),
+  ],
+  bases=(_ModelConfigMethods,),
+  frozen=True,
+  namespace={'__module__': __name__},
+)
+ModelConfig.__doc__ = (
+  'Hyperparameters of the model: the `model.` fields of `config_fields.FIELDS` (same names and '
+  'defaults), `vocab_size`, `dtype`, and the variants `deterministic`, `decode`, '
+  '`max_decode_len`.'
+)
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:

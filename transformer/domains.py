@@ -2,7 +2,7 @@
 
 A `Rule` checks a value and words the error ('config.x=5 must be a positive
 integer.'); `integer`, `real` and `one_of` build the common ones. The project's
-table of every config key's rule is `config.CONFIG_RULES`.
+table of every config key's rule is `config.CONFIG_RULES`, from `config_fields.FIELDS`.
 """
 
 from __future__ import annotations
@@ -91,50 +91,6 @@ OPTIONAL_POSITIVE_REAL = Rule(
 )
 
 
-def checkpoint_spec_error(checkpoint: Any) -> str | None:
-  """Why `checkpoint` names no checkpoint in any run, or None.
-
-  Valid: 'latest', a step, 'avg:N' (the last N averaged), 'avg:N@STEP' (the N up to and
-  including STEP averaged: a shorter run's 'avg:N' read off a longer one), 'best' (the best
-  validation BLEU kept) or 'avg_best:N' (the N best averaged), N a positive integer.
-  """
-  if not isinstance(checkpoint, str):
-    return f"checkpoint={checkpoint!r} must be a string such as 'latest' or 'avg:5'."
-  if checkpoint in ('latest', 'best') or checkpoint.isdigit():
-    return None
-  if checkpoint.startswith('avg:'):
-    count, at, step = checkpoint[len('avg:') :].partition('@')
-    if count.isdigit() and int(count) >= 1 and (not at or step.isdigit()):
-      return None
-    return (
-      f'checkpoint={checkpoint!r}: expected avg:N or avg:N@STEP with N a positive integer '
-      'and STEP a step number.'
-    )
-  if checkpoint.startswith('avg_best:'):
-    count = checkpoint[len('avg_best:') :]
-    if count.isdigit() and int(count) >= 1:
-      return None
-    return f'checkpoint={checkpoint!r}: expected avg_best:N with N a positive integer.'
-  return (
-    f"checkpoint={checkpoint!r}: expected 'latest', a step number, 'avg:N', 'avg:N@STEP', "
-    "'best' or 'avg_best:N'."
-  )
-
-
-def averaged_count(checkpoint: str) -> int:
-  """How many checkpoints a valid spec reads: N of 'avg:N[@STEP]' and 'avg_best:N', else 1."""
-  return int(checkpoint.partition('@')[0].rpartition(':')[2]) if ':' in checkpoint else 1
-
-
-def averaged_last_step(checkpoint: str) -> int | None:
-  """STEP of a valid 'avg:N@STEP' (the last checkpoint it averages), else None."""
-  return int(checkpoint.partition('@')[2]) if '@' in checkpoint else None
-
-
-CHECKPOINT_SPEC = Rule(
-  "'latest', a step number, 'avg:N', 'avg:N@STEP', 'best' or 'avg_best:N' (N a positive integer)",
-  lambda v: checkpoint_spec_error(v) is None,
-)
 OPTIONAL_PATH = Rule(
   'None or a non-empty path', lambda v: v is None or (isinstance(v, str) and bool(v.strip()))
 )

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import sys
 import time
 from typing import Any
@@ -26,12 +25,14 @@ from absl import logging
 from jax.sharding import Mesh
 
 from transformer import (
+  best_checkpoints,
+  checkpoint_spec,
   checkpoints,
-  domains,
   metrics,
   optim,
   outputs,
   provenance,
+  ranking,
   runs,
   sharding,
   shutdown,
@@ -135,7 +136,7 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
 def restore_params(run: Setup, workdir: str, checkpoint: str):
   """(params, label) of `checkpoint` ('latest', a step, 'avg:N[@STEP]', 'best', 'avg_best:N')."""
   decays_to_end = run.config.schedule in config_lib.DECAYING_TO_LAST_STEP
-  if domains.averaged_last_step(checkpoint) is not None and decays_to_end:
+  if checkpoint_spec.parse(checkpoint).step is not None and decays_to_end:
     logging.warning(
       'checkpoint=%r reads checkpoints before the end of a run whose learning rate '
       'decays to config.num_train_steps=%d (config.schedule=%r): they are not what a run of '
@@ -149,80 +150,11 @@ def restore_params(run: Setup, workdir: str, checkpoint: str):
     run.abstract_state,
     checkpoint,
     keep=run.config.keep_checkpoints,
-    best_metric=config_lib.selection_metric(run.config.target_metric),
+    best_metric=ranking.selection_metric(run.config.target_metric),
   )
 
 
 # --- Which checkpoints: one, the last N averaged, the best by validation BLEU --------------------
-
-
-class NoSuchCheckpoint(InvalidInput):
-  """A checkpoint spec names checkpoints the run does not hold; the message lists those it does."""
-
-
-def select_best_steps(scores: dict[int, float], checkpoint: str) -> list[int]:
-  """Steps named by 'best' or 'avg_best:N' (the N with the highest BLEU), in step order.
-
-  `scores` is `BestCheckpoints.scores()`. Errors list what exists.
-  """
-  kept = ', '.join(f'{step} (BLEU {bleu:.2f})' for step, bleu in scores.items())
-  if not scores:
-    raise NoSuchCheckpoint('There are no best checkpoints.')
-  count = '1' if checkpoint == 'best' else checkpoint[len('avg_best:') :]
-  if not count.isdigit() or int(count) < 1:
-    raise NoSuchCheckpoint(
-      f'checkpoint={checkpoint!r}: expected avg_best:N with N a positive integer.'
-    )
-  if int(count) > len(scores):
-    raise NoSuchCheckpoint(
-      f'checkpoint={checkpoint!r} needs {count} best checkpoints, but the run kept '
-      f'{len(scores)} (config.keep_best_checkpoints): {kept}.'
-    )
-  return sorted(list(scores)[: int(count)])
-
-
-def select_steps(available: list[int], checkpoint: str) -> list[int]:
-  """Steps named by `checkpoint`: 'latest', a step number, 'avg:N' (the last N) or
-  'avg:N@STEP' (the last N up to and including STEP).
-
-  'avg:N@STEP' reads a shorter run's 'avg:N' off a longer run with the same checkpoint
-  cadence, exactly where the schedule does not depend on `num_train_steps` (inverse_sqrt).
-  Errors list what exists, so a typo is fixed in one go.
-  """
-  available = sorted(available)
-  if not available:
-    raise NoSuchCheckpoint('There are no checkpoints.')
-  if checkpoint == 'latest':
-    return available[-1:]
-  if checkpoint.startswith('avg:'):
-    if error := domains.checkpoint_spec_error(checkpoint):
-      raise NoSuchCheckpoint(error)
-    count = domains.averaged_count(checkpoint)
-    last_step = domains.averaged_last_step(checkpoint)
-    if last_step is not None:
-      if last_step not in available:
-        raise NoSuchCheckpoint(
-          f'checkpoint={checkpoint!r}: there is no checkpoint at step {last_step}; the '
-          f'checkpoints are at steps {available}.'
-        )
-      available = [step for step in available if step <= last_step]
-    if count > len(available):
-      upto = '' if last_step is None else f' up to step {last_step}'
-      raise NoSuchCheckpoint(
-        f'checkpoint={checkpoint!r} needs {count} checkpoints, but there are only '
-        f'{len(available)}{upto}: {available}.'
-      )
-    return available[-count:]
-  if checkpoint.isdigit() and int(checkpoint) in available:
-    return [int(checkpoint)]
-  raise NoSuchCheckpoint(
-    f'checkpoint={checkpoint!r} does not exist; the checkpoints are at steps {available} '
-    f"(or use 'latest' or 'avg:N')."
-  )
-
-
-def _is_best(checkpoint: str) -> bool:
-  return checkpoint == 'best' or checkpoint.startswith('avg_best:')
 
 
 # Times `load_params` selects and reads the checkpoints anew after the run rotated one out under
@@ -247,22 +179,20 @@ def load_params(
   among the checkpoints now there, up to `ROTATION_RETRIES` times; then, or for a step
   number, `checkpoints.CheckpointGoneError`.
   `best_metric`: the BLEU that ranks the best checkpoints
-  (`config_lib.selection_metric(config.target_metric)`).
+  (`ranking.selection_metric(config.target_metric)`).
   Returns the parameters and a label naming them (`step_1500`, `avg5_1100-1500`,
   `best_step_1200`, `avg_best3_900-1200-1500`).
   """
-  if _is_best(checkpoint):
+  spec = checkpoint_spec.parse(checkpoint)
+  if spec.is_best:
     return _load_best_params(workdir, abstract_state, checkpoint, best_metric)
-  # 'latest' and 'avg:N' move with the run; a step and 'avg:N@STEP' name fixed steps.
-  moves = checkpoint == 'latest' or (
-    checkpoint.startswith('avg:') and domains.averaged_last_step(checkpoint) is None
-  )
+  moves = spec.moves  # 'latest' and 'avg:N' move with the run; a step and 'avg:N@STEP' do not.
   checkpointer = checkpoints.Checkpointer(workdir, read_only=True, keep=keep)
   try:
     for attempt in range(ROTATION_RETRIES + 1):
       if attempt:
         checkpointer.reload()  # Listed anew, also if the run removes one meanwhile.
-      steps = select_steps(checkpointer.all_steps(), checkpoint)
+      steps = checkpoint_spec.select_steps(checkpointer.all_steps(), checkpoint)
       try:
         total = None
         for step in steps:
@@ -284,56 +214,22 @@ def load_params(
   finally:
     checkpointer.close()
   params = jax.tree.map(lambda x: x / len(steps), total) if len(steps) > 1 else total
-  return params, last_checkpoints_label(steps)
-
-
-def last_checkpoints_label(steps: list[int]) -> str:
-  """The label of the parameters of `steps`, the last checkpoints up to the last of them.
-
-  `step_1500` for one, `avg5_1100-1500` for 5 averaged; `step_budget` reads it back.
-  """
-  return f'step_{steps[0]}' if len(steps) == 1 else f'avg{len(steps)}_{steps[0]}-{steps[-1]}'
-
-
-_LAST_CHECKPOINTS_LABEL = re.compile(r'step_(?P<step>\d+)|avg(?P<averaged>\d+)_\d+-(?P<last>\d+)')
-
-
-def step_budget(label: str) -> tuple[int, int] | None:
-  """(last step, checkpoints averaged) of a `last_checkpoints_label`; None for any other label.
-
-  Under the inverse square root schedule the last N checkpoints up to step S are what an
-  S-step run ends with, so the label names a step budget. A label of the best checkpoints
-  (`best_step_1200`, `avg_best3_900-1200-1500`) is chosen by validation BLEU and names none.
-  """
-  match = _LAST_CHECKPOINTS_LABEL.fullmatch(label)
-  if match is None:
-    return None
-  if match['step'] is not None:
-    return int(match['step']), 1
-  return int(match['last']), int(match['averaged'])
+  return params, checkpoint_spec.last_checkpoints_label(steps)
 
 
 def _load_best_params(workdir: str, abstract_state, checkpoint: str, metric: str):
-  best = checkpoints.BestCheckpoints(workdir, metric=metric, read_only=True)
+  best = best_checkpoints.BestCheckpoints(workdir, metric=metric, read_only=True)
   try:
-    steps = select_best_steps(best.scores(), checkpoint)
+    steps = checkpoint_spec.select_best_steps(best.scores(), checkpoint)
     total = None
     for step in steps:
       params = best.restore(step, abstract_state.params)
       total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
   finally:
     best.close()
-  if len(steps) == 1:
-    return total, best_checkpoints_label(steps)
-  return jax.tree.map(lambda x: x / len(steps), total), best_checkpoints_label(steps)
-
-
-def best_checkpoints_label(steps: list[int]) -> str:
-  """The label of the parameters of best checkpoints `steps`: `best_step_1200` for one,
-  `avg_best3_900-1200-1500` for 3 averaged."""
-  if len(steps) == 1:
-    return f'best_step_{steps[0]}'
-  return f'avg_best{len(steps)}_' + '-'.join(map(str, steps))
+  if len(steps) > 1:
+    total = jax.tree.map(lambda x: x / len(steps), total)
+  return total, checkpoint_spec.best_checkpoints_label(steps)
 
 
 def available_steps(workdir: str) -> list[int]:

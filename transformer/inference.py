@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from transformer import config as config_lib
-from transformer import decoding, input_pipeline, sharding
+from transformer import decoding, input_pipeline, paper, sharding
 from transformer import tokenizer as tokenizer_lib
 from transformer.errors import InvalidInput
 
@@ -37,9 +37,9 @@ class DecodeOptions:
   """How to decode; the defaults are the paper's (section 6.1)."""
 
   decoder: str = 'beam'
-  beam_size: int = 4
-  alpha: float = 0.6  # GNMT length penalty exponent.
-  max_extra_len: int = 50  # Output length limit: source length + this.
+  beam_size: int = paper.BEAM_SIZE
+  alpha: float = paper.LENGTH_PENALTY_ALPHA  # GNMT length penalty exponent.
+  max_extra_len: int = paper.MAX_EXTRA_LEN  # Output length limit: source length + this.
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0

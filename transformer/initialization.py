@@ -40,18 +40,20 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from transformer import (
+  best_checkpoints,
+  checkpoint_spec,
   checkpoints,
   evaluation,
   optim,
   path_checks,
   provenance,
+  ranking,
   runs,
   sharding,
   storage,
   tasks,
   train_steps,
 )
-from transformer import config as config_lib
 from transformer.errors import InvalidInput, MissingInput
 from transformer.model import Transformer
 
@@ -161,8 +163,8 @@ def _run_source(config: ml_collections.ConfigDict) -> Source:
       '(train.py writes one there). Name the workdir of the training run to start from.'
     )
   spec = config.init_checkpoint
-  best = spec == 'best' or spec.startswith('avg_best:')
-  metric = config_lib.selection_metric(source_config.target_metric)
+  best = checkpoint_spec.parse(spec).is_best
+  metric = ranking.selection_metric(source_config.target_metric)
   committed = checkpoints.committed_steps(storage.join(location, 'checkpoints'))
   if not committed and not best:
     raise MissingInput(
@@ -172,13 +174,13 @@ def _run_source(config: ml_collections.ConfigDict) -> Source:
     )
   try:
     if best:
-      kept = checkpoints.BestCheckpoints(location, metric=metric, read_only=True)
+      kept = best_checkpoints.BestCheckpoints(location, metric=metric, read_only=True)
       try:
-        steps = evaluation.select_best_steps(kept.scores(), spec)
+        steps = checkpoint_spec.select_best_steps(kept.scores(), spec)
       finally:
         kept.close()
     else:
-      steps = evaluation.select_steps(committed, spec)
+      steps = checkpoint_spec.select_steps(committed, spec)
   except (InvalidInput, MissingInput) as e:  # NoSuchCheckpoint is an InvalidInput.
     raise InvalidInput(f'config.init_checkpoint={spec!r} of {name}: {e}') from None
   read = functools.partial(_read_run, location, source_config, spec, tuple(steps))
@@ -330,17 +332,15 @@ def _read_run(
   abstract_state, _ = train_steps.abstract_state_and_shardings(
     target.model, optim.create_optimizer(source_config), target.task, target.mesh, target.rules
   )
-  if spec == 'best' or spec.startswith('avg_best:'):
-    pinned, expected = spec, evaluation.best_checkpoints_label(list(steps))
-  else:  # The steps `resolve` found, even if the run has saved newer ones since.
-    pinned = str(steps[0]) if len(steps) == 1 else f'avg:{len(steps)}@{steps[-1]}'
-    expected = evaluation.last_checkpoints_label(list(steps))
+  # The steps `resolve` found, even if the run has saved newer ones since.
+  pinned = checkpoint_spec.pinned(spec, list(steps))
+  expected = checkpoint_spec.label(spec, list(steps))
   params, label = evaluation.load_params(
     location,
     abstract_state,
     pinned,
     keep=source_config.keep_checkpoints,
-    best_metric=config_lib.selection_metric(source_config.target_metric),
+    best_metric=ranking.selection_metric(source_config.target_metric),
   )
   if label != expected:
     raise InvalidInput(

@@ -197,15 +197,16 @@ class FeedForward(nn.Module):
     return out_ND.reshape(batch, length, -1)
 
 
-def norm(config: ModelConfig, name: str) -> nn.Module:
-  """The configured normalisation, in float32 whatever the activation dtype.
+def norm(config: ModelConfig, name: str, axis: str = 'embed') -> nn.Module:
+  """The configured normalisation over the last axis, in float32 whatever the activation dtype.
 
   LayerNorm (Ba et al. 2016), without its bias when `use_bias=False`, or, for
   `norm='rmsnorm'`, RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * g,
   no centring and no bias. eps is `norm_epsilon` (1e-6 here as in tensor2tensor; Marian,
-  fairseq and PyTorch use 1e-5).
+  fairseq and PyTorch use 1e-5). `axis` is the logical name of that axis: 'embed' for the
+  residual stream, 'kv' for QK-norm's per-head queries and keys.
   """
-  scale_init = nn.with_logical_partitioning(nn.initializers.ones, ('embed',))
+  scale_init = nn.with_logical_partitioning(nn.initializers.ones, (axis,))
   if config.norm == 'rmsnorm':
     return nn.RMSNorm(
       epsilon=config.norm_epsilon, dtype=jnp.float32, scale_init=scale_init, name=name
@@ -216,7 +217,7 @@ def norm(config: ModelConfig, name: str) -> nn.Module:
     use_bias=config.use_bias,
     scale_init=scale_init,
     name=name,
-    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)),
+    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis,)),
   )
 
 

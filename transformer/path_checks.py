@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 import ml_collections
 
+import transformer
 from transformer import shutdown, storage, workdir_lock
 from transformer.errors import InvalidInput
 
@@ -41,7 +42,7 @@ RUN_ENTRIES = (
   'target_vocabulary.model',  # and its target side's own, where it has one.
 )
 # The checkout that holds this package: the files git tracks there are the code.
-CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CODE_DIR = transformer.CODE_DIR
 
 
 def absolute(path: str) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 import jax
 from absl import logging
 
+import transformer
 from transformer import storage
 
 # Distributions whose versions can change numbers or behaviour of a run.
@@ -53,7 +54,7 @@ PACKAGES = (
   'sacrebleu',
 )
 # The checkout that holds this package (a git repository when run from source).
-CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CODE_DIR = transformer.CODE_DIR
 FILENAME = 'provenance.jsonl'
 # The entry of a workdir that convert.py imported (from Hugging Face) names its source here.
 IMPORTED_KEY = 'imported_from'

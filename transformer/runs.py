@@ -30,65 +30,31 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from transformer import checkpoints, metrics, provenance, shutdown, storage, workdir_lock
+from transformer import (
+  best_checkpoints,
+  checkpoints,
+  config_fields,
+  metrics,
+  provenance,
+  ranking,
+  shutdown,
+  storage,
+  workdir_lock,
+)
 from transformer import config as config_lib
 from transformer.errors import InvalidInput
 
-# Config keys that may change when a run is resumed: they alter neither the model
-# nor the optimizer state.
-RESUMABLE_KEYS = (
-  'num_train_steps',
-  'log_every_steps',
-  'eval_every_steps',
-  'checkpoint_every_steps',
-  'keep_checkpoints',
-  'data.manual_dir',
-  'data.data_dir',
-  'data.vocab_path',
-  'data.target_vocab_path',  # By path; its content is a recorded input (`check_inputs`).
-  'skip_nonfinite_steps',
-  'target_metric',
-  'keep_best_checkpoints',
-  'early_stopping_patience',
-  'decode.beam_size',
-  'decode.alpha',
-  'decode.max_extra_len',
-  'decode.checkpoint',
-  'model.attention_impl',  # How attention and gradients are computed, not what.
-  'model.remat',
-  'launch.nodes',  # How many processes share the work, not what they compute.
-  'launch.tasks_per_node',
-  'wandb.project',  # Where the rows are also sent, not what they are.
-  'wandb.entity',
-  'wandb.group',
-  'wandb.mode',
-)
-# Model keys that change training but not what the saved weights mean: a change on resume warns.
-_REGULARIZATION_KEYS = (
-  'model.dropout_rate',
-  'model.attention_dropout_rate',
-  'model.ffn_dropout_rate',
-)
-# Other keys whose change on resume would read the saved weights as another model's: refused.
-_WEIGHT_MEANING_KEYS = (
-  'vocab_size',
-  'data.source_lang',
-  'data.target_lang',
-  'data.spm_model_type',
-  'data.spm_normalization',
-)
-
-
-# Where the run's parameters started (`initialization`): its checkpoints go on from there, so a
-# change on resume is refused; a resume never initialises again.
-_INITIALIZATION_KEYS = ('init_from', 'init_checkpoint')
+# What a change of each config key means on resume is declared with the key
+# (`config_fields.OnResume`): these may change without a warning ...
+RESUMABLE_KEYS = config_fields.keys(config_fields.OnResume.FREE)
+# ... these are refused: where the run's parameters started (`initialization`); its checkpoints
+# go on from there, and a resume never initialises again.
+_INITIALIZATION_KEYS = config_fields.keys(config_fields.OnResume.START)
 
 
 def _changes_weight_meaning(key: str) -> bool:
   """Every model field (sizes, norm, position, activation, bias, ...) and the vocabulary."""
-  return (
-    key.startswith('model.') and key not in _REGULARIZATION_KEYS + RESUMABLE_KEYS
-  ) or key in _WEIGHT_MEANING_KEYS
+  return config_fields.on_resume(key) == config_fields.OnResume.WEIGHTS
 
 
 def weight_meaning_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
@@ -192,7 +158,7 @@ def _stopped_early(
   before = saved.get('num_train_steps')
   if not isinstance(before, int) or config.num_train_steps <= before:
     return None
-  metric = config_lib.selection_metric(config.target_metric)
+  metric = ranking.selection_metric(config.target_metric)
   stopping = EarlyStopping(config.early_stopping_patience, metric).replay(
     storage.join(workdir, metrics.FILENAME), latest
   )
@@ -240,14 +206,14 @@ def _continuation_changes(
         f'which adds or removes an entry of that state. {keep} (any value > 0 if it was on), '
         'or train in a new --workdir.'
       )
-  best_steps = checkpoints.committed_steps(storage.join(workdir, checkpoints.BEST_DIRECTORY))
+  best_steps = checkpoints.committed_steps(storage.join(workdir, best_checkpoints.DIRECTORY))
   saved_target = saved.get('target_metric')
-  kept_by = config_lib.selection_metric(saved_target) if saved_target else None
-  selects_by = config_lib.selection_metric(config.target_metric)
+  kept_by = ranking.selection_metric(saved_target) if saved_target else None
+  selects_by = ranking.selection_metric(config.target_metric)
   # Also with keep_best_checkpoints=0 now: eval.py's 'best' would rank them by the new metric.
   if best_steps and kept_by not in (None, selects_by):
     return (
-      f'The best checkpoints {best_steps} in {workdir}/{checkpoints.BEST_DIRECTORY} were kept '
+      f'The best checkpoints {best_steps} in {workdir}/{best_checkpoints.DIRECTORY} were kept '
       f'by {kept_by} (config.target_metric={saved_target!r}); '
       f'config.target_metric={config.target_metric!r} would rank them by {selects_by}, mixing '
       'two selections. Nothing was changed. Resume with the saved config.target_metric, or '
@@ -394,13 +360,13 @@ class EarlyStopping:
   """Evaluations since the validation BLEU last improved; `stop` after `patience` of them."""
 
   patience: int  # config.early_stopping_patience; 0: never stops.
-  metric: str = 'eval_bleu'  # The BLEU it reads: `config_lib.selection_metric(target_metric)`.
+  metric: str = 'eval_bleu'  # The BLEU it reads: `ranking.selection_metric(target_metric)`.
   best: float = -math.inf  # The highest validation BLEU so far ...
   best_step: int | None = None  # ... and the step that scored it.
   since_best: int = 0  # Evaluations since then (a tie does not improve).
 
   def record(self, step: int, bleu: float) -> None:
-    if bleu > self.best:
+    if ranking.METRICS[self.metric].improves(bleu, self.best):
       self.best, self.best_step, self.since_best = bleu, step, 0
     else:
       self.since_best += 1
@@ -435,7 +401,7 @@ def is_finished(workdir: str, config: ml_collections.ConfigDict) -> bool:
   steps = checkpoints.committed_steps(storage.join(workdir, 'checkpoints'))
   last = steps[-1] if steps else 0
   metrics_path = storage.join(workdir, metrics.FILENAME)
-  metric = config_lib.selection_metric(config.target_metric)
+  metric = ranking.selection_metric(config.target_metric)
   stopping = EarlyStopping(config.early_stopping_patience, metric).replay(metrics_path, last)
   return last >= config.num_train_steps or stopping.stop
 
@@ -452,50 +418,9 @@ def final_metrics(workdir: str, step: int) -> dict[str, float] | None:
 # --- WORKDIR/config.json of runs written before a key existed ------------------------------------
 
 # Keys added to the project after runs were written -> the value those runs had (the paper's
-# model and schedule, Adam without clipping, the sharding table of the time). `upgrade` fills
-# them in.
-ADDED_KEYS: dict[str, Any] = {
-  'init_from': '',  # Runs before fine-tuning started from random parameters.
-  'init_checkpoint': 'latest',
-  'model.architecture': 'encoder_decoder',
-  'model.position': 'sinusoidal',
-  'model.ffn_activation': 'relu',
-  'model.use_bias': True,
-  'model.norm_epsilon': 1e-6,
-  'model.logits_bias': False,
-  'model.ffn_dropout_rate': 0.0,
-  'grad_clip_norm': 0.0,
-  'schedule': 'inverse_sqrt',
-  'peak_learning_rate': None,
-  'final_lr_fraction': 0.0,
-  'weight_decay': 0.0,
-  'decode.beam_size': 4,
-  'decode.alpha': 0.6,
-  'decode.max_extra_len': 50,
-  'decode.checkpoint': 'latest',
-  'data.spm_model_type': 'unigram',
-  'data.target_vocab_path': None,  # One vocabulary for both sides.
-  'data.spm_normalization': 'nmt_nfkc',
-  'keep_best_checkpoints': 0,
-  'early_stopping_patience': 0,
-  'model.attention_impl': 'auto',  # The einsum those runs computed, wherever cuDNN does not fuse.
-  'model.remat': 'none',
-  'mesh.rules': (
-    ('batch', ('data', 'fsdp')),
-    ('embed', 'fsdp'),
-    ('heads', 'tensor'),
-    ('mlp', 'tensor'),
-    ('vocab', 'tensor'),
-    ('kv', None),
-    ('length', None),
-  ),
-  'launch.nodes': 1,
-  'launch.tasks_per_node': 1,
-  'wandb.project': '',
-  'wandb.entity': '',
-  'wandb.group': '',
-  'wandb.mode': 'online',
-}
+# model and schedule, Adam without clipping, the sharding table of the time): each field's
+# `before` in `config_fields`. `upgrade` fills them in.
+ADDED_KEYS: dict[str, Any] = config_fields.added_keys()
 
 
 def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -1,7 +1,8 @@
 """Device mesh from the config, and logical axis names -> mesh axes by the config's table.
 
 Parameters and activations are annotated with logical names (`embed`, `heads`,
-`kv`, `mlp`, `vocab`, `batch`, `length`); the table `config.mesh.rules` decides
+`kv`, `mlp`, `vocab`, `batch`, `length`); the table `config.mesh.rules` (by default
+`LOGICAL_AXIS_RULES`) decides
 where each lives on the (data, fsdp, tensor) mesh. Changing the mesh sizes in the
 config is all it takes to go from one device to data parallelism, fully sharded
 data parallelism (FSDP), tensor parallelism, or any mix of them:
@@ -36,6 +37,18 @@ MESH_AXES = ('data', 'fsdp', 'tensor')
 LOGICAL_AXES = ('batch', 'length', 'embed', 'heads', 'kv', 'mlp', 'vocab')
 
 Rules = tuple[tuple[str, Any], ...]
+
+# The one table from logical axis names (on every parameter and activation) to mesh axes: the
+# default of `config.mesh.rules` (a config may replace it).
+LOGICAL_AXIS_RULES: Rules = (
+  ('batch', ('data', 'fsdp')),  # Rows of every batch: split over data x fsdp.
+  ('embed', 'fsdp'),  # d_model of the weights: FSDP shards parameters along it.
+  ('heads', 'tensor'),  # Attention heads: tensor parallel.
+  ('mlp', 'tensor'),  # d_ff, the FFN's inner dimension: tensor parallel.
+  ('vocab', 'tensor'),  # Vocabulary of the shared embedding/softmax: tensor parallel.
+  ('kv', None),  # d_k = d_v within a head: never split.
+  ('length', None),  # Sequence positions: never split.
+)
 
 
 def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, ...]:

@@ -32,13 +32,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import transformer
 from transformer import domains
 
 SECONDS_ENV = 'TRANSFORMER_SHUTDOWN_SECONDS'
 DEFAULT_SECONDS = 300.0
 # The exit status of a process ended by its deadline (EX_TEMPFAIL: run it again to resume).
 EXIT_CODE = 75
-_CODE_DIRECTORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def deadline_seconds() -> float:
@@ -170,9 +170,9 @@ class Deadline:
     innermost = None
     while frame is not None:
       path = os.path.abspath(frame.f_code.co_filename)
-      if path.startswith(_CODE_DIRECTORY + os.sep) and os.sep + 'tests' + os.sep not in path:
+      if path.startswith(transformer.CODE_DIR + os.sep) and os.sep + 'tests' + os.sep not in path:
         innermost = (
-          f'{os.path.relpath(path, _CODE_DIRECTORY)}:{frame.f_lineno} ({frame.f_code.co_name})'
+          f'{os.path.relpath(path, transformer.CODE_DIR)}:{frame.f_lineno} ({frame.f_code.co_name})'
         )
         break
       frame = frame.f_back

@@ -27,6 +27,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from transformer import (
+  best_checkpoints,
   checkpoints,
   divergence,
   initialization,
@@ -37,6 +38,7 @@ from transformer import (
   path_checks,
   preemption,
   provenance,
+  ranking,
   runs,
   sharding,
   shutdown,
@@ -187,7 +189,7 @@ class _Run:
   hooks: Hooks
   writer: metrics.MetricsWriter = dataclasses.field(init=False)  # metrics.jsonl.
   # The parameters of the evaluations with the best validation BLEU (config.keep_best_checkpoints).
-  best: checkpoints.BestCheckpoints | None = dataclasses.field(init=False)
+  best: best_checkpoints.BestCheckpoints | None = dataclasses.field(init=False)
 
 
 def _set_up(
@@ -247,7 +249,7 @@ def _set_up(
   start_step = int(state.step)
   # A run that stopped early (its validation BLEU had not improved for `patience` evaluations)
   # stays stopped; a larger config.early_stopping_patience lets it go on.
-  selection_metric = config_lib.selection_metric(config.target_metric)  # Best, early stopping.
+  selection_metric = ranking.selection_metric(config.target_metric)  # Best, early stopping.
   stopping = runs.EarlyStopping(config.early_stopping_patience, selection_metric).replay(
     storage.join(workdir, metrics.FILENAME), start_step
   )
@@ -373,7 +375,7 @@ def _open_outputs(run: _Run, cleanup: contextlib.ExitStack, started: float) -> N
   run.writer.truncate_after(run.start_step)
   run.best = None
   if run.config.keep_best_checkpoints:
-    run.best = checkpoints.BestCheckpoints(
+    run.best = best_checkpoints.BestCheckpoints(
       run.workdir, metric=run.selection_metric, keep=run.config.keep_best_checkpoints
     )
     cleanup.callback(run.best.close)

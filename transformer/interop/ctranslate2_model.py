@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from transformer import layers, tokenizer
+from transformer import config_fields, layers, tokenizer
 from transformer.config import ModelConfig
+from transformer.interop import marian
 
 TARGET_SENTENCEPIECE = 'target_sentencepiece.model'  # Beside, where the target has its own.
 QUANTIZATIONS = (
@@ -57,6 +58,11 @@ def refusals(cfg: ModelConfig) -> list[str]:
       "config.model.ffn_activation='swiglu': not converted (CTranslate2's gated FFN is "
       'unchecked against this one).'
     )
+  found += [
+    f"{switch}: CTranslate2's TransformerSpec has no such part (a switch this conversion "
+    'does not express).'
+    for switch in config_fields.unmapped_switches(marian.MAPPED_FIELDS, cfg)
+  ]
   return found
 
 

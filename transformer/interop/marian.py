@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from transformer import config_fields
 from transformer.config import ModelConfig
 
 MARIAN_NORM_EPSILON = 1e-5
@@ -63,6 +64,17 @@ _DECODER_LAYER = {
   'cross_attention': 'encoder_attn',
   'cross_attention_norm': 'encoder_attn_layer_norm',
 }
+
+
+# The model fields this format expresses (each checked above or mapped); a switch declared
+# later (`config_fields`) is refused by name while it is on, never exported wrongly.
+MAPPED_FIELDS = tuple(
+  f'model.{name}'
+  for name in (
+    'architecture', 'num_layers', 'd_model', 'num_heads', 'd_ff', 'norm', 'position',
+    'ffn_activation', 'use_bias', 'norm_epsilon', 'logits_bias', 'share_embeddings', 'max_len',
+  )
+)  # fmt: skip
 
 
 def export_refusals(cfg: ModelConfig, *, allow_norm_epsilon: bool = False) -> list[str]:
@@ -99,6 +111,10 @@ def export_refusals(cfg: ModelConfig, *, allow_norm_epsilon: bool = False) -> li
       'compute slightly different numbers. Train with --config.model.norm_epsilon=1e-5 for an '
       'exact export, or pass --allow_norm_epsilon to write it anyway (an approximation).'
     )
+  refusals += [
+    f'{switch}: Marian has no such part (a switch this export does not express).'
+    for switch in config_fields.unmapped_switches(MAPPED_FIELDS, cfg)
+  ]
   return refusals
 
 

@@ -39,7 +39,7 @@ from absl import app, flags
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from transformer import errors, evaluation, metrics, outputs, path_checks, storage
+from transformer import checkpoint_spec, errors, metrics, outputs, path_checks, storage
 from transformer.errors import InvalidInput
 
 X_KEYS = ('step', metrics.WALL_SECONDS)
@@ -128,7 +128,7 @@ def read_eval_curves(
 
   `scoring` names how a line's results were made: the checkpoints averaged ('step' or
   'avgN') and the decoding tag of the file name ('' for the paper's beam 4, alpha 0.6).
-  A result of 'best' checkpoints names no step budget (`evaluation.step_budget`), and one
+  A result of 'best' checkpoints names no step budget (`checkpoint_spec.step_budget`), and one
   whose file name is not eval.py's `<checkpoint>-<split>[-<decoding>]` has no decoding
   to read from it: both are returned as left out, with the reason.
   """
@@ -158,7 +158,7 @@ def read_eval_curves(
     if stem != prefix and not stem.startswith(prefix + '-'):
       left_out.append((path, f"its name is not eval.py's {prefix}[-<decoding>].json"))
       continue
-    if (budget := evaluation.step_budget(label)) is None:
+    if (budget := checkpoint_spec.step_budget(label)) is None:
       left_out.append((path, f'its checkpoint {label!r} is not a step budget'))
       continue
     if y not in result:

@@ -22,7 +22,7 @@ import Optuna, so a trial may be a multi-host run.
   A trial the pruner stops gets SIGTERM: train.py checkpoints and exits, the trial is
   `pruned` (resumable, like an interrupted one, by a list sweep over the same root) and is
   not ranked in the summary.
-* The objective: the summary's column of `config.target_metric` (`sweeps.TARGET_METRICS`),
+* The objective: the summary's column of `config.target_metric` (`ranking.METRICS`),
   so the study's best trial is the summary's best.
 * The study: SQLite in ROOT/study.db by default (one machine, its workers in one or more
   sweep.py processes); `--storage=PATH` a journal file (`JournalFileBackend`) on a file
@@ -51,7 +51,7 @@ from typing import Any
 
 import ml_collections
 
-from transformer import extras, storage
+from transformer import extras, ranking, storage
 from transformer.errors import InvalidInput
 from transformer.tools import sweeps
 from transformer.tools.sweeps import Overrides, Sweep, Trial
@@ -513,7 +513,8 @@ def _open_errors() -> tuple[type[BaseException], ...]:
 def load(sweep: Sweep, study: Study, create_if_missing: bool = True):
   """The `optuna.Study` (created if it does not exist yet)."""
   optuna = import_optuna()
-  column, higher_is_better = sweeps.TARGET_METRICS[sweep.config.target_metric]
+  metric = ranking.METRICS[sweep.config.target_metric]
+  column = metric.summary_column
   with _creating(study):
     try:
       backend = _backend(study)
@@ -524,7 +525,7 @@ def load(sweep: Sweep, study: Study, create_if_missing: bool = True):
         study_name=study.name,
         sampler=_sampler(study, sweep.config.seed),
         pruner=_pruner(study, sweep.config),
-        direction='maximize' if higher_is_better else 'minimize',
+        direction=metric.direction,
         load_if_exists=True,
       )
     except _open_errors() as e:

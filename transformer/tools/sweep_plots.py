@@ -15,6 +15,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from transformer import ranking
 from transformer.tools import sweeps
 from transformer.tools.sweep_results import GroupResult, TrialResult
 
@@ -89,7 +90,7 @@ def plot(
   results: Sequence[TrialResult], swept_keys: Sequence[str], target_metric: str, path: str
 ) -> None:
   """The target metric against each swept key, then every trial's learning curves."""
-  column, _ = sweeps.TARGET_METRICS[target_metric]
+  column = ranking.METRICS[target_metric].summary_column
   fig, axes = _figure(len(swept_keys) + 1)
   scored = [r for r in results if getattr(r, column) is not None]
   for ax, key in zip(axes, swept_keys, strict=False):
@@ -131,7 +132,7 @@ def plot_groups(
   one-at-a-time sweep's baseline) is a grey band, mean ± std, on every panel that
   does not plot it, so each switch is seen against it.
   """
-  column, _ = sweeps.TARGET_METRICS[target_metric]
+  column = ranking.METRICS[target_metric].summary_column
   fig, axes = _figure(len(swept_keys) + 1)
   scored = [g for g in groups if g.values(column)]
   reference = next(

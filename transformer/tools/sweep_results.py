@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from transformer import metrics, storage
+from transformer import metrics, ranking, storage
 from transformer.tools import sweep_runner, sweeps
 
 
@@ -88,7 +88,8 @@ def collect(sweep: sweeps.Sweep, trial: sweeps.Trial) -> TrialResult:
 def rank(results: list[TrialResult], target_metric: str) -> list[TrialResult]:
   """Best first by the target metric; trials without it keep their order after the others,
   as do pruned ones (an Optuna study's: stopped early, their numbers are not final)."""
-  column, higher_is_better = sweeps.TARGET_METRICS[target_metric]
+  metric = ranking.METRICS[target_metric]
+  column, higher_is_better = metric.summary_column, metric.higher_is_better
   scored = [r for r in results if getattr(r, column) is not None and r.status != 'pruned']
   scored.sort(key=lambda r: getattr(r, column), reverse=higher_is_better)
   for position, result in enumerate(scored, start=1):
@@ -149,7 +150,8 @@ def group(sweep: sweeps.Sweep, results: Sequence[TrialResult]) -> list[GroupResu
 
 def rank_groups(groups: list[GroupResult], target_metric: str) -> list[GroupResult]:
   """Best first by the mean of the target metric over the seeds; the rest keep their order."""
-  column, higher_is_better = sweeps.TARGET_METRICS[target_metric]
+  metric = ranking.METRICS[target_metric]
+  column, higher_is_better = metric.summary_column, metric.higher_is_better
   scored = [g for g in groups if g.values(column)]
   scored.sort(key=lambda g: g.stats(column)['mean'], reverse=higher_is_better)
   for position, result in enumerate(scored, start=1):

@@ -29,7 +29,7 @@ from typing import Any
 
 from absl import logging
 
-from transformer import runs, storage
+from transformer import ranking, runs, storage
 from transformer.tools import sweep_devices, sweep_optuna, sweep_results, sweep_runner, sweeps
 from transformer.tools.sweep_optuna import Study
 from transformer.tools.sweeps import Sweep, Trial
@@ -133,7 +133,7 @@ class _Driver:
     optuna = sweep_optuna.import_optuna()
     self.sweep, self.study, self.parallel = sweep, study, parallel
     self.optuna_study = sweep_optuna.load(sweep, study)
-    self.column = sweeps.TARGET_METRICS[sweep.config.target_metric][0]
+    self.column = ranking.METRICS[sweep.config.target_metric].summary_column
     self.distributions = {key: sweep_optuna.distribution(s) for key, s in study.space.items()}
     self.states = optuna.trial.TrialState
     self.lock = threading.RLock()  # Around every call into Optuna.

@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from transformer import outputs, storage
+from transformer import outputs, ranking, storage
 from transformer.tools import significance, sweep_plots, sweep_results, sweep_tests, sweeps
 from transformer.tools.sweep_results import GroupResult, TrialResult
 
@@ -83,8 +83,8 @@ def to_markdown(
   results: Sequence[TrialResult], swept_keys: Sequence[str], target_metric: str, title: str
 ) -> str:
   """A table ranked by the target metric, the best trial in bold, failures with their error."""
-  column, higher_is_better = sweeps.TARGET_METRICS[target_metric]
-  how = 'highest best' if higher_is_better else 'lowest final'
+  metric = ranking.METRICS[target_metric]
+  column, how = metric.summary_column, metric.summary_how
   lines = [
     f'# {title}',
     '',
@@ -215,8 +215,8 @@ def groups_to_markdown(
   compare_to: str | None = None,
 ) -> str:
   """Configurations ranked by the mean over seeds, the paired tests, then every trial."""
-  column, higher_is_better = sweeps.TARGET_METRICS[target_metric]
-  how = 'highest best' if higher_is_better else 'lowest final'
+  metric = ranking.METRICS[target_metric]
+  column, how = metric.summary_column, metric.summary_how
   # eval.py's columns and the lowercased BLEU only where some configuration has them.
   metrics = [
     (name, header, digits)

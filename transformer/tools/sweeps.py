@@ -26,7 +26,6 @@ import numbers
 import os
 import random
 import re
-import shlex
 import sys
 import types
 from collections.abc import Mapping, Sequence
@@ -35,19 +34,14 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+import transformer
 from transformer import config as config_lib
-from transformer import path_checks, storage
+from transformer import storage
 from transformer.errors import InvalidInput, MissingInput
+from transformer.tools import sweep_flags
 
 Overrides = dict[str, Any]
-# The repository root, where train.py and eval.py live.
-REPO_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# config.target_metric -> (summary column, True if higher is better).
-TARGET_METRICS = {
-  'eval_bleu': ('best_eval_bleu', True),
-  'eval_bleu_lc': ('best_eval_bleu_lc', True),
-  'eval_loss': ('eval_loss', False),
-}
+REPO_DIR = transformer.CODE_DIR  # Where train.py and eval.py live.
 _NAME_MAX_CHARS = 120
 _NAME_UNSAFE = re.compile(r'[^A-Za-z0-9._+=,-]')
 
@@ -550,9 +544,9 @@ def create(
   config_lib.validate(config)
   config_lib.raise_if(config_lib.sweep_target_errors(config))  # Before the trials' own.
   check_seeds(seeds)
-  config_lib.raise_if(root_errors(config, root), 'paths')
+  config_lib.raise_if(sweep_flags.root_errors(config, root), 'paths')
   if eval_flags is not None:
-    config_lib.raise_if(eval_flag_errors(eval_flags), 'flags')
+    config_lib.raise_if(sweep_flags.eval_flag_errors(eval_flags), 'flags')
   path, colon, argument = config_file.partition(':')
   shared_overrides = dict(shared_overrides or {})
   if overrides_list is None:
@@ -586,77 +580,3 @@ def create(
     seeds=seeds,
     compare_to=compare_to,
   )
-
-
-def root_errors(config: ml_collections.ConfigDict, root: str) -> list[str]:
-  """Errors of the sweep root `root`: a folder of its own, not a run, its files or its inputs."""
-  if errors := storage.path_errors(root, '--workdir') or storage.checkpoint_errors(
-    root, '--workdir'
-  ):
-    return errors
-  if root and storage.isdir(root) and path_checks.is_run(root):
-    return [f'--workdir={root} is the workdir of a training run; give the sweep its own folder.']
-  if root and storage.isfile(root):
-    return [f'--workdir={root} is a file, not a folder.']
-  inputs = {
-    'the raw data (config.data.manual_dir)': config.data.manual_dir,
-    'the prepared data (config.data.data_dir)': config.data.data_dir,
-  }
-  return path_checks.protected_path_errors(root, '--workdir', inputs)
-
-
-# eval.py's flags that the sweep sets itself, or that would not score the trial's split into
-# WORKDIR/eval/ (where the summary reads results), or would write one path for every trial.
-_EVAL_FLAGS_OF_THE_SWEEP = (
-  'workdir',
-  'dry_run',
-  'dry_run_configs',
-  'watch',
-  'input_file',
-  'output_file',
-  'prompt',
-  'attention_plot',
-  'input_text',
-)
-
-
-def parse_eval_flags(text: str, evaluate: bool) -> list[str] | None:
-  """sweep.py's `--eval_flags` as eval.py's argv (None without `--eval`: no eval.py runs).
-
-  Split as a shell would; flags given without `--eval` are an error, not ignored.
-  """
-  if not evaluate:
-    if text.strip():
-      raise InvalidInput(
-        f'--eval_flags={text} is given without --eval, so no eval.py would run to take them. '
-        'Add --eval (eval.py evaluates each trial after it trains), or drop --eval_flags.'
-      )
-    return None
-  try:
-    return shlex.split(text)
-  except ValueError as e:  # An unbalanced quote, or a backslash at the end.
-    what, fix = ('a quote without its closing one', 'Close the quote or drop it')
-    if 'quotation' not in str(e):
-      what, fix = ('a \\ at the end', 'Drop the \\')
-    raise InvalidInput(
-      f'--eval_flags={text}: {e} ({what}), so it cannot be split into eval.py flags as a '
-      f'shell would. {fix}; e.g. --eval_flags="--split=validation --checkpoint=avg:5".'
-    ) from None
-
-
-def eval_flag_errors(eval_flags: Sequence[str]) -> list[str]:
-  """Errors of `--eval_flags` that the sweep itself can tell (`check_eval_flags`: eval.py's)."""
-  errors = []
-  for flag in eval_flags:
-    name = flag.lstrip('-').split('=', 1)[0]
-    name = name[2:] if name.startswith('no') and name[2:] in _EVAL_FLAGS_OF_THE_SWEEP else name
-    if not flag.startswith('-'):
-      errors.append(f'--eval_flags: {flag!r} is not a flag (eval.py takes --name=value flags).')
-    elif name in _EVAL_FLAGS_OF_THE_SWEEP:
-      errors.append(
-        f'--eval_flags: {flag} is not for a sweep: the sweep sets --workdir, and the summary '
-        "reads the scores eval.py writes to each trial's WORKDIR/eval/ (no "
-        + ', '.join(f'--{n}' for n in _EVAL_FLAGS_OF_THE_SWEEP[1:])
-        + ').'
-      )
-  return errors

@@ -38,6 +38,11 @@ RUNS = {  # name -> (config, train.py overrides)
 TIMING_KEYS = {'wall_seconds', 'steps_per_sec', 'tokens_per_sec', 'input_wait_ms', 'seconds'}
 
 
+def _is_timing(key: str) -> bool:
+  """Wall-clock figures: they differ between any two runs."""
+  return key in TIMING_KEYS or key.endswith(('_per_sec', '_seconds', '_ms'))
+
+
 def _run(checkout: str, root: str, name: str) -> str:
   """Trains and evaluates run `name` with the code of `checkout`; returns where it was moved."""
   config, overrides = RUNS[name]
@@ -63,15 +68,13 @@ def _rows(path: str) -> list[dict]:
     return []
   with open(path) as f:
     return [
-      {k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS}
-      for line in f
-      if line.strip()
+      {k: v for k, v in json.loads(line).items() if not _is_timing(k)} for line in f if line.strip()
     ]
 
 
 def _without_timings(value):
   if isinstance(value, dict):
-    return {k: _without_timings(v) for k, v in value.items() if k not in TIMING_KEYS}
+    return {k: _without_timings(v) for k, v in value.items() if not _is_timing(k)}
   if isinstance(value, list):
     return [_without_timings(v) for v in value]
   return value
@@ -111,7 +114,7 @@ def _scalars(workdir: str) -> list[tuple]:
   accumulator = event_accumulator.EventAccumulator(directory, size_guidance={'scalars': 0})
   accumulator.Reload()
   for tag in sorted(accumulator.Tags()['scalars']):
-    if any(key in tag for key in TIMING_KEYS):
+    if _is_timing(tag.rsplit('/', 1)[-1]):
       continue
     found += [(tag, e.step, e.value) for e in accumulator.Scalars(tag)]
   return found

@@ -24,6 +24,7 @@ def test_each_form_parses_and_prints_back(text, spec):
   assert checkpoint_spec.RULE.error('config.decode.checkpoint', text) is None
   assert spec.is_best == text.startswith(('best', 'avg_best'))
   assert spec.moves == (text in ('latest', 'avg:5'))
+  assert spec.averages_up_to == (500 if text == 'avg:3@500' else None)  # Not a plain step.
 
 
 @pytest.mark.parametrize('text', ['', 'avg:0', 'avg:x', 'avg:2@', 'avg_best:0', 'last', '-3', 5])

@@ -47,6 +47,11 @@ class CheckpointSpec:
     return self.kind in ('best', 'avg_best')
 
   @property
+  def averages_up_to(self) -> int | None:
+    """STEP of 'avg:N@STEP': the last checkpoint averaged, before a longer run's end."""
+    return self.step if self.kind == 'avg' else None
+
+  @property
   def moves(self) -> bool:
     """Whether it follows a running run ('latest', 'avg:N'); a step and avg:N@STEP stay put."""
     return self.kind == 'latest' or (self.kind == 'avg' and self.step is None)

@@ -44,8 +44,8 @@ from transformer.config_fields import (  # noqa: F401  (the choices, where calle
 from transformer.domains import POSITIVE_REAL, Rule, integer, real
 from transformer.errors import InvalidInput
 
-DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
-assert tuple(DTYPES) == config_fields.DTYPE_NAMES
+# config.dtype's names (`config_fields.DTYPE_NAMES`) -> the JAX dtypes.
+DTYPES = {name: getattr(jnp, name) for name in config_fields.DTYPE_NAMES}
 
 # Every leaf key of a training config (dotted) -> its domain (`config_fields.FIELDS`).
 CONFIG_RULES: dict[str, Rule] = {field.key: field.domain for field in config_fields.FIELDS}
@@ -233,7 +233,7 @@ def sweep_target_errors(c) -> list[str]:
   A BLEU target needs the validation BLEU of `config.eval_bleu_sentences` sentences. A single
   train.py run may do without (the target only ranks a sweep's trials); a sweep may not.
   """
-  if c.target_metric in ranking.BLEU_METRICS and not c.eval_bleu_sentences:
+  if c.target_metric in ranking.SELECTION_METRICS and not c.eval_bleu_sentences:
     return [
       f'config.target_metric={c.target_metric!r} ranks the trials by their validation BLEU, '
       f'but config.eval_bleu_sentences={c.eval_bleu_sentences} computes none, so no trial '

@@ -136,7 +136,7 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
 def restore_params(run: Setup, workdir: str, checkpoint: str):
   """(params, label) of `checkpoint` ('latest', a step, 'avg:N[@STEP]', 'best', 'avg_best:N')."""
   decays_to_end = run.config.schedule in config_lib.DECAYING_TO_LAST_STEP
-  if checkpoint_spec.parse(checkpoint).step is not None and decays_to_end:
+  if checkpoint_spec.parse(checkpoint).averages_up_to is not None and decays_to_end:
     logging.warning(
       'checkpoint=%r reads checkpoints before the end of a run whose learning rate '
       'decays to config.num_train_steps=%d (config.schedule=%r): they are not what a run of '

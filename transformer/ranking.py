@@ -70,8 +70,7 @@ METRICS: dict[str, Metric] = {
 TARGET_METRICS = tuple(METRICS)
 # What best checkpoints and early stopping rank by (`selection_metric`); both are stored with
 # each best checkpoint (runs before eval_bleu_lc stored eval_bleu alone).
-SELECTION_METRICS = ('eval_bleu', 'eval_bleu_lc')
-BLEU_METRICS = SELECTION_METRICS  # Those computed by decoding validation sentences.
+SELECTION_METRICS = ('eval_bleu', 'eval_bleu_lc')  # The validation BLEUs.
 
 
 def selection_metric(target_metric: str) -> str:

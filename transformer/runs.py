@@ -228,7 +228,7 @@ def _schedule_change(
   """A linear or cosine decay that `config.num_train_steps` would reshape after it began."""
   before = saved.get('num_train_steps', config.num_train_steps)
   if (
-    config.schedule not in ('linear', 'cosine')
+    config.schedule not in config_lib.DECAYING_TO_LAST_STEP
     or saved.get('schedule') != config.schedule
     or before == config.num_train_steps
     or latest < config.warmup_steps  # The rise to the peak does not depend on the length.

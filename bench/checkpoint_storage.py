@@ -68,7 +68,11 @@ def _state(config):
   rules = sharding.axis_rules(config.mesh)
   model, _ = train_steps.create_models(model_config)
   abstract, shardings = train_steps.abstract_state_and_shardings(
-    model, optim.create_optimizer(config), tasks.get_task(config), mesh, rules
+    model,
+    optim.create_optimizer(optim.OptimizerConfig.from_config(config)),
+    tasks.get_task(config),
+    mesh,
+    rules,
   )
   rng = np.random.default_rng(0)
 

@@ -207,13 +207,13 @@ def main(argv):
   mesh = sharding.create_mesh(config.mesh)
   rules = sharding.axis_rules(config.mesh)
   model, _ = train_steps.create_models(ModelConfig.from_config(config))
-  optimizer = optim.create_optimizer(config)
+  optimizer = optim.create_optimizer(optim.OptimizerConfig.from_config(config))
   _, state_shardings = train_steps.abstract_state_and_shardings(model, optimizer, task, mesh, rules)
   state = train_steps.create_train_state(
     model, optimizer, task, state_shardings, mesh, jax.random.key(0)
   )
   step_fn = train_steps.jit_train_step(
-    config,
+    train_steps.StepConfig.from_config(config),
     model=model,
     optimizer=optimizer,
     task=task,

@@ -327,7 +327,7 @@ def abstract_run(
   rules = sharding.axis_rules(config.mesh)
   task = tasks.get_task(config)
   model, eval_model = train_steps.create_models(ModelConfig.from_config(config))
-  optimizer = optim.create_optimizer(config)
+  optimizer = optim.create_optimizer(optim.OptimizerConfig.from_config(config))
   state, state_shardings = train_steps.abstract_state_and_shardings(
     model, optimizer, task, mesh, rules
   )
@@ -348,9 +348,15 @@ def abstract_run(
       for k in task.batch_keys
     },
     train_step=train_steps.jit_train_step(
-      config, model=model, optimizer=optimizer, task=task, **shardings
+      train_steps.StepConfig.from_config(config),
+      model=model,
+      optimizer=optimizer,
+      task=task,
+      **shardings,
     ),
-    eval_step=train_steps.jit_eval_step(config, eval_model=eval_model, task=task, **shardings),
+    eval_step=train_steps.jit_eval_step(
+      train_steps.StepConfig.from_config(config), eval_model=eval_model, task=task, **shardings
+    ),
   )
 
 

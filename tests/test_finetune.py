@@ -169,7 +169,7 @@ def test_a_finetuned_runs_optimizer_schedule_and_data_start_fresh(source, finetu
   rows = [r for r in _rows(workdir) if 'train_loss' in r]
   # Steps count from 1, and update 1 used the warmup's first rate: peak / warmup_steps.
   assert [r['step'] for r in rows] == [1, 2]
-  first_rate = float(optim.learning_rate_schedule(config)(0))
+  first_rate = float(optim.learning_rate_schedule(optim.OptimizerConfig.from_config(config))(0))
   assert rows[0]['learning_rate'] == pytest.approx(first_rate, rel=1e-6)
   assert first_rate == pytest.approx(1e-9 / 4, rel=1e-6)
   # Its checkpoint is at its own step 2, the optimizer's counts (Adam's and its schedule's)
@@ -190,7 +190,7 @@ def _target(config, devices):
   task = tasks.get_task(config)
   model, _ = train_steps.create_models(ModelConfig.from_config(config))
   _, shardings = train_steps.abstract_state_and_shardings(
-    model, optim.create_optimizer(config), task, mesh, rules
+    model, optim.create_optimizer(optim.OptimizerConfig.from_config(config)), task, mesh, rules
   )
   return initialization.Target(model, task, mesh, rules, shardings.params)
 

@@ -29,6 +29,7 @@ from transformer import (
   errors,
   input_pipeline,
   metrics,
+  optim,
   outputs,
   path_checks,
   runs,
@@ -281,11 +282,11 @@ def test_damaged_results_and_trial_files_are_named(tmp_path):
 
 def test_divergence_advice_names_the_fields_that_set_this_runs_rate():
   config = tiny.get_config()
-  assert divergence.advice(config).startswith(
+  assert divergence.advice(optim.OptimizerConfig.from_config(config)).startswith(
     f'Lower config.lr_scale (now {config.lr_scale:g}) or lengthen config.warmup_steps'
   )
   config.peak_learning_rate, config.grad_clip_norm = 0.002, 1.0
-  assert divergence.advice(config) == (
+  assert divergence.advice(optim.OptimizerConfig.from_config(config)) == (
     'Lower config.peak_learning_rate (now 0.002) or lengthen config.warmup_steps (now '
     f'{config.warmup_steps}), or lower config.grad_clip_norm (now 1)'
   )

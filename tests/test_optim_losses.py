@@ -45,13 +45,15 @@ def _schedule_config(**overrides):
 def test_default_schedule_is_eq3_bit_for_bit():
   config = default.get_config()
   counts = jnp.arange(3 * config.num_train_steps)
-  ours = optim.learning_rate_schedule(config)(counts)
+  ours = optim.learning_rate_schedule(optim.OptimizerConfig.from_config(config))(counts)
   eq3 = optim.paper_schedule(config.model.d_model, config.warmup_steps, config.lr_scale)(counts)
   np.testing.assert_array_equal(ours, eq3)
   # An explicit peak equal to eq. 3's traces the same curve (up to float rounding).
-  peak = optim.peak_learning_rate(config)
+  peak = optim.peak_learning_rate(optim.OptimizerConfig.from_config(config))
   assert math.isclose(peak, 0.5 * 256**-0.5 * 400**-0.5, rel_tol=1e-12)
-  explicit = optim.learning_rate_schedule(_schedule_config(peak_learning_rate=peak))(counts)
+  explicit = optim.learning_rate_schedule(
+    optim.OptimizerConfig.from_config(_schedule_config(peak_learning_rate=peak))
+  )(counts)
   np.testing.assert_allclose(explicit, eq3, rtol=2e-6)
 
 
@@ -74,7 +76,7 @@ def test_schedules_with_an_explicit_peak_on_hand_computed_steps(schedule, expect
     num_train_steps=8000,
     final_lr_fraction=0.1,
   )
-  learning_rate = optim.learning_rate_schedule(config)
+  learning_rate = optim.learning_rate_schedule(optim.OptimizerConfig.from_config(config))
   for step, value in expected.items():
     assert math.isclose(float(learning_rate(step - 1)), value, rel_tol=1e-5), (step, value)
   if schedule == 'cosine':  # A quarter of the way: 0.0005 + 0.0045 * (1 + cos(pi / 4)) / 2.
@@ -86,7 +88,7 @@ def test_schedules_with_an_explicit_peak_on_hand_computed_steps(schedule, expect
 
 def test_one_step_of_warmup_starts_at_the_peak():
   config = _schedule_config(schedule='linear', peak_learning_rate=1.0, warmup_steps=1)
-  learning_rate = optim.learning_rate_schedule(config)
+  learning_rate = optim.learning_rate_schedule(optim.OptimizerConfig.from_config(config))
   assert float(learning_rate(0)) == 1.0 and float(learning_rate(config.num_train_steps - 1)) == 0.0
 
 
@@ -97,11 +99,11 @@ def test_the_optimizer_follows_the_schedule(schedule):
   config = _schedule_config(
     schedule=schedule, peak_learning_rate=0.01, warmup_steps=3, num_train_steps=6
   )
-  optimizer = optim.create_optimizer(config)
+  optimizer = optim.create_optimizer(optim.OptimizerConfig.from_config(config))
   params = {'w': jnp.zeros(2)}
   grads = {'w': jnp.array([0.5, -2.0])}
   state = optimizer.init(params)
-  learning_rate = optim.learning_rate_schedule(config)
+  learning_rate = optim.learning_rate_schedule(optim.OptimizerConfig.from_config(config))
   for count in range(6):
     updates, state = optimizer.update(grads, state, params)
     np.testing.assert_allclose(
@@ -118,9 +120,9 @@ def test_weight_decay_is_decoupled_and_skips_biases_and_norm_scales():
   }
   zero_grads = jax.tree.map(jnp.zeros_like, params)  # Adam's own step is then 0.
   config = _schedule_config(weight_decay=0.1)
-  optimizer = optim.create_optimizer(config)
+  optimizer = optim.create_optimizer(optim.OptimizerConfig.from_config(config))
   updates, _ = optimizer.update(zero_grads, optimizer.init(params), params)
-  rate = float(optim.learning_rate_schedule(config)(0))
+  rate = float(optim.learning_rate_schedule(optim.OptimizerConfig.from_config(config))(0))
   decayed = -rate * 0.1 * 2.0  # learning_rate * weight_decay * weight, not scaled by Adam.
   expected = {
     'dense': {'kernel': decayed, 'bias': 0.0},
@@ -132,8 +134,13 @@ def test_weight_decay_is_decoupled_and_skips_biases_and_norm_scales():
     lambda u, e: np.testing.assert_allclose(u, np.full(u.shape, e), rtol=1e-6), updates, expected
   )
   # Without weight decay the optimizer is Adam itself: the same state, the same update.
-  plain = optim.create_optimizer(default.get_config())
-  adam = optax.adam(optim.learning_rate_schedule(default.get_config()), b1=0.9, b2=0.98, eps=1e-9)
+  plain = optim.create_optimizer(optim.OptimizerConfig.from_config(default.get_config()))
+  adam = optax.adam(
+    optim.learning_rate_schedule(optim.OptimizerConfig.from_config(default.get_config())),
+    b1=0.9,
+    b2=0.98,
+    eps=1e-9,
+  )
   assert jax.tree.structure(plain.init(params)) == jax.tree.structure(adam.init(params))
   grads = jax.tree.map(lambda p: p * 0.3, params)
   ours, _ = plain.update(grads, plain.init(params), params)
@@ -173,7 +180,7 @@ def test_no_smoothing_is_cross_entropy():
 def test_gradient_clipping_by_global_norm(clip_norm, first_moment_norm):
   config = default.get_config()
   config.grad_clip_norm = clip_norm
-  optimizer = optim.create_optimizer(config)
+  optimizer = optim.create_optimizer(optim.OptimizerConfig.from_config(config))
   params = {'a': jnp.zeros(3), 'b': jnp.zeros((2, 2))}
   grads = {'a': jnp.array([30.0, 0.0, 0.0]), 'b': jnp.array([[0.0, 40.0], [0.0, 0.0]])}
   _, opt_state = optimizer.update(grads, optimizer.init(params), params)

@@ -182,7 +182,11 @@ def test_fsdp_mesh_shards_every_large_parameter_and_its_adam_moments():
   mesh, rules = _mesh(config)
   model, _ = train_steps.create_models(ModelConfig.from_config(config))
   abstract, _ = train_steps.abstract_state_and_shardings(
-    model, optim.create_optimizer(config), tasks.get_task(config), mesh, rules
+    model,
+    optim.create_optimizer(optim.OptimizerConfig.from_config(config)),
+    tasks.get_task(config),
+    mesh,
+    rules,
   )
   threshold = 1024  # Elements; biases and norm scales of this model stay below it.
   for tree in (abstract.params, abstract.opt_state):
@@ -236,7 +240,11 @@ def test_parameter_that_does_not_divide_over_the_tensor_mesh_axis_is_named():
   model, _ = train_steps.create_models(ModelConfig.from_config(config))
   with pytest.raises(ValueError, match=r'shared_embedding.*\(511, 32\).*config.mesh.tensor=2'):
     train_steps.abstract_state_and_shardings(
-      model, optim.create_optimizer(config), tasks.get_task(config), mesh, rules
+      model,
+      optim.create_optimizer(optim.OptimizerConfig.from_config(config)),
+      tasks.get_task(config),
+      mesh,
+      rules,
     )
 
 

@@ -66,7 +66,7 @@ def test_tiny_trains_and_loss_falls(data_dirs, tmp_path):
   eval_rows = [r for r in rows if 'eval_loss' in r]
   assert len(train_losses) == 6
   # The logged learning rate is the optimizer's schedule at each logged update.
-  schedule = optim.learning_rate_schedule(config)
+  schedule = optim.learning_rate_schedule(optim.OptimizerConfig.from_config(config))
   assert [r['learning_rate'] for r in rows if 'train_loss' in r] == pytest.approx(
     [float(schedule(r['step'] - 1)) for r in rows if 'train_loss' in r], rel=1e-6
   )

@@ -291,6 +291,38 @@ def unmapped_switches(mapped: tuple[str, ...], model_config: Any) -> list[str]:
   ]
 
 
+def from_key(config_key: str) -> Any:
+  """A `Part` field read from the config field `config_key` (dotted) instead of its own name."""
+  return dataclasses.field(metadata={'key': config_key})
+
+
+class Part:
+  """Base of a frozen dataclass of some config fields: what one part of the library reads.
+
+  The config is checked once (`config.validate`) and handed down in parts: the optimizer gets
+  `optim.OptimizerConfig`, the jitted step `train_steps.StepConfig`, and so on, never the whole
+  `ConfigDict`. Each dataclass field is the declared field of its own name (or `from_key`'s);
+  defaults and domains stay in `FIELDS` alone, and a test checks that every part's keys are
+  declared.
+  """
+
+  @classmethod
+  def keys(cls) -> tuple[str, ...]:
+    """The dotted config key of each field, in field order."""
+    return tuple(f.metadata.get('key', f.name) for f in dataclasses.fields(cls))
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict):
+    """The part's fields read from `config` (a checked training config)."""
+    values = {}
+    for field, key in zip(dataclasses.fields(cls), cls.keys(), strict=True):
+      value = config
+      for name in key.split('.'):
+        value = value[name]
+      values[field.name] = value
+    return cls(**values)
+
+
 def reference_table() -> str:
   """docs/config.md's table: every field, its default, domain and resume meaning."""
   meaning = {FREE: 'free', WARN: 'warned', WEIGHTS: 'refused (weights)', START: 'refused (start)'}

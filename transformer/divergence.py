@@ -17,9 +17,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from transformer.errors import Refusal
+from transformer.optim import OptimizerConfig
 
 # The per-step metric counting non-finite steps (0 or 1), summed over log windows.
 NONFINITE_KEY = 'nonfinite_steps'
@@ -39,8 +39,8 @@ def keep_if_finite(finite: jax.Array, new: Any, old: Any) -> Any:
   return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
 
-def advice(config: ml_collections.ConfigDict) -> str:
-  """What to change in `config` against a divergence: the fields that set the rate in this run."""
+def advice(config: OptimizerConfig) -> str:
+  """What to change in the config against a divergence: the fields that set the rate in this run."""
   if config.peak_learning_rate is not None:
     rate = f'Lower config.peak_learning_rate (now {config.peak_learning_rate:g})'
   else:  # Eq. 3's peak: lr_scale * (d_model * warmup_steps)^-0.5.

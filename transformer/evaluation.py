@@ -128,7 +128,7 @@ def setup(config: ml_collections.ConfigDict) -> Setup:
   mesh, rules = sharding.create_mesh(config.mesh), sharding.axis_rules(config.mesh)
   model, _ = train_steps.create_models(model_config)
   abstract_state, _ = train_steps.abstract_state_and_shardings(
-    model, optim.create_optimizer(config), task, mesh, rules
+    model, optim.create_optimizer(optim.OptimizerConfig.from_config(config)), task, mesh, rules
   )
   return Setup(config, model_config, task, mesh, rules, abstract_state)
 

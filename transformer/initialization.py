@@ -330,7 +330,11 @@ def _read_run(
   mesh; only the parameters are kept.
   """
   abstract_state, _ = train_steps.abstract_state_and_shardings(
-    target.model, optim.create_optimizer(source_config), target.task, target.mesh, target.rules
+    target.model,
+    optim.create_optimizer(optim.OptimizerConfig.from_config(source_config)),
+    target.task,
+    target.mesh,
+    target.rules,
   )
   # The steps `resolve` found, even if the run has saved newer ones since.
   pinned = checkpoint_spec.pinned(spec, list(steps))

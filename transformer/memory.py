@@ -87,7 +87,7 @@ def step_memory(config: ml_collections.ConfigDict, num_devices: int) -> StepMemo
   task = tasks.get_task(config)
   model, _ = train_steps.create_models(ModelConfig.from_config(config))
   state, _ = train_steps.abstract_state_and_shardings(
-    model, optim.create_optimizer(config), task, mesh, rules
+    model, optim.create_optimizer(optim.OptimizerConfig.from_config(config)), task, mesh, rules
   )
   rows = config.data.tokens_per_batch // config.data.max_len // sharding.batch_shards(sizes, rules)
   micro_rows = rows // config.grad_accum_steps

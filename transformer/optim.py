@@ -1,13 +1,35 @@
 """The optimiser: Adam (section 5.3), or AdamW, under one learning-rate schedule.
 
-`learning_rate_schedule(config)` is the one definition of the learning rate: the
-optimizer follows it, and training logs it (`learning_rate`).
+`learning_rate_schedule(optimizer_config)` is the one definition of the learning rate: the
+optimizer follows it, and training logs it (`learning_rate`). Both read `OptimizerConfig`, the
+config's optimiser and schedule fields, built once from a checked config.
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
+
+from transformer import config_fields
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig(config_fields.Part):
+  """The fields of a config that set the optimiser and its schedule (`from_config(config)`)."""
+
+  adam_b1: float
+  adam_b2: float
+  adam_eps: float
+  weight_decay: float
+  grad_clip_norm: float
+  schedule: str
+  peak_learning_rate: float | None
+  lr_scale: float
+  warmup_steps: int
+  final_lr_fraction: float
+  num_train_steps: int
+  d_model: int = config_fields.from_key('model.d_model')  # Eq. 3's d_model^-0.5.
 
 
 def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
@@ -23,14 +45,14 @@ def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
   return schedule
 
 
-def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
+def peak_learning_rate(config: OptimizerConfig) -> float:
   """`config.peak_learning_rate`, or if None eq. 3's: lr_scale * (d_model * warmup_steps)^-0.5."""
   if config.peak_learning_rate is not None:
     return config.peak_learning_rate
-  return config.lr_scale * (config.model.d_model * config.warmup_steps) ** -0.5
+  return config.lr_scale * (config.d_model * config.warmup_steps) ** -0.5
 
 
-def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
   """The learning rate of each update (Optax's 0-based count; step = count + 1).
 
   Every schedule rises linearly to the peak (`peak_learning_rate`) at step
@@ -46,7 +68,7 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   """
   warmup = config.warmup_steps
   if config.schedule == 'inverse_sqrt' and config.peak_learning_rate is None:
-    return paper_schedule(config.model.d_model, warmup, config.lr_scale)
+    return paper_schedule(config.d_model, warmup, config.lr_scale)
   peak = peak_learning_rate(config)
   decay_steps = config.num_train_steps - warmup  # Validation: > 0 for linear and cosine.
   if config.schedule == 'linear':
@@ -77,7 +99,7 @@ def decay_mask(params) -> object:
   return jax.tree_util.tree_map_with_path(decayed, params)
 
 
-def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def create_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
   """Adam(b1, b2, eps), or with `config.weight_decay` > 0 AdamW, at `learning_rate_schedule`.
 
   AdamW's decay is decoupled (Loshchilov & Hutter): each update also subtracts

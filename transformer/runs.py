@@ -236,11 +236,11 @@ def _schedule_change(
     return None
   from transformer import optim  # pylint: disable=g-import-not-at-top  (jax-heavy)
 
-  old = ml_collections.ConfigDict(config.to_dict())
-  old.num_train_steps = before
+  new = optim.OptimizerConfig.from_config(config)
+  old = dataclasses.replace(new, num_train_steps=before)
   rate_now = float(optim.learning_rate_schedule(old)(latest))  # Optax count = step - 1.
-  rate_new = float(optim.learning_rate_schedule(config)(latest))
-  peak = optim.peak_learning_rate(config)
+  rate_new = float(optim.learning_rate_schedule(new)(latest))
+  peak = optim.peak_learning_rate(new)
   return (
     f'config.num_train_steps: {before} -> {config.num_train_steps} reshapes the {config.schedule} '
     f'decay that this run (latest checkpoint: step {latest}) has followed since step '

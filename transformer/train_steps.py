@@ -9,6 +9,7 @@ in its loop; evaluation, the memory report and the benchmarks use them alone.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterable
 from typing import Any
@@ -17,17 +18,25 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from transformer import distributed, divergence, losses, sharding, tasks
+from transformer import config_fields, distributed, divergence, losses, sharding, tasks
 from transformer.config import ModelConfig
 from transformer.errors import InvalidInput
 from transformer.model import Transformer
 
 Batch = dict[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig(config_fields.Part):
+  """The fields of a config that the jitted steps read besides the model and the optimizer."""
+
+  label_smoothing: float  # Section 5.4's epsilon_ls, in the loss of both steps.
+  grad_accum_steps: int  # Micro-batches per update.
+  skip_nonfinite_steps: bool  # A non-finite step leaves the state as it was.
 
 
 @flax.struct.dataclass
@@ -100,7 +109,7 @@ def train_step(
   model: Transformer,
   optimizer,
   task: tasks.Task,
-  config: ml_collections.ConfigDict,
+  config: StepConfig,
 ):
   """One optimizer update on the global batch, accumulated over `grad_accum_steps` slices.
 
@@ -148,7 +157,7 @@ def train_step(
 
 
 def eval_step(
-  params, batch: Batch, *, model: Transformer, task: tasks.Task, config: ml_collections.ConfigDict
+  params, batch: Batch, *, model: Transformer, task: tasks.Task, config: StepConfig
 ) -> dict[str, jax.Array]:
   """Summed loss metrics of a batch (`losses.loss_and_metrics`)."""
   logits = model.apply({'params': params}, **task.model_inputs(batch))
@@ -157,7 +166,7 @@ def eval_step(
 
 
 def jit_train_step(
-  config: ml_collections.ConfigDict,
+  config: StepConfig,
   *,
   model: Transformer,
   optimizer,
@@ -181,7 +190,7 @@ def jit_train_step(
 
 
 def jit_eval_step(
-  config: ml_collections.ConfigDict,
+  config: StepConfig,
   *,
   eval_model: Transformer,
   task: tasks.Task,

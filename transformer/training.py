@@ -29,6 +29,7 @@ from jax.sharding import Mesh
 from transformer import (
   best_checkpoints,
   checkpoints,
+  config_fields,
   divergence,
   initialization,
   input_pipeline,
@@ -164,11 +165,25 @@ def _train_and_evaluate(
   return summary
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopConfig(config_fields.Part):
+  """The fields of a config that the step loop reads: how long, and what it does on which steps."""
+
+  num_train_steps: int
+  log_every_steps: int
+  eval_every_steps: int
+  checkpoint_every_steps: int
+  keep_best_checkpoints: int
+  skip_nonfinite_steps: bool  # Counted and logged, not stopped on.
+  num_workers: int = config_fields.from_key('data.num_workers')  # For the input-wait report.
+
+
 @dataclasses.dataclass
 class _Run:
   """What the parts of a run share: made by `_set_up`, its outputs added by `_open_outputs`."""
 
-  config: ml_collections.ConfigDict
+  config: ml_collections.ConfigDict  # Only written (config.json) and mirrored (W&B) whole.
+  loop: LoopConfig
   workdir: str
   mesh: Mesh
   rules: sharding.Rules
@@ -180,6 +195,7 @@ class _Run:
   eval_batches: Iterable[dict[str, np.ndarray]]  # The split of config.data.eval_split.
   validation_metrics: Callable[[Any], dict[str, float]]  # params -> the task's (BLEU).
   learning_rate: optax.Schedule  # The optimizer's, for the log.
+  divergence_advice: str  # What to change in the config after a non-finite step.
   run_inputs: dict[str, Any]  # The inputs' content, for the provenance record.
   initialized: dict[str, Any] | None  # Where a new run's parameters came from (config.init_from).
   checkpointer: checkpoints.Checkpointer
@@ -212,11 +228,13 @@ def _set_up(
   source = initialization.resolve(config, workdir)
   # The config becomes the model config, mesh, rules and task once; they are passed down.
   model_config = ModelConfig.from_config(config)
+  optimizer_config = optim.OptimizerConfig.from_config(config)
+  step_config = train_steps.StepConfig.from_config(config)
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.axis_rules(config.mesh)
   task = tasks.get_task(config)
   model, eval_model = train_steps.create_models(model_config)
-  optimizer = optim.create_optimizer(config)
+  optimizer = optim.create_optimizer(optimizer_config)
   abstract_state, state_shardings = train_steps.abstract_state_and_shardings(
     model, optimizer, task, mesh, rules
   )
@@ -256,6 +274,7 @@ def _set_up(
   shardings = dict(state_shardings=state_shardings, mesh=mesh, rules=rules)
   return _Run(
     config=config,
+    loop=LoopConfig.from_config(config),
     workdir=workdir,
     mesh=mesh,
     rules=rules,
@@ -263,12 +282,15 @@ def _set_up(
     start_step=start_step,
     train_iter=train_iter,
     train_step_fn=train_steps.jit_train_step(
-      config, model=model, optimizer=optimizer, task=task, **shardings
+      step_config, model=model, optimizer=optimizer, task=task, **shardings
     ),
-    eval_step_fn=train_steps.jit_eval_step(config, eval_model=eval_model, task=task, **shardings),
+    eval_step_fn=train_steps.jit_eval_step(
+      step_config, eval_model=eval_model, task=task, **shardings
+    ),
     eval_batches=eval_batches,
     validation_metrics=validation_metrics,
-    learning_rate=optim.learning_rate_schedule(config),
+    learning_rate=optim.learning_rate_schedule(optimizer_config),
+    divergence_advice=divergence.advice(optimizer_config),
     run_inputs=run_inputs,
     initialized=initialized,
     checkpointer=checkpointer,
@@ -338,8 +360,8 @@ def _final_metrics_if_done(run: _Run) -> dict[str, float] | None:
   Finished: at config.num_train_steps, or stopped early. Nothing is changed, except
   that a config.json moved aside is written again.
   """
-  config, start_step = run.config, run.start_step
-  finished = start_step >= config.num_train_steps or run.stopping.stop
+  start_step = run.start_step
+  finished = start_step >= run.loop.num_train_steps or run.stopping.stop
   final = runs.final_metrics(run.workdir, start_step) if finished else None
   if final is not None:
     logging.info(
@@ -352,7 +374,8 @@ def _final_metrics_if_done(run: _Run) -> dict[str, float] | None:
       run.workdir,
     )
     if jax.process_index() == 0 and runs.saved_config(run.workdir) is None:
-      runs.write_config(config, run.workdir)  # One that was moved aside (`runs.read_run_config`).
+      # One that was moved aside (`runs.read_run_config`).
+      runs.write_config(run.config, run.workdir)
   return final
 
 
@@ -374,9 +397,9 @@ def _open_outputs(run: _Run, cleanup: contextlib.ExitStack, started: float) -> N
   run.writer = metrics.MetricsWriter(run.workdir, started=started, mirror=mirror)
   run.writer.truncate_after(run.start_step)
   run.best = None
-  if run.config.keep_best_checkpoints:
+  if run.loop.keep_best_checkpoints:
     run.best = best_checkpoints.BestCheckpoints(
-      run.workdir, metric=run.selection_metric, keep=run.config.keep_best_checkpoints
+      run.workdir, metric=run.selection_metric, keep=run.loop.keep_best_checkpoints
     )
     cleanup.callback(run.best.close)
     run.best.drop_after(run.start_step)
@@ -388,14 +411,14 @@ def _train(run: _Run, profile_steps: int) -> dict[str, float]:
   Stops after the last step, after a step that a signal interrupted (its checkpoint
   committed), or early, when validation BLEU has stopped improving.
   """
-  config, start_step = run.config, run.start_step
-  last_step = start_step if run.stopping.stop else config.num_train_steps
+  loop, start_step = run.loop, run.start_step
+  last_step = start_step if run.stopping.stop else loop.num_train_steps
   logging.info(
     'Training from step %d to %d on mesh %s.', start_step, last_step, dict(run.mesh.shape)
   )
-  progress = metrics.Progress(start_step, config.num_train_steps)
-  input_wait = metrics.InputWait(run.train_iter, config.data.num_workers)
-  monitor = divergence.DivergenceMonitor(config.skip_nonfinite_steps, divergence.advice(config))
+  progress = metrics.Progress(start_step, loop.num_train_steps)
+  input_wait = metrics.InputWait(run.train_iter, loop.num_workers)
+  monitor = divergence.DivergenceMonitor(loop.skip_nonfinite_steps, run.divergence_advice)
   train_sums, summary = None, {}
   profiler = metrics.StepProfiler(
     storage.join(run.workdir, 'profile'), start_step + 2, profile_steps
@@ -410,11 +433,11 @@ def _train(run: _Run, profile_steps: int) -> dict[str, float]:
     train_sums = sums if train_sums is None else jax.tree.map(jnp.add, train_sums, sums)
     monitor.record(step, sums)
 
-    is_last = step == config.num_train_steps
+    is_last = step == loop.num_train_steps
     preempted = run.watcher.reached(step)
-    log_now = step % config.log_every_steps == 0 or is_last
-    eval_now = step % config.eval_every_steps == 0 or is_last
-    save_now = step % config.checkpoint_every_steps == 0 or is_last or preempted
+    log_now = step % loop.log_every_steps == 0 or is_last
+    eval_now = step % loop.eval_every_steps == 0 or is_last
+    save_now = step % loop.checkpoint_every_steps == 0 or is_last or preempted
     if log_now or eval_now or save_now:
       # Nothing is logged, evaluated or saved from a state that went non-finite.
       monitor.check(lambda: _last_good_checkpoint(run.checkpointer))
@@ -464,7 +487,6 @@ def _log_training(
   input_wait: metrics.InputWait,
 ) -> dict[str, float]:
   """Writes and logs the training metrics summed since the last log (`train_sums`, on host)."""
-  config = run.config
   skipped = int(train_sums[divergence.NONFINITE_KEY])
   steps_logged = step - progress.last_step
   summary = losses.summarize(train_sums, 'train')
@@ -472,7 +494,7 @@ def _log_training(
   summary['train_grad_norm'] = (
     float(train_sums['grad_norm_sum']) / updated_steps if updated_steps else float('nan')
   )
-  if config.skip_nonfinite_steps:
+  if run.loop.skip_nonfinite_steps:
     summary['train_skipped_steps'] = skipped
   steps_per_sec, tokens_per_sec, eta = progress.rates(step, float(train_sums['num_tokens']))
   summary.update(
@@ -485,7 +507,7 @@ def _log_training(
   logging.info(
     'step %d/%d | loss %.4f | %.2f steps/s | %.0f tok/s | %s left',
     step,
-    config.num_train_steps,
+    run.loop.num_train_steps,
     summary['train_loss'],
     steps_per_sec,
     tokens_per_sec,

@@ -339,7 +339,7 @@ def _train_state(run: evaluation.Setup, params: Any, config: ml_collections.Conf
     params,
     abstract.params,
   )
-  optimizer = optim.create_optimizer(config)
+  optimizer = optim.create_optimizer(optim.OptimizerConfig.from_config(config))
   opt_state = jax.jit(
     optimizer.init, out_shardings=jax.tree.map(lambda a: a.sharding, abstract.opt_state)
   )(placed)

@@ -273,7 +273,7 @@ def _against_the_run(
   (`--checkpoint=best` where config.keep_best_checkpoints=0, 'avg:N' beyond
   config.keep_checkpoints; a trained run's error lists the checkpoints it kept).
   """
-  task = tasks.get_task(config)
+  task = tasks.get_task(config.model.architecture)
   errors = []
   unsupported = [f'--{name}' for name in task.unsupported_eval_flags if flags.FLAGS[name].value]
   if unsupported:

@@ -222,7 +222,7 @@ def run_one(name: str, root: Path, smoke: bool) -> dict:
   if _CHECK_ATTENTION.value:
     one_process = config.copy_and_resolve_references()
     one_process.data.num_workers = 0
-    batch = next(translation.data.train_iterator(one_process, vocab))
+    batch = next(translation.data.train_iterator(one_process.data, vocab, seed=one_process.seed))
     batch = {k: jnp.asarray(v[:16]) for k, v in batch.items()}
     fused = fused_attention_check(config, jax.device_put(params, device), batch)
 
@@ -305,7 +305,9 @@ def main(argv):
     write_corpus(root / 'corpus', smoke)
   config = check_config(_CONFIGS.value[0], root, smoke)
   datasets.prepare(config.data)
-  translation.data.prepare_ids(config, tokenizer.get_tokenizer(config))  # Shared by every config.
+  translation.data.prepare_ids(
+    config.data, tokenizer.get_tokenizer(config)
+  )  # Shared by every config.
   prepare_seconds = time.perf_counter() - start
   if _PREPARE_ONLY.value:
     print(f'Prepared {root} in {prepare_seconds:.0f} s; now pass --root={root}.')

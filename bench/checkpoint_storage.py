@@ -70,7 +70,7 @@ def _state(config):
   abstract, shardings = train_steps.abstract_state_and_shardings(
     model,
     optim.create_optimizer(optim.OptimizerConfig.from_config(config)),
-    tasks.get_task(config),
+    tasks.get_task(config.model.architecture),
     mesh,
     rules,
   )

@@ -115,7 +115,7 @@ def source_batches(config, vocab, split: str) -> tuple[list[dict[str, np.ndarray
   """The split's decoding batches, capped at --max_sentences; and the seconds taken."""
   start = time.perf_counter()
   batches, count = [], 0
-  for batch in translation.data.translation_batches(config, vocab, split, _BATCH_SIZE.value):
+  for batch in translation.data.translation_batches(config.data, vocab, split, _BATCH_SIZE.value):
     valid = batch['valid'].copy()
     if _MAX_SENTENCES.value:
       keep = max(0, _MAX_SENTENCES.value - count)

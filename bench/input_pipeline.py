@@ -8,7 +8,7 @@ distinct, plus Multi30k's validation and test sets, as `train/val/test.{en,de}`
 for `parallel_text`), prepares it with `--config`'s batch (default
 `configs/wmt14_ende_base.py`: 24,576 tokens a side, rows of 256; vocabulary
 `--vocab_size`), then, in a fresh process per worker count, reads
-`--batches` batches of `tasks.get_task(config).train_iterator` after the
+`--batches` batches of `tasks.get_task(config.model.architecture).train_iterator` after the
 first one. Reports:
 
   * preparation: TFDS build, SentencePiece training, encoding into ids (each
@@ -99,7 +99,7 @@ def prepare(args) -> dict:
   # Pipelines that read prepared ids encode here; main's tokenizes while training.
   prepare_ids = getattr(tasks.translation, 'prepare_ids', None)
   if prepare_ids is not None:
-    prepare_ids(config, vocab)
+    prepare_ids(config.data, vocab)
   times['encode_s'] = time.perf_counter() - start
   times['preparation_s'] = times['vocab_s'] + times['encode_s']
   return times
@@ -122,7 +122,9 @@ def measure(args) -> dict:
   config = make_config(args, args.measure_workers)
   vocab = tokenizer.get_tokenizer(config)
   start = time.perf_counter()
-  it = tasks.get_task(config).train_iterator(config, vocab)
+  it = tasks.get_task(config.model.architecture).train_iterator(
+    config.data, vocab, seed=config.seed
+  )
   batch = next(it)
   first = time.perf_counter() - start
   real = slots = 0

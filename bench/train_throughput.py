@@ -183,7 +183,7 @@ def main(argv):
     problems := path_checks.output_dir_errors(_PROFILE_DIR.value, '--profile_dir')
   ):
     raise app.UsageError(problems[0])
-  task = tasks.get_task(config)
+  task = tasks.get_task(config.model.architecture)
   fixed = _BATCH_ROWS.value > 0 or _BATCH_LEN.value > 0
   if fixed:
     if _BATCH_ROWS.value < 1 or _BATCH_LEN.value < 2:
@@ -196,7 +196,7 @@ def main(argv):
     batches = fixed_length_batches(_BATCH_ROWS.value, _BATCH_LEN.value, config.vocab_size)
   else:
     vocab = tokenizer.get_tokenizer(config)
-    train_iter = task.train_iterator(config, vocab)
+    train_iter = task.train_iterator(config.data, vocab, seed=config.seed)
     # Padding share over the pipeline's own batches.
     start = time.perf_counter()
     batches = [next(train_iter) for _ in range(_PIPELINE_BATCHES.value)]

@@ -165,7 +165,7 @@ def _bleu(hypotheses: list[str], references: list[str]) -> dict[str, float]:
 
 
 def _texts(run: workdirs.RunParams, split: str) -> tuple[list[str], list[str]]:
-  pairs = data.translation_texts(run.config, split)
+  pairs = data.translation_texts(run.config.data, split)
   if _MAX_SENTENCES.value:
     pairs = pairs[: _MAX_SENTENCES.value]
   return [s for s, _ in pairs], [t for _, t in pairs]

@@ -325,7 +325,7 @@ def abstract_run(
 
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.axis_rules(config.mesh)
-  task = tasks.get_task(config)
+  task = tasks.get_task(config.model.architecture)
   model, eval_model = train_steps.create_models(ModelConfig.from_config(config))
   optimizer = optim.create_optimizer(optim.OptimizerConfig.from_config(config))
   state, state_shardings = train_steps.abstract_state_and_shardings(

@@ -187,7 +187,7 @@ def test_a_finetuned_runs_optimizer_schedule_and_data_start_fresh(source, finetu
 def _target(config, devices):
   """The run of `config` on `devices`, as the parameters' target (nothing allocated)."""
   mesh, rules = sharding.create_mesh(config.mesh, devices), sharding.axis_rules(config.mesh)
-  task = tasks.get_task(config)
+  task = tasks.get_task(config.model.architecture)
   model, _ = train_steps.create_models(ModelConfig.from_config(config))
   _, shardings = train_steps.abstract_state_and_shardings(
     model, optim.create_optimizer(optim.OptimizerConfig.from_config(config)), task, mesh, rules

@@ -97,9 +97,9 @@ def _check_batch(batch, rows: int, length: int) -> None:
 
 def test_train_batches_shapes_and_packing(small):
   config, tok = small
-  rows = input_pipeline.train_rows(config)
+  rows = input_pipeline.train_rows(config.data)
   assert rows == 256 // 32
-  it = translation.data.train_iterator(config, tok)
+  it = translation.data.train_iterator(config.data, tok, seed=config.seed)
   for _ in range(5):
     _check_batch(next(it), rows, config.data.max_len)
 
@@ -108,7 +108,7 @@ def test_train_epoch_drops_only_long_pairs(small):
   config, tok = small
   short = {p for p in _encoded(config, tok, 'train') if max(map(len, p)) <= config.data.max_len}
   assert 0 < len(short) < 300  # Some pairs are too long: the filter is exercised.
-  it = translation.data.train_iterator(config, tok)
+  it = translation.data.train_iterator(config.data, tok, seed=config.seed)
   seen = collections.Counter(p for _ in range(60) for p in _pairs(next(it)))
   assert set(seen) == short  # Over several epochs: every kept pair, nothing else.
   assert max(seen.values()) - min(seen.values()) <= 2  # Each epoch sees each pair once.
@@ -119,12 +119,12 @@ def test_state_restore_reproduces_next_batches(small, num_workers):
   config, tok = small
   config = config.copy_and_resolve_references()
   config.data.num_workers = num_workers
-  it = translation.data.train_iterator(config, tok)
+  it = translation.data.train_iterator(config.data, tok, seed=config.seed)
   for _ in range(7):
     next(it)
   state = it.get_state()
   expected = [next(it) for _ in range(4)]
-  restored = translation.data.train_iterator(config, tok)
+  restored = translation.data.train_iterator(config.data, tok, seed=config.seed)
   restored.set_state(state)
   for want in expected:
     got = next(restored)
@@ -136,7 +136,7 @@ def test_state_restore_reproduces_next_batches(small, num_workers):
 
 def test_device_prefetch_places_ahead_and_resumes_at_the_first_unused_batch(small):
   config, tok = small
-  reference = translation.data.train_iterator(config, tok)
+  reference = translation.data.train_iterator(config.data, tok, seed=config.seed)
   expected = [next(reference) for _ in range(5)]
   placed = []
 
@@ -144,12 +144,14 @@ def test_device_prefetch_places_ahead_and_resumes_at_the_first_unused_batch(smal
     placed.append(batch)
     return {k: v.copy() for k, v in batch.items()}
 
-  it = input_pipeline.DevicePrefetch(translation.data.train_iterator(config, tok), place, ahead=2)
+  it = input_pipeline.DevicePrefetch(
+    translation.data.train_iterator(config.data, tok, seed=config.seed), place, ahead=2
+  )
   got = [next(it) for _ in range(2)]
   assert len(placed) == 4  # Batches 3 and 4 are placed before the step of batch 2 runs.
   state = it.get_state()  # The position of batch 3, the first no step has used.
   restored = input_pipeline.DevicePrefetch(
-    translation.data.train_iterator(config, tok), lambda b: b, ahead=2
+    translation.data.train_iterator(config.data, tok, seed=config.seed), lambda b: b, ahead=2
   )
   restored.set_state(state)
   got.append(next(restored))
@@ -166,7 +168,7 @@ def test_workers_read_each_pair_once_an_epoch(small):
   config = config.copy_and_resolve_references()
   config.data.num_workers = 2
   short = {p for p in _encoded(config, tok, 'train') if max(map(len, p)) <= config.data.max_len}
-  it = translation.data.train_iterator(config, tok)
+  it = translation.data.train_iterator(config.data, tok, seed=config.seed)
   seen = collections.Counter(p for _ in range(60) for p in _pairs(next(it)))
   it.close()
   # Every kept pair, nothing else (worker i packs chunks i, i + 2, ..., so the workers'
@@ -179,7 +181,7 @@ def test_a_dying_worker_stops_the_iterator(small):
   config = config.copy_and_resolve_references()
   config.data.num_workers = 1
   before = set(psutil.Process().children())
-  it = translation.data.train_iterator(config, tok)
+  it = translation.data.train_iterator(config.data, tok, seed=config.seed)
   next(it)
   (worker,) = [
     p
@@ -195,12 +197,18 @@ def test_a_dying_worker_stops_the_iterator(small):
 
 def test_train_order_follows_the_seed(small):
   config, tok = small
-  first = [_pairs(b) for b in [next(translation.data.train_iterator(config, tok))]]
-  again = [_pairs(b) for b in [next(translation.data.train_iterator(config, tok))]]
+  first = [
+    _pairs(b) for b in [next(translation.data.train_iterator(config.data, tok, seed=config.seed))]
+  ]
+  again = [
+    _pairs(b) for b in [next(translation.data.train_iterator(config.data, tok, seed=config.seed))]
+  ]
   assert first == again  # Same seed, same order.
   config = config.copy_and_resolve_references()
   config.seed = 1
-  other = [_pairs(b) for b in [next(translation.data.train_iterator(config, tok))]]
+  other = [
+    _pairs(b) for b in [next(translation.data.train_iterator(config.data, tok, seed=config.seed))]
+  ]
   assert other != first
 
 
@@ -208,9 +216,11 @@ def test_shards_are_disjoint_and_cover_the_data(small):
   config, tok = small
   seen = []
   for index in range(2):
-    it = translation.data.train_iterator(config, tok, shard_index=index, shard_count=2)
+    it = translation.data.train_iterator(
+      config.data, tok, seed=config.seed, shard_index=index, shard_count=2
+    )
     batch = next(it)
-    assert batch['src_tokens'].shape == (input_pipeline.train_rows(config) // 2, 32)
+    assert batch['src_tokens'].shape == (input_pipeline.train_rows(config.data) // 2, 32)
     seen.append({p for _ in range(40) for p in _pairs(next(it))})
   assert not seen[0] & seen[1]
   short = {p for p in _encoded(config, tok, 'train') if max(map(len, p)) <= 32}
@@ -223,18 +233,18 @@ def test_batch_size_errors_name_the_config_keys(small):
   bad.data.tokens_per_batch = 250
   message = r'config\.data\.tokens_per_batch=250 .*config\.data\.max_len=32'
   with pytest.raises(ValueError, match=message):
-    input_pipeline.train_rows(bad)
+    input_pipeline.train_rows(bad.data)
   with pytest.raises(ValueError, match='process count 3'):
-    input_pipeline.train_rows(config, shard_count=3)
+    input_pipeline.train_rows(config.data, shard_count=3)
   with pytest.raises(ValueError, match='process count 16'):
-    input_pipeline.train_rows(config, shard_count=16)
+    input_pipeline.train_rows(config.data, shard_count=16)
 
 
 def test_eval_covers_every_example_exactly_once(small):
   config, tok = small
-  rows, length = input_pipeline.eval_rows(config), config.data.max_eval_len
+  rows, length = input_pipeline.eval_rows(config.data), config.data.max_eval_len
   assert rows == 256 // 64
-  batches = list(translation.data.eval_batches(config, tok, 'validation'))
+  batches = list(translation.data.eval_batches(config.data, tok, 'validation'))
   assert len(batches) > 2
   for batch in batches:
     _check_batch(batch, rows, length)
@@ -243,7 +253,7 @@ def test_eval_covers_every_example_exactly_once(small):
   assert got == expected and sum(got.values()) == 39
   assert sum(len(s) == length for s, _ in got) == 2  # The two long pairs, truncated.
   assert not batches[-1]['src_segments'][-1].any()  # Padded with all-zero rows.
-  again = list(translation.data.eval_batches(config, tok, 'validation'))
+  again = list(translation.data.eval_batches(config.data, tok, 'validation'))
   for a, b in zip(batches, again, strict=True):
     for key in translation.data.BATCH_KEYS:
       np.testing.assert_array_equal(a[key], b[key])
@@ -251,8 +261,8 @@ def test_eval_covers_every_example_exactly_once(small):
 
 def test_translation_batches_in_input_order(small):
   config, tok = small
-  batches = list(translation.data.translation_batches(config, tok, 'test', batch_size=4))
-  refs = translation.data.translation_references(config, 'test')
+  batches = list(translation.data.translation_batches(config.data, tok, 'test', batch_size=4))
+  refs = translation.data.translation_references(config.data, 'test')
   assert len(batches) == 3 and len(refs) == 11
   index = np.concatenate([b['index'][b['valid']] for b in batches])
   np.testing.assert_array_equal(index, [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11])  # Line 5 was empty.
@@ -297,7 +307,7 @@ def test_real_tokens_share_on_multi30k(multi30k_data_dir, multi30k_dir):
     tokens_per_batch=4096,
   )
   tok = tokenizer_lib.get_tokenizer(config)
-  it = translation.data.train_iterator(config, tok)
+  it = translation.data.train_iterator(config.data, tok, seed=config.seed)
   batches = [next(it) for _ in range(20)]
   assert batches[0]['tgt_tokens'].shape == (64, 64)
   real = sum(int((b['tgt_segments'] > 0).sum()) for b in batches)

@@ -255,8 +255,8 @@ def test_an_opus_like_import_keeps_a_vocabulary_per_side_for_eval_and_fine_tunin
   finetuned = tmp_path / 'finetuned'
   training.train_and_evaluate(sweeps.apply_overrides(config, STILL), str(finetuned))
   both = tokenizer.get_tokenizer(config)
-  pairs = data.translation_texts(config, 'validation')
-  split = data.encoded_pairs(config, both, 'validation')
+  pairs = data.translation_texts(config.data, 'validation')
+  split = data.encoded_pairs(config.data, both, 'validation')
   ids, starts, lengths = split.read(range(len(pairs)))
   found = {
     tuple(ids[starts[i, 1] : starts[i, 1] + lengths[i, 1]].tolist()) for i in range(len(pairs))

@@ -127,9 +127,9 @@ def test_eval_batches_predict_every_token_once(small, lines_per_document):
   docs = [
     ' '.join(kept[i : i + lines_per_document]) for i in range(0, len(kept), lines_per_document)
   ]
-  assert list(language_model.data.documents(config, 'validation')) == docs
+  assert list(language_model.data.documents(config.data, 'validation')) == docs
   for length in (config.data.max_eval_len, 64):
-    batches = list(language_model.data.eval_batches(config, tok, 'validation', length))
+    batches = list(language_model.data.eval_batches(config.data, tok, 'validation', length))
     rows = max(1, config.data.tokens_per_batch // length)
     assert all(set(b) == set(language_model.data.BATCH_KEYS) for b in batches)
     assert all(b[k].shape == (rows, length) for b in batches for k in b)
@@ -142,8 +142,8 @@ def test_eval_batches_predict_every_token_once(small, lines_per_document):
 
 def test_train_batches_are_packed_windows_and_resume(small):
   config, tok, lines = small
-  rows = input_pipeline.train_rows(config)
-  it = language_model.data.train_iterator(config, tok)
+  rows = input_pipeline.train_rows(config.data)
+  it = language_model.data.train_iterator(config.data, tok, seed=config.seed)
   epoch = collections.Counter(_windows(tok, lines['train'], config.data.max_len))
   seen = collections.Counter()
   for _ in range(80):  # Over an epoch: every window of every document, nothing else.
@@ -154,7 +154,7 @@ def test_train_batches_are_packed_windows_and_resume(small):
   assert set(seen) == set(epoch)
   state = it.get_state()
   expected = [next(it) for _ in range(3)]
-  restored = language_model.data.train_iterator(config, tok)
+  restored = language_model.data.train_iterator(config.data, tok, seed=config.seed)
   restored.set_state(state)
   for want in expected:
     got = next(restored)

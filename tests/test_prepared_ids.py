@@ -21,7 +21,7 @@ def prepared(tmp_path):
     write_lines(tmp_path / 'raw' / f'{split}.de', [p[1] for p in pairs])
   config = make_config(tmp_path / 'tfds', tmp_path / 'raw')
   tok = tokenizer_lib.get_tokenizer(config)
-  return config, tok, translation.data.encoded_pairs(config, tok, 'train')
+  return config, tok, translation.data.encoded_pairs(config.data, tok, 'train')
 
 
 def test_ids_are_the_tokenizer_encoding_of_every_example(prepared):
@@ -37,13 +37,13 @@ def test_ids_are_the_tokenizer_encoding_of_every_example(prepared):
 def test_a_reused_vocabulary_never_encodes_again_a_new_one_does(prepared, tmp_path):
   config, tok, split = prepared
   mtime = os.stat(split.path).st_mtime_ns
-  again = translation.data.encoded_pairs(config, tok, 'train')
+  again = translation.data.encoded_pairs(config.data, tok, 'train')
   assert again.path == split.path and os.stat(split.path).st_mtime_ns == mtime
   other_config = config.copy_and_resolve_references()
   other_config.vocab_size = 200
   other_config.data.vocab_path = str(tmp_path / 'other.model')
   other = translation.data.encoded_pairs(
-    other_config, tokenizer_lib.get_tokenizer(other_config), 'train'
+    other_config.data, tokenizer_lib.get_tokenizer(other_config), 'train'
   )
   assert os.path.dirname(other.path) != os.path.dirname(split.path)  # Keyed by the hash.
 
@@ -58,7 +58,7 @@ def test_ids_of_another_vocabulary_are_encoded_again_never_mixed(prepared):
     json.dump(meta, f)
   with open(split.path, 'wb') as f:
     f.write(b'ids of another vocabulary')
-  again = translation.data.encoded_pairs(config, tok, 'train')
+  again = translation.data.encoded_pairs(config.data, tok, 'train')
   with open(meta_path) as f:
     assert json.load(f)['vocabulary_sha256'] == prepared_ids.vocabulary_hash(tok)
   np.testing.assert_array_equal(again.read([0, 5])[0], split.read([0, 5])[0])
@@ -75,7 +75,7 @@ def test_a_damaged_ids_file_is_named_with_how_to_prepare_it_again(prepared, dama
       f.seek(size // 2)
       f.write(b'\xff' * 64)
   with pytest.raises(prepared_ids.PreparedIdsError) as error:
-    it = translation.data.train_iterator(config, tok)
+    it = translation.data.train_iterator(config.data, tok, seed=config.seed)
     for _ in range(20):
       next(it)
   assert split.path in str(error.value)

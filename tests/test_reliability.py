@@ -1300,7 +1300,7 @@ def test_a_signal_during_data_preparation_stops_at_once_leaving_nothing_half_mad
   # What is there is whole: preparing again completes it.
   config = _config(synthetic_multi30k_dir, data_dir)
   vocab = tokenizer_lib.get_tokenizer(config)
-  translation.data.prepare_ids(config, vocab)
+  translation.data.prepare_ids(config.data, vocab)
 
 
 def test_ctrl_c_while_the_libraries_import_ends_train_py_at_once(train, tmp_path):

@@ -184,7 +184,7 @@ def test_fsdp_mesh_shards_every_large_parameter_and_its_adam_moments():
   abstract, _ = train_steps.abstract_state_and_shardings(
     model,
     optim.create_optimizer(optim.OptimizerConfig.from_config(config)),
-    tasks.get_task(config),
+    tasks.get_task(config.model.architecture),
     mesh,
     rules,
   )
@@ -242,7 +242,7 @@ def test_parameter_that_does_not_divide_over_the_tensor_mesh_axis_is_named():
     train_steps.abstract_state_and_shardings(
       model,
       optim.create_optimizer(optim.OptimizerConfig.from_config(config)),
-      tasks.get_task(config),
+      tasks.get_task(config.model.architecture),
       mesh,
       rules,
     )

@@ -89,7 +89,7 @@ def test_the_signature_check_finds_a_task_that_breaks_the_protocol():
       return list(lines)
 
     @staticmethod
-    def eval_batches(config, tokenizer, split, *, rows_multiple_of=2, shard_index=0, count=1):
+    def eval_batches(data_config, tokenizer, split, *, rows_multiple_of=2, shard_index=0, count=1):
       return []
 
   broken = Broken()
@@ -106,5 +106,5 @@ def test_the_signature_check_finds_a_task_that_breaks_the_protocol():
 def test_get_task_follows_the_architecture():
   from configs import default, lm_default
 
-  assert isinstance(tasks.get_task(default.get_config()), tasks.Translation)
-  assert isinstance(tasks.get_task(lm_default.get_config()), tasks.LanguageModel)
+  assert isinstance(tasks.get_task(default.get_config().model.architecture), tasks.Translation)
+  assert isinstance(tasks.get_task(lm_default.get_config().model.architecture), tasks.LanguageModel)

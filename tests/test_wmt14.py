@@ -47,8 +47,8 @@ def test_wmt14_prepares_offline_from_release_archives_and_trains(tmp_path):
   shutil.copytree(tmp_path / 'tfds', copied, ignore=shutil.ignore_patterns('downloads'))
   copy_config = _config(copied, None)
   vocab = tokenizer.get_tokenizer(copy_config)
-  want = next(translation.data.train_iterator(config, vocab))
-  got = next(translation.data.train_iterator(copy_config, vocab))
+  want = next(translation.data.train_iterator(config.data, vocab, seed=config.seed))
+  got = next(translation.data.train_iterator(copy_config.data, vocab, seed=copy_config.seed))
   for key in translation.data.BATCH_KEYS:
     np.testing.assert_array_equal(got[key], want[key])
   copy_final = training.train_and_evaluate(copy_config, str(tmp_path / 'copied_run'))

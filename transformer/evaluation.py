@@ -124,7 +124,7 @@ class Setup:
 def setup(config: ml_collections.ConfigDict) -> Setup:
   """The model config, task, mesh, rules and restore target of `config` (nothing allocated)."""
   model_config = ModelConfig.from_config(config)
-  task = tasks.get_task(config)
+  task = tasks.get_task(config.model.architecture)
   mesh, rules = sharding.create_mesh(config.mesh), sharding.axis_rules(config.mesh)
   model, _ = train_steps.create_models(model_config)
   abstract_state, _ = train_steps.abstract_state_and_shardings(

@@ -178,7 +178,7 @@ class DevicePrefetch(grain.DatasetIterator):
     release_shared_memory()
 
 
-def train_rows(config: ml_collections.ConfigDict, shard_count: int = 1) -> int:
+def train_rows(data_config: ml_collections.ConfigDict, shard_count: int = 1) -> int:
   """Rows per training batch on one process.
 
   `config.data.tokens_per_batch // config.data.max_len // shard_count`.
@@ -186,7 +186,7 @@ def train_rows(config: ml_collections.ConfigDict, shard_count: int = 1) -> int:
   Raises:
     ValueError: If that is less than 1 or a division is inexact.
   """
-  tokens, max_len = config.data.tokens_per_batch, config.data.max_len
+  tokens, max_len = data_config.tokens_per_batch, data_config.max_len
   if max_len < 1 or tokens % max_len:
     raise InvalidInput(
       f'config.data.tokens_per_batch={tokens} must be a positive multiple of '
@@ -202,14 +202,14 @@ def train_rows(config: ml_collections.ConfigDict, shard_count: int = 1) -> int:
 
 
 def eval_rows(
-  config: ml_collections.ConfigDict, multiple_of: int = 1, length: int | None = None
+  data_config: ml_collections.ConfigDict, multiple_of: int = 1, length: int | None = None
 ) -> int:
   """Global rows per eval batch.
 
   `tokens_per_batch // length` (default `config.data.max_eval_len`), at least
   1, rounded up to a multiple of `multiple_of` (the batch shards of the mesh).
   """
-  rows = max(1, config.data.tokens_per_batch // (length or config.data.max_eval_len))
+  rows = max(1, data_config.tokens_per_batch // (length or data_config.max_eval_len))
   return -(-rows // multiple_of) * multiple_of
 
 
@@ -261,10 +261,11 @@ Packer = Callable[[int, int], Callable[[np.ndarray], dict[str, np.ndarray]]]
 
 
 def packed_train_iterator(
-  config: ml_collections.ConfigDict,
+  data_config: ml_collections.ConfigDict,
   num_examples: int,
   packer: Packer,
   *,
+  seed: int,
   shard_index: int = 0,
   shard_count: int = 1,
 ) -> grain.DatasetIterator:
@@ -278,19 +279,19 @@ def packed_train_iterator(
   `set_state()` of the iterator checkpoint its position; `set_state()` takes
   one saved with another worker count too (`data_position.carry_over`).
   """
-  rows = train_rows(config, shard_count)
+  rows = train_rows(data_config, shard_count)
   check_shard(shard_index, shard_count)
-  length = config.data.max_len
+  length = data_config.max_len
   ds = grain.MapDataset.range(num_examples)[shard_index::shard_count]
-  ds = ds.shuffle(seed=config.seed).repeat(None).batch(chunk_examples(rows, length))
+  ds = ds.shuffle(seed=seed).repeat(None).batch(chunk_examples(rows, length))
   ds = ds.map(packer(length, rows * PACKING_BINS_PER_ROW))
-  batches = iter(packed_batches(ds, rows, config.data.num_workers, drop_remainder=True))
+  batches = iter(packed_batches(ds, rows, data_config.num_workers, drop_remainder=True))
   # A checkpoint's position is taken up with any worker count (`data_position`).
-  return data_position.CarriedOver(batches, config.data.num_workers)
+  return data_position.CarriedOver(batches, data_config.num_workers)
 
 
 def packed_eval_batches(
-  config: ml_collections.ConfigDict,
+  data_config: ml_collections.ConfigDict,
   num_examples: int,
   packer: Packer,
   length: int,
@@ -309,7 +310,7 @@ def packed_eval_batches(
   its own block of rows: `shard_index` of `shard_count` equal blocks.
   Iterate it once per evaluation.
   """
-  rows = eval_rows(config, math.lcm(rows_multiple_of, shard_count), length)
+  rows = eval_rows(data_config, math.lcm(rows_multiple_of, shard_count), length)
   check_shard(shard_index, shard_count)
   ds = grain.MapDataset.range(num_examples).batch(chunk_examples(rows, length))
   ds = ds.map(packer(length, rows * PACKING_BINS_PER_ROW))

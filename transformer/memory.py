@@ -84,7 +84,7 @@ def step_memory(config: ml_collections.ConfigDict, num_devices: int) -> StepMemo
   sizes = dict(zip(sharding.MESH_AXES, sharding.mesh_shape(config.mesh, num_devices), strict=True))
   mesh = jax.sharding.AbstractMesh(tuple(sizes.values()), sharding.MESH_AXES)
   rules = sharding.axis_rules(config.mesh)
-  task = tasks.get_task(config)
+  task = tasks.get_task(config.model.architecture)
   model, _ = train_steps.create_models(ModelConfig.from_config(config))
   state, _ = train_steps.abstract_state_and_shardings(
     model, optim.create_optimizer(optim.OptimizerConfig.from_config(config)), task, mesh, rules

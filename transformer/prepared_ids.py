@@ -89,9 +89,11 @@ def vocabulary_hash(tokenizer: tokenizer_lib.Tokenizer) -> str:
   return digest.hexdigest()
 
 
-def ids_dir(config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, key: str) -> str:
+def ids_dir(
+  data_config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, key: str
+) -> str:
   """Directory of the ids of `config.data.dataset` under this vocabulary and `key`."""
-  root = datasets.local_dataset_dir(config.data)  # Read by local path (array_record).
+  root = datasets.local_dataset_dir(data_config)  # Read by local path (array_record).
   return os.path.join(root, f'ids-{vocabulary_hash(tokenizer)[:16]}', key)
 
 
@@ -171,7 +173,7 @@ class EncodedSplit:
 
 
 def encoded_split(
-  config: ml_collections.ConfigDict,
+  data_config: ml_collections.ConfigDict,
   tokenizer: tokenizer_lib.Tokenizer,
   split: str,
   texts: Texts,
@@ -179,7 +181,7 @@ def encoded_split(
   """The ids of `split`: `tokenizer.encode` of each of `texts(example)`, encoded once.
 
   Args:
-    config: The full config (`config.data` names the dataset).
+    data_config: The config's data fields (`config.data`, which names the dataset).
     tokenizer: The vocabulary; its hash keys the ids.
     split: Split name.
     texts: Picklable; the texts of a data source element to encode, always as many;
@@ -188,7 +190,7 @@ def encoded_split(
   Returns:
     The split's `EncodedSplit`, encoded now if it was not yet.
   """
-  directory = ids_dir(config, tokenizer, texts.key)
+  directory = ids_dir(data_config, tokenizer, texts.key)
   path = os.path.join(directory, f'{split}.array_record')
   meta_path = os.path.join(directory, f'{split}.json')
   vocab_hash = vocabulary_hash(tokenizer)
@@ -202,7 +204,7 @@ def encoded_split(
     )
     meta = None
   if meta is None:
-    meta = _encode(config.data, split, texts, tokenizer, directory, vocab_hash)
+    meta = _encode(data_config, split, texts, tokenizer, directory, vocab_hash)
   return EncodedSplit(path, meta['num_texts'], meta['num_records'])
 
 

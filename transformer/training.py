@@ -232,7 +232,7 @@ def _set_up(
   step_config = train_steps.StepConfig.from_config(config)
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.axis_rules(config.mesh)
-  task = tasks.get_task(config)
+  task = tasks.get_task(model_config.architecture)
   model, eval_model = train_steps.create_models(model_config)
   optimizer = optim.create_optimizer(optimizer_config)
   abstract_state, state_shardings = train_steps.abstract_state_and_shardings(
@@ -320,7 +320,11 @@ def _data(
   run_inputs = runs.check_inputs(config, workdir, vocab.serialized_model())
   train_iter = input_pipeline.DevicePrefetch(
     task.train_iterator(
-      config, vocab, shard_index=jax.process_index(), shard_count=jax.process_count()
+      config.data,
+      vocab,
+      seed=config.seed,
+      shard_index=jax.process_index(),
+      shard_count=jax.process_count(),
     ),
     lambda batch: sharding.global_batch(batch, mesh, rules),
     PREFETCH_BATCHES,
@@ -328,9 +332,11 @@ def _data(
   # However the run ends: its worker processes (config.data.num_workers) stop, and the shared
   # memory of their batches is unlinked (`DevicePrefetch.close`).
   cleanup.callback(train_iter.close)
-  validation_metrics = task.validation_metrics_fn(config, eval_model.config, vocab, mesh, rules)
+  validation_metrics = task.validation_metrics_fn(
+    config.data, tasks.ValidationConfig.from_config(config), eval_model.config, vocab, mesh, rules
+  )
   eval_batches = task.eval_batches(
-    config,
+    config.data,
     vocab,
     config.data.eval_split,
     rows_multiple_of=sharding.batch_shards(dict(mesh.shape), rules),

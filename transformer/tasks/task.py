@@ -15,9 +15,29 @@ import grain
 import ml_collections
 from jax.sharding import Mesh
 
-from transformer import inference, scoring, sharding
+from transformer import config_fields, inference, scoring, sharding
 from transformer import tokenizer as tokenizer_lib
 from transformer.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationConfig(config_fields.Part):
+  """The fields of a config that a task's validation metrics read (BLEU for translation)."""
+
+  eval_bleu_sentences: int  # Validation sentences decoded per evaluation (0: none).
+  eval_bleu_decoder: str  # 'greedy' or 'beam', with config.decode's settings:
+  beam_size: int = config_fields.from_key('decode.beam_size')
+  alpha: float = config_fields.from_key('decode.alpha')
+  max_extra_len: int = config_fields.from_key('decode.max_extra_len')
+  seed: int = config_fields.from_key('seed')  # Of the decoder's key.
+
+  def decode_options(self) -> inference.DecodeOptions:
+    return inference.DecodeOptions(
+      self.eval_bleu_decoder,
+      beam_size=self.beam_size,
+      alpha=self.alpha,
+      max_extra_len=self.max_extra_len,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +90,10 @@ class Task(Protocol):
 
   def train_iterator(
     self,
-    config: ml_collections.ConfigDict,
+    data_config: ml_collections.ConfigDict,
     tokenizer: tokenizer_lib.Tokenizer,
     *,
+    seed: int,
     shard_index: int = 0,
     shard_count: int = 1,
   ) -> grain.DatasetIterator:
@@ -80,7 +101,7 @@ class Task(Protocol):
 
   def eval_batches(
     self,
-    config: ml_collections.ConfigDict,
+    data_config: ml_collections.ConfigDict,
     tokenizer: tokenizer_lib.Tokenizer,
     split: str,
     *,
@@ -95,7 +116,8 @@ class Task(Protocol):
 
   def validation_metrics_fn(
     self,
-    config: ml_collections.ConfigDict,
+    data_config: ml_collections.ConfigDict,
+    validation: ValidationConfig,
     model_config: ModelConfig,
     tokenizer: tokenizer_lib.Tokenizer,
     mesh: Mesh,

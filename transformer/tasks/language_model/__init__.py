@@ -45,7 +45,8 @@ class LanguageModel:
 
   @staticmethod
   def validation_metrics_fn(
-    config: ml_collections.ConfigDict,
+    data_config: ml_collections.ConfigDict,
+    validation: task.ValidationConfig,
     model_config: ModelConfig,
     tokenizer: tokenizer_lib.Tokenizer,
     mesh: Mesh,

@@ -62,23 +62,23 @@ class Documents(Sequence[str]):
     return ' '.join(datasets.document_text(example) for example in examples)
 
 
-def documents(config: ml_collections.ConfigDict, split: str) -> Documents:
+def documents(data_config: ml_collections.ConfigDict, split: str) -> Documents:
   """The documents of `split` of `config.data.dataset` (prepared if needed)."""
-  source = datasets.get_data_source(config.data, split)
-  return Documents(source, config.data.lines_per_document)
+  source = datasets.get_data_source(data_config, split)
+  return Documents(source, data_config.lines_per_document)
 
 
 def encoded_lines(
-  config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, split: str
+  data_config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, split: str
 ) -> prepared_ids.EncodedSplit:
   """The prepared ids of the examples (lines) of `split`, encoded first if needed."""
-  return prepared_ids.encoded_split(config, tokenizer, split, prepared_ids.DocumentText())
+  return prepared_ids.encoded_split(data_config, tokenizer, split, prepared_ids.DocumentText())
 
 
-def prepare_ids(config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer) -> None:
+def prepare_ids(data_config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer) -> None:
   """Encodes the training and validation splits into ids now (else on first use)."""
-  for split in (config.data.train_split, config.data.eval_split):
-    encoded_lines(config, tokenizer, split)
+  for split in (data_config.train_split, data_config.eval_split):
+    encoded_lines(data_config, tokenizer, split)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,9 +126,10 @@ def _num_documents(split: prepared_ids.EncodedSplit, lines: int) -> int:
 
 
 def train_iterator(
-  config: ml_collections.ConfigDict,
+  data_config: ml_collections.ConfigDict,
   tokenizer: tokenizer_lib.Tokenizer,
   *,
+  seed: int,
   shard_index: int = 0,
   shard_count: int = 1,
 ) -> grain.DatasetIterator:
@@ -141,19 +142,21 @@ def train_iterator(
   batch, in `config.data.num_workers` worker processes. `get_state()` /
   `set_state()` checkpoint its position.
   """
-  data = config.data
-  split = encoded_lines(config, tokenizer, data.train_split)
+  split = encoded_lines(data_config, tokenizer, data_config.train_split)
   return input_pipeline.packed_train_iterator(
-    config,
-    _num_documents(split, data.lines_per_document),
-    lambda length, open_rows: PackDocuments(split, data.lines_per_document, length, open_rows),
+    data_config,
+    _num_documents(split, data_config.lines_per_document),
+    lambda length, open_rows: PackDocuments(
+      split, data_config.lines_per_document, length, open_rows
+    ),
+    seed=seed,
     shard_index=shard_index,
     shard_count=shard_count,
   )
 
 
 def eval_batches(
-  config: ml_collections.ConfigDict,
+  data_config: ml_collections.ConfigDict,
   tokenizer: tokenizer_lib.Tokenizer,
   split: str,
   length: int | None = None,
@@ -173,13 +176,13 @@ def eval_batches(
   With a `length` beyond the training `max_len` this scores positions the model
   never trained on (the length-extrapolation study).
   """
-  encoded = encoded_lines(config, tokenizer, split)
-  lines = config.data.lines_per_document
+  encoded = encoded_lines(data_config, tokenizer, split)
+  lines = data_config.lines_per_document
   return input_pipeline.packed_eval_batches(
-    config,
+    data_config,
     _num_documents(encoded, lines),
     lambda length, open_rows: PackDocuments(encoded, lines, length, open_rows),
-    length or config.data.max_eval_len,
+    length or data_config.max_eval_len,
     rows_multiple_of=rows_multiple_of,
     shard_index=shard_index,
     shard_count=shard_count,

@@ -98,7 +98,7 @@ def score_split(
     out_shardings=sharding.replicated(mesh),
   )
   batches = data.eval_batches(
-    config,
+    config.data,
     tokenizer,
     split,
     length,

@@ -46,7 +46,8 @@ class Translation:
 
   @staticmethod
   def validation_metrics_fn(
-    config: ml_collections.ConfigDict,
+    data_config: ml_collections.ConfigDict,
+    validation: task.ValidationConfig,
     model_config: ModelConfig,
     tokenizer: tokenizer_lib.Tokenizer,
     mesh: Mesh,
@@ -57,11 +58,12 @@ class Translation:
     BLEU of the first `config.eval_bleu_sentences` validation sentences (none
     if 0), decoded by `config.eval_bleu_decoder` with `config.decode`'s settings.
     """
-    if config.eval_bleu_sentences == 0:
+    if validation.eval_bleu_sentences == 0:
       return lambda params: {}
-    options = inference.DecodeOptions.from_config(config, config.eval_bleu_decoder)
-    translate_fn = decode.make_translate_fn(model_config, options, mesh, rules)
-    return lambda params: evaluate.validation_bleu(config, params, tokenizer, translate_fn)
+    translate_fn = decode.make_translate_fn(model_config, validation.decode_options(), mesh, rules)
+    return lambda params: evaluate.validation_bleu(
+      data_config, validation, params, tokenizer, translate_fn
+    )
 
   @staticmethod
   def decode_option_errors(

@@ -85,23 +85,24 @@ class PackChunk:
 
 
 def encoded_pairs(
-  config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, split: str
+  data_config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, split: str
 ) -> prepared_ids.EncodedSplit:
   """The prepared ids of `split` (source and target), encoded first if needed."""
-  texts = prepared_ids.PairTexts(config.data.source_lang, config.data.target_lang)
-  return prepared_ids.encoded_split(config, tokenizer, split, texts)
+  texts = prepared_ids.PairTexts(data_config.source_lang, data_config.target_lang)
+  return prepared_ids.encoded_split(data_config, tokenizer, split, texts)
 
 
-def prepare_ids(config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer) -> None:
+def prepare_ids(data_config: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer) -> None:
   """Encodes the training and validation splits into ids now (else on first use)."""
-  for split in (config.data.train_split, config.data.eval_split):
-    encoded_pairs(config, tokenizer, split)
+  for split in (data_config.train_split, data_config.eval_split):
+    encoded_pairs(data_config, tokenizer, split)
 
 
 def train_iterator(
-  config: ml_collections.ConfigDict,
+  data_config: ml_collections.ConfigDict,
   tokenizer: tokenizer_lib.Tokenizer,
   *,
+  seed: int,
   shard_index: int = 0,
   shard_count: int = 1,
 ) -> grain.DatasetIterator:
@@ -114,8 +115,9 @@ def train_iterator(
   (`input_pipeline.packed_train_iterator`).
 
   Args:
-    config: The full config.
+    data_config: The config's data fields (`config.data`).
     tokenizer: The shared tokenizer.
+    seed: The shuffle's seed (`config.seed`).
     shard_index: This process's index (`jax.process_index()`).
     shard_count: Number of processes (`jax.process_count()`).
 
@@ -123,22 +125,23 @@ def train_iterator(
     A grain `DatasetIterator`; `get_state()` / `set_state()` checkpoint its
     position.
   """
-  data = config.data
-  split = encoded_pairs(config, tokenizer, data.train_split)
+  split = encoded_pairs(data_config, tokenizer, data_config.train_split)
   dropped = input_pipeline.Counter(
-    f'Dropped %d training pairs longer than config.data.max_len={data.max_len} (running count).'
+    f'Dropped %d training pairs longer than config.data.max_len={data_config.max_len} '
+    '(running count).'
   )
   return input_pipeline.packed_train_iterator(
-    config,
+    data_config,
     len(split),
     lambda length, open_rows: PackChunk(split, length, open_rows, False, dropped),
+    seed=seed,
     shard_index=shard_index,
     shard_count=shard_count,
   )
 
 
 def eval_batches(
-  config: ml_collections.ConfigDict,
+  data_config: ml_collections.ConfigDict,
   tokenizer: tokenizer_lib.Tokenizer,
   split: str,
   *,
@@ -158,7 +161,7 @@ def eval_batches(
   rows: `shard_index` of `shard_count` equal blocks.
 
   Args:
-    config: The full config.
+    data_config: The config's data fields (`config.data`).
     tokenizer: The shared tokenizer.
     split: Split name, e.g. `config.data.eval_split`.
     rows_multiple_of: The mesh's batch shards; global rows are a multiple of it.
@@ -168,17 +171,16 @@ def eval_batches(
   Returns:
     A grain `IterDataset` (iterate it once per evaluation).
   """
-  data = config.data
-  encoded = encoded_pairs(config, tokenizer, split)
+  encoded = encoded_pairs(data_config, tokenizer, split)
   truncated = input_pipeline.Counter(
     f'Truncated %d {split} pairs to config.data.max_eval_len='
-    f'{data.max_eval_len} tokens (running count).'
+    f'{data_config.max_eval_len} tokens (running count).'
   )
   return input_pipeline.packed_eval_batches(
-    config,
+    data_config,
     len(encoded),
     lambda length, open_rows: PackChunk(encoded, length, open_rows, True, truncated),
-    data.max_eval_len,
+    data_config.max_eval_len,
     rows_multiple_of=rows_multiple_of,
     shard_index=shard_index,
     shard_count=shard_count,
@@ -269,7 +271,7 @@ class _PadTranslationBatch:
 
 
 def translation_batches(
-  config: ml_collections.ConfigDict,
+  data_config: ml_collections.ConfigDict,
   tokenizer: tokenizer_lib.Tokenizer,
   split: str,
   batch_size: int,
@@ -291,7 +293,7 @@ def translation_batches(
   (WMT) have no line index; their `index` is the position in the data source.
 
   Args:
-    config: The full config.
+    data_config: The config's data fields (`config.data`).
     tokenizer: The shared tokenizer.
     split: Split name.
     batch_size: Rows per batch.
@@ -301,36 +303,34 @@ def translation_batches(
   """
   if batch_size < 1:
     raise InvalidInput(f'batch_size={batch_size} must be positive.')
-  data = config.data
-  source = datasets.get_data_source(data, split)
+  source = datasets.get_data_source(data_config, split)
   truncated = input_pipeline.Counter(
     f'Truncated %d {split} sources to config.data.max_eval_len='
-    f'{data.max_eval_len} tokens (running count).'
+    f'{data_config.max_eval_len} tokens (running count).'
   )
   encode = _EncodeSource(
-    tokenizer, data.source_lang, data.target_lang, data.max_eval_len, truncated
+    tokenizer, data_config.source_lang, data_config.target_lang, data_config.max_eval_len, truncated
   )
   ds = grain.MapDataset.source(_input_order(source)).map(encode)
-  return ds.batch(batch_size, batch_fn=_PadTranslationBatch(batch_size, data.max_eval_len))
+  return ds.batch(batch_size, batch_fn=_PadTranslationBatch(batch_size, data_config.max_eval_len))
 
 
-def translation_texts(config: ml_collections.ConfigDict, split: str) -> list[tuple[str, str]]:
+def translation_texts(data_config: ml_collections.ConfigDict, split: str) -> list[tuple[str, str]]:
   """Returns the (source, target) strings of a split in input order.
 
   Aligned with the valid rows of `translation_batches(config, ..., split, ...)`
   taken in order.
   """
-  data = config.data
-  ordered = _input_order(datasets.get_data_source(data, split))
+  ordered = _input_order(datasets.get_data_source(data_config, split))
   return [
-    datasets.translation_pair(ordered[i][1], data.source_lang, data.target_lang)
+    datasets.translation_pair(ordered[i][1], data_config.source_lang, data_config.target_lang)
     for i in range(len(ordered))
   ]
 
 
-def translation_references(config: ml_collections.ConfigDict, split: str) -> list[str]:
+def translation_references(data_config: ml_collections.ConfigDict, split: str) -> list[str]:
   """Returns the target strings of a split in input order (as `translation_texts`)."""
-  return [target for _, target in translation_texts(config, split)]
+  return [target for _, target in translation_texts(data_config, split)]
 
 
 @dataclasses.dataclass(frozen=True)

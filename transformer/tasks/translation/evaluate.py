@@ -21,17 +21,21 @@ from transformer.tasks.translation import data, decode
 
 
 def validation_bleu(
-  config: ml_collections.ConfigDict, params, vocab: tokenizer_lib.Tokenizer, translate_fn
+  data_config: ml_collections.ConfigDict,
+  validation: task.ValidationConfig,
+  params,
+  vocab: tokenizer_lib.Tokenizer,
+  translate_fn,
 ) -> dict[str, float]:
   """sacreBLEU of the first `config.eval_bleu_sentences` validation sentences, cased and not."""
-  count = config.eval_bleu_sentences
-  split = config.data.eval_split
-  batches = data.translation_batches(config, vocab, split, min(64, count))
+  count = validation.eval_bleu_sentences
+  split = data_config.eval_split
+  batches = data.translation_batches(data_config, vocab, split, min(64, count))
   translations, speed = inference.decode_batches(
-    translate_fn, params, batches, vocab, jax.random.key(config.seed), max_sentences=count
+    translate_fn, params, batches, vocab, jax.random.key(validation.seed), max_sentences=count
   )
   hypotheses = [translations[i] for i in sorted(translations)][:count]
-  references = data.translation_references(config, split)[: len(hypotheses)]
+  references = data.translation_references(data_config, split)[: len(hypotheses)]
   scores = scoring.corpus_scores(hypotheses, references)
   return {
     'eval_bleu': scores['bleu'],
@@ -78,7 +82,7 @@ def evaluate_split(
   """
   tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
   batches = inference.length_sorted_batches(
-    data.translation_batches(config, tokenizer, split, batch_size),
+    data.translation_batches(config.data, tokenizer, split, batch_size),
     max_tokens=max_tokens,
     max_rows=batch_size,
     max_len=config.data.max_eval_len,
@@ -86,7 +90,7 @@ def evaluate_split(
   translations, speed = inference.decode_batches(
     translate_fn, params, batches, tokenizer, jax.random.key(seed)
   )
-  references = data.translation_references(config, split)
+  references = data.translation_references(config.data, split)
   ordered = [translations[i] for i in sorted(translations)]
   results = scoring.corpus_scores(ordered, references, n_bootstrap)
   if config.data.target_lang == 'de':

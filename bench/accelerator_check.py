@@ -208,7 +208,7 @@ def run_one(name: str, root: Path, smoke: bool) -> dict:
 
   run = evaluation.setup(evaluation.load_run_config(str(workdir)))
   params, _ = evaluation.restore_params(run, str(workdir), 'latest')
-  vocab = tokenizer.get_tokenizer(config)
+  vocab = tokenizer.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed)
   translate_fn = translation.decode.make_translate_fn(run.model_config, BEAM, run.mesh, run.rules)
   decode = {}
   for label in ('with_compiles', 'compiled'):
@@ -306,7 +306,8 @@ def main(argv):
   config = check_config(_CONFIGS.value[0], root, smoke)
   datasets.prepare(config.data)
   translation.data.prepare_ids(
-    config.data, tokenizer.get_tokenizer(config)
+    config.data,
+    tokenizer.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed),
   )  # Shared by every config.
   prepare_seconds = time.perf_counter() - start
   if _PREPARE_ONLY.value:

@@ -178,7 +178,7 @@ def main(argv):
   config, source = load_config()
   model_config = ModelConfig.from_config(config)
   split = _SPLIT.value or config.data.test_split
-  vocab = tokenizer.get_tokenizer(config)
+  vocab = tokenizer.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed)
   params, label = load_params(config)
   batches, pipeline_seconds = source_batches(config, vocab, split)
   if not batches:

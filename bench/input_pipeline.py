@@ -93,7 +93,7 @@ def prepare(args) -> dict:
   datasets.prepare(config.data)
   times['tfds_build_s'] = time.perf_counter() - start
   start = time.perf_counter()
-  vocab = tokenizer.get_tokenizer(config)
+  vocab = tokenizer.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed)
   times['vocab_s'] = time.perf_counter() - start
   start = time.perf_counter()
   # Pipelines that read prepared ids encode here; main's tokenizes while training.
@@ -120,7 +120,7 @@ def measure(args) -> dict:
 
   flags.FLAGS.mark_as_parsed()  # Grain reads its absl flags when it starts workers.
   config = make_config(args, args.measure_workers)
-  vocab = tokenizer.get_tokenizer(config)
+  vocab = tokenizer.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed)
   start = time.perf_counter()
   it = tasks.get_task(config.model.architecture).train_iterator(
     config.data, vocab, seed=config.seed

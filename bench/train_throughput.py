@@ -195,7 +195,7 @@ def main(argv):
       )
     batches = fixed_length_batches(_BATCH_ROWS.value, _BATCH_LEN.value, config.vocab_size)
   else:
-    vocab = tokenizer.get_tokenizer(config)
+    vocab = tokenizer.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed)
     train_iter = task.train_iterator(config.data, vocab, seed=config.seed)
     # Padding share over the pipeline's own batches.
     start = time.perf_counter()

@@ -69,3 +69,32 @@ def test_a_run_written_before_its_fields_existed_reads_them_as_it_had_them():
     del target[leaf]
   upgraded = config_lib.flatten(runs.upgrade(ml_collections.ConfigDict(config)))
   assert {key: upgraded[key] for key in runs.ADDED_KEYS} == config_fields.added_keys()
+
+
+def test_each_part_handed_down_reads_declared_fields_from_the_config():
+  from transformer import optim, tasks, train_steps, training  # pylint: disable=g-import-not-at-top
+
+  parts = set(config_fields.Part.__subclasses__())
+  assert {
+    optim.OptimizerConfig,
+    train_steps.StepConfig,
+    training.LoopConfig,
+    tasks.ValidationConfig,
+  } <= parts
+  config = default.get_config()
+  config.model.d_model, config.decode.alpha, config.seed, config.data.num_workers = 64, 1.5, 7, 2
+  flat = config_lib.flatten(config)
+  for part in parts:
+    assert set(part.config_keys()) <= set(config_fields.keys()), part.__name__
+    values = part.from_config(config)
+    assert {
+      key: getattr(values, f.name)
+      for f, key in zip(dataclasses.fields(part), part.config_keys(), strict=True)
+    } == {key: flat[key] for key in part.config_keys()}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+      setattr(values, dataclasses.fields(part)[0].name, None)
+  assert optim.OptimizerConfig.from_config(config).d_model == 64
+  assert training.LoopConfig.from_config(config).num_workers == 2
+  assert tasks.ValidationConfig.from_config(config).decode_options() == (
+    tasks.task.inference.DecodeOptions.from_config(config, config.eval_bleu_decoder)
+  )

@@ -31,7 +31,9 @@ def small(tmp_path_factory):
     write_lines(corpus / f'{split}.en', [p[0] for p in pairs])
     write_lines(corpus / f'{split}.de', [p[1] for p in pairs])
   config = make_config(root / 'tfds', corpus)  # max_len 32, max_eval_len 64, 256 tokens.
-  return config, tokenizer_lib.get_tokenizer(config)
+  return config, tokenizer_lib.get_tokenizer(
+    config.data, vocab_size=config.vocab_size, seed=config.seed
+  )
 
 
 def _segments(tokens: np.ndarray, segments: np.ndarray) -> list[tuple[int, ...]]:
@@ -306,7 +308,7 @@ def test_real_tokens_share_on_multi30k(multi30k_data_dir, multi30k_dir):
     max_len=64,
     tokens_per_batch=4096,
   )
-  tok = tokenizer_lib.get_tokenizer(config)
+  tok = tokenizer_lib.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed)
   it = translation.data.train_iterator(config.data, tok, seed=config.seed)
   batches = [next(it) for _ in range(20)]
   assert batches[0]['tgt_tokens'].shape == (64, 64)

@@ -232,7 +232,7 @@ def test_an_opus_like_import_keeps_a_vocabulary_per_side_for_eval_and_fine_tunin
   workdirs.import_hf(str(directory), str(workdir), config)
   saved = evaluation.load_run_config(str(workdir))
   assert saved.data.target_vocab_path == str(workdir / workdirs.TARGET_VOCABULARY_FILE)
-  loaded = tokenizer.get_tokenizer(saved)
+  loaded = tokenizer.get_tokenizer(saved.data, vocab_size=saved.vocab_size, seed=saved.seed)
   imported = workdirs.load_hf(str(directory))
   assert loaded.serialized_model() == imported.vocabulary
   assert loaded.target_model() == imported.target_vocabulary
@@ -254,7 +254,7 @@ def test_an_opus_like_import_keeps_a_vocabulary_per_side_for_eval_and_fine_tunin
   # A fine-tuning run reads each side of its data with that side's model.
   finetuned = tmp_path / 'finetuned'
   training.train_and_evaluate(sweeps.apply_overrides(config, STILL), str(finetuned))
-  both = tokenizer.get_tokenizer(config)
+  both = tokenizer.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed)
   pairs = data.translation_texts(config.data, 'validation')
   split = data.encoded_pairs(config.data, both, 'validation')
   ids, starts, lengths = split.read(range(len(pairs)))

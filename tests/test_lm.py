@@ -65,7 +65,11 @@ def small(tmp_path_factory):
     write_lines(root / 'raw' / f'{split}.en', split_lines)
   write_lines(root / 'raw' / 'train.de', ['nur deutsch'])  # Another language: ignored.
   config = _lm_config(root / 'tfds', root / 'raw')
-  return config, tokenizer_lib.get_tokenizer(config), lines
+  return (
+    config,
+    tokenizer_lib.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed),
+    lines,
+  )
 
 
 # --- Data ---------------------------------------------------------------------------------------
@@ -78,7 +82,9 @@ def test_text_lines_reads_one_language_in_file_order(small):
   assert [(int(ex['index']), datasets.document_text(ex)) for ex in validation] == kept
   assert len(datasets.get_data_source(config.data, 'train')) == 200
   assert datasets.dataset_dir(config.data).split('/')[-1].startswith('text_lines-')
-  assert tokenizer_lib.vocab_path(config).endswith('spm_en_300_1000000.model')
+  assert tokenizer_lib.vocab_path(config.data, config.vocab_size).endswith(
+    'spm_en_300_1000000.model'
+  )
 
 
 def test_text_lines_names_missing_files(tmp_path):

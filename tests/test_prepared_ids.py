@@ -20,7 +20,7 @@ def prepared(tmp_path):
     write_lines(tmp_path / 'raw' / f'{split}.en', [p[0] for p in pairs])
     write_lines(tmp_path / 'raw' / f'{split}.de', [p[1] for p in pairs])
   config = make_config(tmp_path / 'tfds', tmp_path / 'raw')
-  tok = tokenizer_lib.get_tokenizer(config)
+  tok = tokenizer_lib.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed)
   return config, tok, translation.data.encoded_pairs(config.data, tok, 'train')
 
 
@@ -43,7 +43,11 @@ def test_a_reused_vocabulary_never_encodes_again_a_new_one_does(prepared, tmp_pa
   other_config.vocab_size = 200
   other_config.data.vocab_path = str(tmp_path / 'other.model')
   other = translation.data.encoded_pairs(
-    other_config.data, tokenizer_lib.get_tokenizer(other_config), 'train'
+    other_config.data,
+    tokenizer_lib.get_tokenizer(
+      other_config.data, vocab_size=other_config.vocab_size, seed=other_config.seed
+    ),
+    'train',
   )
   assert os.path.dirname(other.path) != os.path.dirname(split.path)  # Keyed by the hash.
 

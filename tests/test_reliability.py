@@ -1010,7 +1010,7 @@ def test_resume_checks_the_content_of_the_vocabulary_and_data_not_their_paths(
   workdir, before = copied_run
   _, corpus, data_dir = small_run
   config = _small_config(corpus, data_dir, num_train_steps=4)
-  vocab_path = tokenizer_lib.vocab_path(config)
+  vocab_path = tokenizer_lib.vocab_path(config.data, config.vocab_size)
   old = hashlib.sha256(Path(vocab_path).read_bytes()).hexdigest()
   assert provenance.recorded_inputs(str(workdir))['vocabulary'] == {'path': vocab_path, 'hash': old}
 
@@ -1299,7 +1299,7 @@ def test_a_signal_during_data_preparation_stops_at_once_leaving_nothing_half_mad
     assert not list(data_dir.rglob('ids-*/*/*.array_record'))
   # What is there is whole: preparing again completes it.
   config = _config(synthetic_multi30k_dir, data_dir)
-  vocab = tokenizer_lib.get_tokenizer(config)
+  vocab = tokenizer_lib.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed)
   translation.data.prepare_ids(config.data, vocab)
 
 

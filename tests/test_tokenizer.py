@@ -65,9 +65,9 @@ def test_trains_once_next_to_the_data_and_reuses(
     return real_train(sentences, *args, **kwargs)
 
   monkeypatch.setattr(tokenizer_lib, 'train_tokenizer', spy)
-  tok = tokenizer_lib.get_tokenizer(config)
+  tok = tokenizer_lib.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed)
 
-  path = tokenizer_lib.vocab_path(config)
+  path = tokenizer_lib.vocab_path(config.data, config.vocab_size)
   assert os.path.dirname(path) == datasets.dataset_dir(config.data)
   assert datasets.fingerprint(config.data)[:16] in path and f'_{VOCAB}_' in path
   assert os.listdir(os.path.dirname(path)).count(os.path.basename(path)) == 1
@@ -81,7 +81,7 @@ def test_trains_once_next_to_the_data_and_reuses(
   assert set(sentences) & train_en and set(sentences) & train_de
 
   mtime = os.path.getmtime(path)
-  again = tokenizer_lib.get_tokenizer(config)
+  again = tokenizer_lib.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed)
   assert len(seen) == 1 and os.path.getmtime(path) == mtime
   assert again.encode('Bada kemi.') == tok.encode('Bada kemi.')
 
@@ -94,11 +94,16 @@ def test_existing_model_with_other_vocab_size_is_an_error(
   model.parent.mkdir()
   model.write_bytes(small_tokenizer.serialized_model())
   config = config_for(tmp_path / 'tfds', corpus, vocab_size=VOCAB, vocab_path=str(model))
-  assert tokenizer_lib.get_tokenizer(config).vocab_size == VOCAB
+  assert (
+    tokenizer_lib.get_tokenizer(
+      config.data, vocab_size=config.vocab_size, seed=config.seed
+    ).vocab_size
+    == VOCAB
+  )
 
   config.vocab_size = 8000
   with pytest.raises(ValueError, match=f'vocab size {VOCAB} but config.vocab_size is 8000'):
-    tokenizer_lib.get_tokenizer(config)
+    tokenizer_lib.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed)
   assert model.read_bytes() == small_tokenizer.serialized_model()
 
 
@@ -116,10 +121,13 @@ def test_bpe_vocabulary_is_named_apart_and_never_read_as_unigram(
     tmp_path / 'tfds', corpus, vocab_size=VOCAB, spm_train_sentences=250, spm_model_type='bpe'
   )
   # The unigram vocabulary keeps its name; the BPE one lies beside it under its own.
-  unigram_path, bpe_path = tokenizer_lib.vocab_path(unigram), tokenizer_lib.vocab_path(bpe)
+  unigram_path, bpe_path = (
+    tokenizer_lib.vocab_path(unigram.data, unigram.vocab_size),
+    tokenizer_lib.vocab_path(bpe.data, bpe.vocab_size),
+  )
   assert unigram_path.endswith(f'_{VOCAB}_250.model')
   assert bpe_path == unigram_path[: -len('.model')] + '_bpe.model'
-  tokenizer = tokenizer_lib.get_tokenizer(bpe)
+  tokenizer = tokenizer_lib.get_tokenizer(bpe.data, vocab_size=bpe.vocab_size, seed=bpe.seed)
   assert tokenizer.model_type == 'bpe' and tokenizer.vocab_size == VOCAB
   assert os.listdir(os.path.dirname(bpe_path)).count(os.path.basename(bpe_path)) == 1
   assert not os.path.exists(unigram_path)
@@ -131,7 +139,7 @@ def test_bpe_vocabulary_is_named_apart_and_never_read_as_unigram(
   with pytest.raises(
     ValueError, match=r"is a unigram model but config.data.spm_model_type is 'bpe'"
   ):
-    tokenizer_lib.get_tokenizer(bpe)
+    tokenizer_lib.get_tokenizer(bpe.data, vocab_size=bpe.vocab_size, seed=bpe.seed)
   assert model.read_bytes() == small_tokenizer.serialized_model()
 
 
@@ -147,9 +155,14 @@ def test_case_folded_vocabulary_lowercases_and_is_never_read_as_cased(
     spm_train_sentences=250,
     spm_normalization='nmt_nfkc_cf',
   )
-  folded_path = tokenizer_lib.vocab_path(folded)
-  assert folded_path == tokenizer_lib.vocab_path(cased)[: -len('.model')] + '_cf.model'
-  tokenizer = tokenizer_lib.get_tokenizer(folded)
+  folded_path = tokenizer_lib.vocab_path(folded.data, folded.vocab_size)
+  assert (
+    folded_path
+    == tokenizer_lib.vocab_path(cased.data, cased.vocab_size)[: -len('.model')] + '_cf.model'
+  )
+  tokenizer = tokenizer_lib.get_tokenizer(
+    folded.data, vocab_size=folded.vocab_size, seed=folded.seed
+  )
   assert tokenizer.normalization == 'nmt_nfkc_cf' and tokenizer.vocab_size == VOCAB
   assert small_tokenizer.normalization == 'nmt_nfkc'
   # It reads any casing as lowercase, and writes lowercase.
@@ -166,5 +179,5 @@ def test_case_folded_vocabulary_lowercases_and_is_never_read_as_cased(
     ValueError,
     match=r"normalizes text by 'nmt_nfkc' but config.data.spm_normalization is 'nmt_nfkc_cf'",
   ):
-    tokenizer_lib.get_tokenizer(folded)
+    tokenizer_lib.get_tokenizer(folded.data, vocab_size=folded.vocab_size, seed=folded.seed)
   assert model.read_bytes() == small_tokenizer.serialized_model()

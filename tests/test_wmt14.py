@@ -46,7 +46,9 @@ def test_wmt14_prepares_offline_from_release_archives_and_trains(tmp_path):
   copied = tmp_path / 'copied'
   shutil.copytree(tmp_path / 'tfds', copied, ignore=shutil.ignore_patterns('downloads'))
   copy_config = _config(copied, None)
-  vocab = tokenizer.get_tokenizer(copy_config)
+  vocab = tokenizer.get_tokenizer(
+    copy_config.data, vocab_size=copy_config.vocab_size, seed=copy_config.seed
+  )
   want = next(translation.data.train_iterator(config.data, vocab, seed=config.seed))
   got = next(translation.data.train_iterator(copy_config.data, vocab, seed=copy_config.seed))
   for key in translation.data.BATCH_KEYS:

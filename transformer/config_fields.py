@@ -10,7 +10,9 @@ derived from it:
 - `runs`: which changes a resume allows (`on_resume`), and the value a run written before a
   field existed had (`added_keys`, filled into its config.json by `runs.upgrade`);
 - docs/config.md: the reference table (`reference_table`, written by
-  `python -m transformer.tools.config_reference`; a test keeps it current).
+  `python -m transformer.tools.config_reference`; a test keeps it current);
+- the parts handed down (`Part`): frozen dataclasses of the fields one piece of the library
+  reads, by name (`optim.OptimizerConfig`, `train_steps.StepConfig`, ...).
 
 A new field is one `Field(...)` line here (a model switch: this line, its implementation and
 its test). `before=` says what older runs did without it, so they resume and evaluate as they
@@ -307,7 +309,7 @@ class Part:
   """
 
   @classmethod
-  def keys(cls) -> tuple[str, ...]:
+  def config_keys(cls) -> tuple[str, ...]:
     """The dotted config key of each field, in field order."""
     return tuple(f.metadata.get('key', f.name) for f in dataclasses.fields(cls))
 
@@ -315,7 +317,7 @@ class Part:
   def from_config(cls, config: ml_collections.ConfigDict):
     """The part's fields read from `config` (a checked training config)."""
     values = {}
-    for field, key in zip(dataclasses.fields(cls), cls.keys(), strict=True):
+    for field, key in zip(dataclasses.fields(cls), cls.config_keys(), strict=True):
       value = config
       for name in key.split('.'):
         value = value[name]

@@ -155,7 +155,7 @@ def vocabulary_input(config, vocabulary: bytes | None = None) -> dict[str, str |
   """
   from transformer import tokenizer  # pylint: disable=g-import-not-at-top
 
-  path = storage.resolve(tokenizer.vocab_path(config))
+  path = storage.resolve(tokenizer.vocab_path(config.data, config.vocab_size))
   if vocabulary is not None:
     digest = hashlib.sha256(vocabulary).hexdigest()
   else:
@@ -168,7 +168,7 @@ def target_vocabulary_input(config) -> dict[str, str | None] | None:
   None where the run has one vocabulary for both sides."""
   from transformer import tokenizer  # pylint: disable=g-import-not-at-top
 
-  path = tokenizer.target_vocab_path(config)
+  path = tokenizer.target_vocab_path(config.data)
   if path is None:
     return None
   path = storage.resolve(path)

@@ -208,32 +208,43 @@ def train_tokenizer(
   return tokenizer
 
 
-def vocab_path(config: ml_collections.ConfigDict) -> str:
-  """Returns where the model of `config` lives (`config.data.vocab_path` or default)."""
-  if config.data.vocab_path:
-    return os.path.expanduser(config.data.vocab_path)
-  langs = registry.get(config.data).vocabulary_languages(config.data)
+def vocab_path(data_config: ml_collections.ConfigDict, vocab_size: int) -> str:
+  """Where the vocabulary of `data_config` (`config.data`) and `vocab_size` lives.
+
+  `config.data.vocab_path`, or by default a name of its kind beside the prepared data.
+  """
+  if data_config.vocab_path:
+    return os.path.expanduser(data_config.vocab_path)
+  langs = registry.get(data_config).vocabulary_languages(data_config)
   # The unigram, cased vocabulary keeps the name it had before BPE and case folding existed;
   # another type or normalization is named.
-  kind = '' if config.data.spm_model_type == 'unigram' else f'_{config.data.spm_model_type}'
-  if config.data.spm_normalization == 'nmt_nfkc_cf':
+  kind = '' if data_config.spm_model_type == 'unigram' else f'_{data_config.spm_model_type}'
+  if data_config.spm_normalization == 'nmt_nfkc_cf':
     kind += '_cf'
-  name = f'spm_{langs}_{config.vocab_size}_{config.data.spm_train_sentences}{kind}.model'
-  return os.path.join(datasets.dataset_dir(config.data), name)
+  name = f'spm_{langs}_{vocab_size}_{data_config.spm_train_sentences}{kind}.model'
+  return os.path.join(datasets.dataset_dir(data_config), name)
 
 
-def target_vocab_path(config: ml_collections.ConfigDict) -> str | None:
+def target_vocab_path(data_config: ml_collections.ConfigDict) -> str | None:
   """Where the target side's own model lives (`config.data.target_vocab_path`); None: none."""
-  path = config.data.get('target_vocab_path')
+  path = data_config.get('target_vocab_path')
   return os.path.expanduser(path) if path else None
 
 
-def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
-  """The model at `vocab_path(config)` (`_source_tokenizer`), with the target side's own
-  model at `config.data.target_vocab_path` where one is named (an imported model's: this
-  project trains one vocabulary for both sides, never one per side)."""
-  tokenizer = _source_tokenizer(config)
-  path = target_vocab_path(config)
+def get_tokenizer(
+  data_config: ml_collections.ConfigDict, *, vocab_size: int, seed: int
+) -> Tokenizer:
+  """The model at `vocab_path` (`_source_tokenizer`), with the target side's own model at
+  `config.data.target_vocab_path` where one is named (an imported model's: this project
+  trains one vocabulary for both sides, never one per side).
+
+  Args:
+    data_config: The config's data fields (`config.data`).
+    vocab_size: `config.vocab_size`.
+    seed: `config.seed`, which orders the sentences a new vocabulary is trained on.
+  """
+  tokenizer = _source_tokenizer(data_config, vocab_size, seed)
+  path = target_vocab_path(data_config)
   if path is None:
     return tokenizer
   if not storage.isfile(path):
@@ -256,8 +267,10 @@ def get_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
   return combined
 
 
-def _source_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
-  """Loads the model at `vocab_path(config)`, training it first if absent.
+def _source_tokenizer(
+  data_config: ml_collections.ConfigDict, vocab_size: int, seed: int
+) -> Tokenizer:
+  """Loads the model at `vocab_path`, training it first if absent.
 
   Training reads `config.data.train_split` of `config.data.dataset` (both
   languages, or the text of language-model data; at most
@@ -265,24 +278,26 @@ def _source_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
   `config.seed`).
 
   Args:
-    config: The full config (uses `vocab_size`, `seed` and `data.*`).
+    data_config: The config's data fields (`config.data`).
+    vocab_size: `config.vocab_size`.
+    seed: `config.seed`.
 
   Raises:
     ValueError: If an existing model's vocabulary size differs from
       `config.vocab_size`, its type from `config.data.spm_model_type`, or its
       normalization from `config.data.spm_normalization`.
   """
-  path = vocab_path(config)
+  path = vocab_path(data_config, vocab_size)
   if storage.exists(path):
     try:
       tokenizer = Tokenizer.load(path)
     except (RuntimeError, OSError, ValueError) as e:  # SentencePiece raises RuntimeError.
       key = (
         'config.data.vocab_path'
-        if config.data.vocab_path
+        if data_config.vocab_path
         else 'the vocabulary beside the prepared data, under config.data.data_dir'
       )
-      if config.data.vocab_path:
+      if data_config.vocab_path:
         fix = (
           'Point config.data.vocab_path at a SentencePiece model trained by this project, or '
           'at a path where no file exists yet, to have one trained and written there.'
@@ -296,42 +311,42 @@ def _source_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
       raise InvalidInput(
         f'{path} ({key}) is not a usable SentencePiece model: {reason}. It was left as it is. {fix}'
       ) from e
-    if tokenizer.vocab_size != config.vocab_size:
+    if tokenizer.vocab_size != vocab_size:
       raise InvalidInput(
         f'SentencePiece model {path} has vocab size {tokenizer.vocab_size} but '
-        f'config.vocab_size is {config.vocab_size}; use a matching '
+        f'config.vocab_size is {vocab_size}; use a matching '
         'config.vocab_size or another config.data.vocab_path.'
       )
-    if tokenizer.model_type != config.data.spm_model_type:
+    if tokenizer.model_type != data_config.spm_model_type:
       raise InvalidInput(
         f'SentencePiece model {path} is a {tokenizer.model_type} model but '
-        f'config.data.spm_model_type is {config.data.spm_model_type!r}; use a matching '
+        f'config.data.spm_model_type is {data_config.spm_model_type!r}; use a matching '
         'config.data.spm_model_type or another config.data.vocab_path.'
       )
-    if tokenizer.normalization != config.data.spm_normalization:
+    if tokenizer.normalization != data_config.spm_normalization:
       raise InvalidInput(
         f'SentencePiece model {path} normalizes text by {tokenizer.normalization!r} but '
-        f'config.data.spm_normalization is {config.data.spm_normalization!r}; use a matching '
+        f'config.data.spm_normalization is {data_config.spm_normalization!r}; use a matching '
         'config.data.spm_normalization or another config.data.vocab_path.'
       )
     logging.info('Loaded SentencePiece model %s.', path)
     return tokenizer
   logging.info('Training SentencePiece model %s.', path)
-  source = datasets.get_data_source(config.data, config.data.train_split)
-  if datasets.is_monolingual(config.data):
+  source = datasets.get_data_source(data_config, data_config.train_split)
+  if datasets.is_monolingual(data_config):
     texts = lambda example: (datasets.document_text(example),)
   else:
     texts = lambda example: datasets.translation_pair(
-      example, config.data.source_lang, config.data.target_lang
+      example, data_config.source_lang, data_config.target_lang
     )
-  sentences = _training_sentences(source, texts, config.data.spm_train_sentences, config.seed)
+  sentences = _training_sentences(source, texts, data_config.spm_train_sentences, seed)
   train_tokenizer(
     sentences,
-    config.vocab_size,
+    vocab_size,
     model_path=path,
-    max_sentences=config.data.spm_train_sentences,
-    model_type=config.data.spm_model_type,
-    normalization=config.data.spm_normalization,
+    max_sentences=data_config.spm_train_sentences,
+    model_type=data_config.spm_model_type,
+    normalization=data_config.spm_normalization,
   )
   return Tokenizer.load(path)  # The file wins if another process wrote it first.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -315,7 +316,7 @@ def _data(
   Every split is prepared and checked (e.g. that config.data.eval_split exists)
   before the workdir changes.
   """
-  vocab = _prepare_data(config)
+  vocab = _prepare_data(config.data, config.vocab_size, config.seed)
   # A vocabulary trained just now (none existed at `check_resume`) must be the recorded one too.
   run_inputs = runs.check_inputs(config, workdir, vocab.serialized_model())
   train_iter = input_pipeline.DevicePrefetch(
@@ -346,18 +347,21 @@ def _data(
   return train_iter, eval_batches, validation_metrics, run_inputs
 
 
-def _prepare_data(config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
+def _prepare_data(
+  data_config: ml_collections.ConfigDict, vocab_size: int, seed: int
+) -> tokenizer.Tokenizer:
   """Prepares the data and vocabulary once, then loads the vocabulary on every process.
 
   Process 0 goes first, so that processes sharing a filesystem never write the
   same files at once; the others then find them ready (or, on hosts with their
   own disks, prepare their own copy).
   """
+  load = functools.partial(tokenizer.get_tokenizer, data_config, vocab_size=vocab_size, seed=seed)
   if jax.process_count() == 1:
-    return tokenizer.get_tokenizer(config)
-  vocab = tokenizer.get_tokenizer(config) if jax.process_index() == 0 else None
+    return load()
+  vocab = load() if jax.process_index() == 0 else None
   multihost_utils.sync_global_devices('data prepared')
-  return vocab or tokenizer.get_tokenizer(config)
+  return vocab or load()
 
 
 def _final_metrics_if_done(run: _Run) -> dict[str, float] | None:

@@ -77,8 +77,8 @@ def read_run(workdir: str, checkpoint: str | None) -> RunParams:
   spec = checkpoint or config.decode.checkpoint
   params, label = evaluation.restore_params(run, workdir, spec)
   params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), params)
-  vocabulary = storage.read_bytes(tokenizer_lib.vocab_path(config))
-  target_path = tokenizer_lib.target_vocab_path(config)
+  vocabulary = storage.read_bytes(tokenizer_lib.vocab_path(config.data, config.vocab_size))
+  target_path = tokenizer_lib.target_vocab_path(config.data)
   target = storage.read_bytes(target_path) if target_path else None
   return RunParams(config, run.model_config, params, label, vocabulary, target)
 

@@ -266,7 +266,9 @@ def translate_and_plot(
   One PNG per kind (encoder self, decoder self, cross) and layer, a panel per
   head, subword pieces on the axes. Returns the written paths.
   """
-  tokenizer = tokenizer_lib.get_tokenizer(config)
+  tokenizer = tokenizer_lib.get_tokenizer(
+    config.data, vocab_size=config.vocab_size, seed=config.seed
+  )
   src_tokens = np.asarray(tokenizer.encode(text) + [tokenizer_lib.EOS_ID], np.int32)[None]
   translate_fn = translation.decode.make_translate_fn(model_config, options)
   output = np.asarray(translate_fn(params, src_tokens, jax.random.key(0)))[0]

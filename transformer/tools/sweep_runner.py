@@ -193,11 +193,16 @@ def prepare_data(trials: Sequence[Trial]) -> None:
 
   done = set()
   for trial in trials:
-    key = (datasets.dataset_dir(trial.config.data), tokenizer.vocab_path(trial.config))
+    key = (
+      datasets.dataset_dir(trial.config.data),
+      tokenizer.vocab_path(trial.config.data, trial.config.vocab_size),
+    )
     if key not in done:
       logging.info('Preparing data and vocabulary once for all trials: %s, %s.', *key)
       datasets.prepare(trial.config.data)
-      tokenizer.get_tokenizer(trial.config)
+      tokenizer.get_tokenizer(
+        trial.config.data, vocab_size=trial.config.vocab_size, seed=trial.config.seed
+      )
       done.add(key)
 
 

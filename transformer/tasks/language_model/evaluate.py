@@ -86,7 +86,9 @@ def score_split(
     (argmax = next token) and `perplexity_by_position` ({'0-63': ...} per band
     of `config.data.max_len` positions).
   """
-  tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
+  tokenizer = tokenizer or tokenizer_lib.get_tokenizer(
+    config.data, vocab_size=config.vocab_size, seed=config.seed
+  )
   length = length or config.data.max_eval_len
   band_width = config.data.max_len
   num_bands = -(-length // band_width)
@@ -150,7 +152,9 @@ def length_extrapolation(
   A model with learned positions has no embedding past `config.model.max_len`
   positions: longer lengths are not scored, and say so (`skipped`).
   """
-  tokenizer = tokenizer_lib.get_tokenizer(config)
+  tokenizer = tokenizer_lib.get_tokenizer(
+    config.data, vocab_size=config.vocab_size, seed=config.seed
+  )
   results: dict[str, Any] = {
     'position': model_config.position,
     'train_length': config.data.max_len,

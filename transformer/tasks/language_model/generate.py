@@ -152,7 +152,9 @@ def continue_prompts(
   Returns:
     One output per prompt, in order.
   """
-  tokenizer = tokenizer_lib.get_tokenizer(config)
+  tokenizer = tokenizer_lib.get_tokenizer(
+    config.data, vocab_size=config.vocab_size, seed=config.seed
+  )
   generate_fn = make_generate_fn(model_config, options, mesh, rules)
   batches = data.prompt_batches(prompts, tokenizer, batch_size, config.model.max_len)
   texts, _ = inference.decode_batches(

@@ -196,7 +196,9 @@ def translate_lines(
   Returns:
     The translations, one per line of `lines`.
   """
-  tokenizer = tokenizer_lib.get_tokenizer(config)
+  tokenizer = tokenizer_lib.get_tokenizer(
+    config.data, vocab_size=config.vocab_size, seed=config.seed
+  )
   max_len = config.data.max_eval_len
   too_long = [
     number

@@ -80,7 +80,9 @@ def evaluate_split(
     lines) and `references_sha256` (the references scored against); and the
     references, in input order (`data.translation_references`).
   """
-  tokenizer = tokenizer or tokenizer_lib.get_tokenizer(config)
+  tokenizer = tokenizer or tokenizer_lib.get_tokenizer(
+    config.data, vocab_size=config.vocab_size, seed=config.seed
+  )
   batches = inference.length_sorted_batches(
     data.translation_batches(config.data, tokenizer, split, batch_size),
     max_tokens=max_tokens,
@@ -111,7 +113,9 @@ def evaluator(request: task.EvalRequest) -> Callable[[Any, str], task.Evaluation
   `tag` names settings other than the paper's (and the seed of sampling).
   """
   config, options, split = request.config, request.options, request.split
-  tokenizer = tokenizer_lib.get_tokenizer(config)
+  tokenizer = tokenizer_lib.get_tokenizer(
+    config.data, vocab_size=config.vocab_size, seed=config.seed
+  )
   translate_fn = decode.make_translate_fn(
     request.model_config, options, request.mesh, request.rules
   )

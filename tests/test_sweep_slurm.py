@@ -261,6 +261,18 @@ def _environment(tmp_path: Path, scheduler: Scheduler) -> dict[str, str]:
   }
 
 
+def _all_ended(scheduler: Scheduler, local_jobs: list) -> bool:
+  """Whether every job of the sweep ended; a requeued job is started now, not in 121 s."""
+  if scheduler.cluster is None:
+    return all(job.done() for job in local_jobs)
+  queue = scheduler.cluster.run('squeue', '-h', '-o', '%i %T %r').stdout.split('\n')
+  queue = [line.split() for line in queue if line.strip()]
+  for job, state, reason in queue:
+    if state == 'PENDING' and reason == 'BeginTime':  # Requeued: Slurm waits 121 s.
+      scheduler.cluster.run('scontrol', 'update', f'JobId={job}', 'StartTime=now')
+  return not queue
+
+
 @pytest.mark.slow
 def test_a_sweep_on_slurm_trains_over_two_tasks_requeues_a_stopped_trial_and_summarizes(
   scheduler,
@@ -310,31 +322,39 @@ def test_a_sweep_on_slurm_trains_over_two_tasks_requeues_a_stopped_trial_and_sum
   job_of = {entry['trial']: entry['job_id'] for entry in entries}
   assert len(job_of) == 3
 
-  # Wait for every job; stop trial 3 with the notice after its first checkpoint.
+  # Trial 3's first checkpoint; then its train.py is frozen (SIGSTOP) until the notice was sent
+  # to it, so that the notice lands mid-training however loaded the machine is (on a loaded
+  # one, train.py once trained all 30 steps before Slurm's signal reached it). Once the task's
+  # leader says it is stopping, it has signalled train.py (Slurm has too), whose handler then
+  # runs on its first step after SIGCONT.
   deadline = time.time() + 400
-  notified = False
-  while True:
-    assert time.time() < deadline, 'the sweep did not end in time'
-    if not notified and (stopped / 'checkpoints' / '3').exists():
-      if scheduler.cluster is not None:
-        scheduler.cluster.run('scancel', '--signal=USR2', job_of[stopped.name])
-      else:  # The task's process, parent of train.py; Slurm signals every process of the job.
-        pid = json.loads((stopped / 'trial.json').read_text())['pid']
-        parent = int(Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[1])
-        os.kill(parent, signal.SIGUSR2)
-      notified = True
+  asked = 0.0  # When the queue was last asked about, which is slow beside this loop.
+  while not (stopped / 'checkpoints' / '3').exists():
+    assert time.time() < deadline, 'trial 3 wrote no checkpoint in time'
+    if time.time() > asked + 2:
+      assert not _all_ended(scheduler, local_jobs), 'every job ended before trial 3 checkpointed'
+      asked = time.time()
+    time.sleep(0.05)
+  train_pid = json.loads((stopped / 'trial.json').read_text())['pid']
+  task_log = root / 'slurm' / f'{job_of[stopped.name]}_0_log.out'
+  os.kill(train_pid, signal.SIGSTOP)
+  try:
     if scheduler.cluster is not None:
-      queue = scheduler.cluster.run('squeue', '-h', '-o', '%i %T %r').stdout.split('\n')
-      queue = [line.split() for line in queue if line.strip()]
-      for job, state, reason in queue:
-        if state == 'PENDING' and reason == 'BeginTime':  # Requeued: Slurm waits 121 s.
-          scheduler.cluster.run('scontrol', 'update', f'JobId={job}', 'StartTime=now')
-      if not queue:
-        break
-    elif all(job.done() for job in local_jobs):
-      break
+      scheduler.cluster.run('scancel', '--signal=USR2', job_of[stopped.name])
+    else:  # The task's process, parent of train.py; Slurm signals every process of the job.
+      stat_fields = Path(f'/proc/{train_pid}/stat').read_text().rsplit(')', 1)[1].split()
+      os.kill(int(stat_fields[1]), signal.SIGUSR2)
+    while 'stopping for a requeue' not in task_log.read_text():
+      assert time.time() < deadline, f'the task never stopped the trial: {task_log}'
+      time.sleep(0.1)
+    time.sleep(1)  # For the signals on their way.
+  finally:
+    os.kill(train_pid, signal.SIGCONT)
+
+  # Wait for every job.
+  while not _all_ended(scheduler, local_jobs):
+    assert time.time() < deadline, 'the sweep did not end in time'
     time.sleep(0.5)
-  assert notified
 
   with open(root / 'summary.csv') as f:
     rows = {row['trial']: row for row in csv.DictReader(f)}
@@ -355,12 +375,13 @@ def test_a_sweep_on_slurm_trains_over_two_tasks_requeues_a_stopped_trial_and_sum
   assert state['stages']['train']['attempts'] == 2
   attempts = (stopped / 'train.log').read_text().split('\n=== ')[1:]
   assert len(attempts) == 2
-  [stop] = [line for line in attempts[0].splitlines() if 'Stopped by SIGUSR2 after step' in line]
+  stops = [line for line in attempts[0].splitlines() if 'Stopped by SIGUSR2 after step' in line]
+  assert len(stops) == 1, attempts[0][-3000:]
+  [stop] = stops
   step = int(stop.split('after step ')[1].split(';')[0])
   assert 3 <= step < 30
   assert f'Training from step {step} to 30' in attempts[1]
-  task_log = next((root / 'slurm').glob(f'{job_of[stopped.name]}_0_log.out')).read_text()
-  assert 'Requeued job' in task_log
+  assert 'Requeued job' in task_log.read_text()
   # Submitting again submits nothing: every trial finished.
   assert sweep_slurm.plan(sweep) == sweep_slurm.Plan({}, dict.fromkeys(rows, 'finished: skipped'))
   if scheduler.cluster is not None:

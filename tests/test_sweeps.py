@@ -210,28 +210,37 @@ def test_trial_status_tells_a_running_trial_from_an_interrupted_one(tmp_path):
 
 class _StandInSweep(sweeps.Sweep):
   """A sweep whose train stage is a stand-in for train.py: it commits a checkpoint at step
-  `config.seed`, then exits 0 on SIGTERM as train.py does once it has checkpointed, or at once
-  where that step ends the run."""
+  `config.seed`, then exits 0 on SIGTERM as train.py does once it has checkpointed, or, where
+  that step ends the run, after `end_seconds` (its final evaluation)."""
+
+  end_seconds = 0
 
   def commands(self, trial):
     step = trial.config.seed
+    last = step >= trial.config.num_train_steps
     script = (
       'import os, signal, sys, time\n'
       f'os.makedirs(os.path.join(sys.argv[1], "checkpoints", "{step}"))\n'
       'signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n'
       'print("up", flush=True)\n'
-      f'time.sleep(0 if {step} >= {trial.config.num_train_steps} else 60)\n'
+      f'time.sleep({self.end_seconds if last else 60})\n'
     )
     return [('train', [sys.executable, '-c', script, self.workdir(trial)])]
 
 
-def _run_stand_in(root: Path, step: int, stop) -> tuple[str, dict]:
+class _EvaluatingStandInSweep(_StandInSweep):
+  end_seconds = 60  # Still in its final evaluation when the sweep stops it.
+
+
+def _run_stand_in(
+  root: Path, step: int, stop, sweep_class: type[_StandInSweep] = _StandInSweep
+) -> tuple[str, dict]:
   """Runs the stand-in trial to `step` of configs/tiny.py's 60, calling `stop(runner)` once it
   is up; returns the trial's outcome and its recorded state."""
   config = tiny.get_config()
   config.seed = step
   trial = sweeps.Trial(name='base', overrides={}, config=config)
-  sweep = _StandInSweep(
+  sweep = sweep_class(
     config_file='tiny.py',
     config=config,
     shared_overrides={},
@@ -259,6 +268,13 @@ def _run_stand_in(root: Path, step: int, stop) -> tuple[str, dict]:
 def test_a_stopped_trial_is_interrupted_although_train_py_exits_0(tmp_path):
   result, _ = _run_stand_in(tmp_path, 40, lambda runner: runner.stop())
   assert result == 'interrupted'  # Runs again next time.
+
+
+def test_a_trial_stopped_after_its_last_step_is_finished_not_interrupted(tmp_path):
+  """A notice that comes once the last checkpoint is committed leaves nothing to resume."""
+  result, state = _run_stand_in(tmp_path, 60, lambda runner: runner.stop(), _EvaluatingStandInSweep)
+  assert result == 'finished'
+  assert state['status'] == 'finished'
 
 
 def _kill_from_outside(runner):

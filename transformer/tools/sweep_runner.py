@@ -307,14 +307,16 @@ class _Runner:
       returncode = self._wait(trial, stage, process)
       with self._lock:
         del self._processes[trial.name]
+    trained = stage == 'train' and returncode == 0 and runs.is_finished(workdir, trial.config)
     if trial.name in self._stopped:  # Stopped on purpose, by `_wait`: a status of its own.
       status = self._stopped.pop(trial.name)
-    elif self.stopping.is_set():
-      # train.py exits 0 after checkpointing on SIGTERM: stopped, not finished.
+    elif self.stopping.is_set() and not trained:
+      # train.py exits 0 after checkpointing on SIGTERM: stopped, not finished (unless the
+      # signal came after its last step, while it evaluated or committed it).
       status = 'interrupted'
     elif returncode != 0:
       status = 'failed'
-    elif stage == 'train' and not runs.is_finished(workdir, trial.config):
+    elif stage == 'train' and not trained:
       # The same exit after a signal from elsewhere (a preemption, a kill by hand).
       logging.warning(
         '%s: train.py exited before config.num_train_steps=%d (a signal from outside the '

@@ -80,7 +80,7 @@ def main(argv):
   if _FROM_HF.value is not None:
     overridden = config_flags.get_override_values(flags.FLAGS['config'])
     config_lib.raise_if(config_lib.ignored_override_errors(_CONFIG.value, overridden))
-    workdirs.import_hf(_FROM_HF.value, _WORKDIR.value, _CONFIG.value)
+    workdirs.import_hf(_FROM_HF.value, _WORKDIR.value, _CONFIG.value, overridden)
   elif _TO_HF.value is not None:
     workdirs.export_hf(
       _WORKDIR.value,

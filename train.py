@@ -65,7 +65,7 @@ def main(argv):
   overridden = config_flags.get_override_values(flags.FLAGS['config'])
   config_lib.raise_if(config_lib.ignored_override_errors(_CONFIG.value, overridden))
   if _DRY_RUN.value:
-    dry_run.run(_CONFIG.value, _DRY_RUN_DEVICES.value or None)
+    dry_run.run(_CONFIG.value, _DRY_RUN_DEVICES.value or None, overridden)
     return
   if _WORKDIR.value is None:
     raise app.UsageError('--workdir is required (except with --dry_run).')
@@ -77,6 +77,7 @@ def main(argv):
       _WORKDIR.value,
       restore_fallback=_RESTORE_FALLBACK.value,
       profile_steps=_PROFILE_STEPS.value,
+      overridden=overridden,
     )
   except preemption.Interrupted as e:  # Before the first step: nothing to save.
     logging.warning('%s', e)

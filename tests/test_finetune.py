@@ -295,6 +295,19 @@ def test_another_model_or_vocabulary_is_refused_in_one_message_before_anything_i
     assert not workdir.exists()
 
 
+def test_a_difference_says_whether_the_command_line_or_the_config_file_set_it(config_of, source):
+  config = config_of(init_from=str(source), **{'model.norm_epsilon': 1e-5, 'model.d_ff': 48})
+  with pytest.raises(errors.InvalidInput) as refusal:
+    initialization.resolve(config, overridden={'model.d_ff'})
+  lines = str(refusal.value).splitlines()
+  assert '  config.model.d_ff: 64 -> 48 (--config.model.d_ff on the command line: drop it)' in lines
+  assert (
+    "  config.model.norm_epsilon: 1e-06 -> 1e-05 (the config file's value: override it, "
+    '--config.model.norm_epsilon=1e-06)'
+  ) in lines
+  assert 'drop these overrides' not in str(refusal.value)
+
+
 def test_a_source_or_checkpoint_that_is_not_there_is_named(config_of, source, tmp_path):
   empty = tmp_path / 'empty'
   empty.mkdir()
@@ -321,6 +334,7 @@ def test_a_source_or_checkpoint_that_is_not_there_is_named(config_of, source, tm
     ({'init_from': str(source), 'init_checkpoint': 'avg:0'}, "config.init_checkpoint='avg:0'"),
     ({'init_checkpoint': '4'}, "config.init_checkpoint='4' names a checkpoint of config.init_from"),
     ({'init_from': ' '}, "config.init_from=' ' must be '' (random parameters), the workdir"),
+    ({'init_from': 'hf:'}, "config.init_from='hf:' must be '' (random parameters), the workdir"),
     ({'init_from': f'hf:{tmp_path}/none'}, f'{tmp_path}/none is not a local directory'),
     ({'init_from': str(workdir)}, f"config.init_from={workdir} is this run's own --workdir"),
     ({'init_from': 's3://bucket/run'}, 'checkpoints cannot live on s3:// yet'),
@@ -340,7 +354,10 @@ def test_train_py_refuses_in_one_message_and_dry_run_checks(train, source, tmp_p
   )
   assert result.returncode == 1, result.stderr[-3000:]
   assert f'train.py: error: config.init_from={source}: its parameters do not fit' in result.stderr
-  assert 'config.model.d_ff: 64 -> 48' in result.stderr
+  # Set on the command line, and said so (issue 62, item 15).
+  assert 'config.model.d_ff: 64 -> 48 (--config.model.d_ff on the command line: drop it)' in (
+    result.stderr
+  )
   assert 'Traceback' not in result.stderr
   assert not workdir.exists()
   dry_run = train.command(workdir, '--dry_run', init_from=source, init_checkpoint='avg:2')

@@ -49,19 +49,20 @@ class BestCheckpoints:
         f'No best checkpoints at {self.directory}: the run kept none '
         "(config.keep_best_checkpoints=0). Use 'latest', a step or 'avg:N'."
       )
-    self._manager = ocp.CheckpointManager(
-      self.directory,
-      options=ocp.CheckpointManagerOptions(
-        max_to_keep=keep,
-        best_fn=lambda metrics: metrics[metric],
-        best_mode='max' if ranking.METRICS[metric].higher_is_better else 'min',
-        keep_checkpoints_without_metrics=False,
-        create=not read_only,
-        read_only=read_only,
-        cleanup_tmp_directories=not read_only,
-        atomicity_options=checkpoints.atomicity(self.directory),
-      ),
-    )
+    with checkpoints.quiet_read_only_notice():  # Orbax's warning of a reader: no news here.
+      self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(
+          max_to_keep=keep,
+          best_fn=lambda metrics: metrics[metric],
+          best_mode='max' if ranking.METRICS[metric].higher_is_better else 'min',
+          keep_checkpoints_without_metrics=False,
+          create=not read_only,
+          read_only=read_only,
+          cleanup_tmp_directories=not read_only,
+          atomicity_options=checkpoints.atomicity(self.directory),
+        ),
+      )
     unscored = [s for s in self._manager.all_steps() if metric not in self._metrics(s)]
     if unscored:
       self._manager.close()

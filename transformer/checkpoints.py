@@ -102,7 +102,7 @@ class _ReadOnlyNotice(py_logging.Filter):
 
 
 @contextlib.contextmanager
-def _quiet_read_only_notice():
+def quiet_read_only_notice():
   logger = logging.get_absl_logger()
   notice = _ReadOnlyNotice()
   logger.addFilter(notice)
@@ -213,7 +213,7 @@ class Checkpointer:
       )
 
     def open_manager() -> ocp.CheckpointManager:  # It lists the checkpoints.
-      with _quiet_read_only_notice():
+      with quiet_read_only_notice():
         return ocp.CheckpointManager(
           self.directory,
           options=ocp.CheckpointManagerOptions(

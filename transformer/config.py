@@ -187,6 +187,17 @@ def _task_errors(c) -> list[str]:
       f'config.data.target_vocab_path={c.data.target_vocab_path!r} names a vocabulary of a '
       'target side, which a decoder_only model on monolingual text has not: leave it unset.'
     )
+  target, source = c.data.get('target_vocab_path'), c.data.vocab_path
+  if (
+    target
+    and source
+    and os.path.abspath(os.path.expanduser(target)) == os.path.abspath(os.path.expanduser(source))
+  ):
+    errors.append(
+      f'config.data.target_vocab_path={target!r} names the file of config.data.vocab_path: '
+      "the target side's own vocabulary is another file (a new one is written there from an "
+      'imported model); leave it unset where one vocabulary segments both sides.'
+    )
   if decoder_only != (c.data.dataset in monolingual):
     errors.append(
       f'config.model.architecture={c.model.architecture!r} does not fit '

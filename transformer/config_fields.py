@@ -93,8 +93,8 @@ WANDB_NAME = Rule(
 )
 INIT_SOURCE = Rule(
   "'' (random parameters), the workdir of a training run (a path or a gs:// URL), or "
-  'hf:DIR (a Hugging Face Marian directory)',
-  lambda v: isinstance(v, str) and v == v.strip(),
+  'hf:DIR (a Hugging Face Marian directory, named after the hf:)',
+  lambda v: isinstance(v, str) and v == v.strip() and v.strip() != 'hf:',
 )
 AXIS_RULES = Rule(
   'a sequence of (logical axis, mesh axes) pairs',

@@ -1,5 +1,7 @@
 """`train.py --dry_run`: validate a config and describe its model without training anything."""
 
+from collections.abc import Collection
+
 import jax
 import ml_collections
 
@@ -8,11 +10,16 @@ from transformer import initialization, memory, summary, train_steps
 from transformer.config import ModelConfig
 
 
-def run(config: ml_collections.ConfigDict, num_devices: int | None = None) -> int:
+def run(
+  config: ml_collections.ConfigDict,
+  num_devices: int | None = None,
+  overridden: Collection[str] = (),
+) -> int:
   """Prints the parameter table, FLOPs per token, the train step's memory per device (with
   the mesh over `num_devices`, default this host's devices; `transformer/memory.py`) and a
   last line `params: N`; returns N. With `config.init_from`, first checks that source
-  against the config (`initialization.resolve`, which reads no parameters) and names it."""
+  against the config (`initialization.resolve`, which reads no parameters; `overridden`: the
+  keys the command line set) and names it."""
   platform = jax.devices()[0].platform
   if num_devices is None:  # This host's devices: what train.py would refuse here, refused.
     config_lib.validate(config, jax.device_count())
@@ -21,7 +28,7 @@ def run(config: ml_collections.ConfigDict, num_devices: int | None = None) -> in
     config_lib.validate(config, num_devices)
     for error in config_lib.platform_errors(config, platform):
       print(f'Note: not on this host: {error}')
-  if source := initialization.resolve(config):
+  if source := initialization.resolve(config, overridden=overridden):
     print(f'parameters from: {source.describe()}')
   model_config = ModelConfig.from_config(config)
   model, _ = train_steps.create_models(model_config)

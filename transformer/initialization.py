@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import jax
@@ -93,8 +93,13 @@ class Source:
     return f'{self.location}, checkpoint {self.checkpoint!r} ({which})'
 
 
-def resolve(config: ml_collections.ConfigDict, workdir: str | None = None) -> Source | None:
+def resolve(
+  config: ml_collections.ConfigDict, workdir: str | None = None, overridden: Collection[str] = ()
+) -> Source | None:
   """The source of a new run's parameters, checked against `config`; None without one.
+
+  `overridden`: the keys set on the command line (`--config.KEY`), so that a refusal says
+  where each differing value came from.
 
   None too when `workdir` holds committed checkpoints: the run resumes from its own. Raises
   `InvalidInput` (or `MissingInput`) naming the config key: a source that is not there or
@@ -107,7 +112,7 @@ def resolve(config: ml_collections.ConfigDict, workdir: str | None = None) -> So
     return None  # A resume: from the run's own checkpoints (`runs.check_resume`).
   name = f'config.init_from={config.init_from}'
   if config.init_from.startswith(HF_PREFIX):
-    return _checked(_hf_source(config), config)
+    return _checked(_hf_source(config), config, overridden)
   errors = storage.path_errors(config.init_from, 'config.init_from') or (
     storage.checkpoint_errors(config.init_from, 'config.init_from')
   )
@@ -120,13 +125,21 @@ def resolve(config: ml_collections.ConfigDict, workdir: str | None = None) -> So
       f"{name} is this run's own --workdir: a run starts from another run's parameters. "
       'Fine-tune in a new --workdir.'
     )
-  return _checked(_source(config), config)
+  return _checked(_source(config), config, overridden)
 
 
-def _checked(source: Source, config: ml_collections.ConfigDict) -> Source:
+def _checked(
+  source: Source, config: ml_collections.ConfigDict, overridden: Collection[str] = ()
+) -> Source:
   """`source`, once its model, languages and vocabulary are found to be `config`'s."""
   name = f'config.init_from={config.init_from}'
-  problems = runs.weight_meaning_changes(runs.flatten(source.config), runs.flatten(config))
+
+  def origin(key, source_value):
+    if key in overridden:
+      return f' (--config.{key} on the command line: drop it)'
+    return f" (the config file's value: override it, --config.{key}={source_value!r})"
+
+  problems = runs.weight_meaning_changes(runs.flatten(source.config), runs.flatten(config), origin)
   problems += _vocabulary_problems(source, config)
   if problems:
     raise InvalidInput(
@@ -134,8 +147,8 @@ def _checked(source: Source, config: ml_collections.ConfigDict) -> Source:
       f'them and this one (source -> this run):\n  '
       + '\n  '.join(problems)
       + '\nNothing was written. The model, its vocabulary and its language pair come with the '
-      'parameters: drop these overrides (or point config.data.vocab_path at the vocabulary '
-      f'the source trained with, {source.vocabulary["path"]}), or train without '
+      "parameters: give each the source's value as said (or point config.data.vocab_path at "
+      f'the vocabulary the source trained with, {source.vocabulary["path"]}), or train without '
       'config.init_from. Dropout, label smoothing, the learning rate and its schedule, the '
       'number of steps, the batch size and the data may differ.'
     )
@@ -156,7 +169,10 @@ def _run_source(config: ml_collections.ConfigDict) -> Source:
       f'{name}: there is no directory {location}. Name the workdir of the training run to '
       'start from.'
     )
-  source_config = runs.read_run_config(location)
+  try:
+    source_config = runs.read_run_config(location)
+  except InvalidInput as e:  # Damaged, or a Hugging Face directory named without hf:.
+    raise InvalidInput(f'{name}: {e}') from None
   if source_config is None:
     raise MissingInput(
       f'{name}: {location} holds no config.json, so it is not the workdir of a training run '

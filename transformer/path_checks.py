@@ -10,9 +10,11 @@ overwritten and a run does not fail halfway through its start.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Mapping
+from typing import Any
 
 import ml_collections
 
@@ -142,6 +144,45 @@ def protected_path_errors(
   return []
 
 
+def hugging_face_directory_error(directory: str, hf_config: Mapping[str, Any]) -> str:
+  """Why a Hugging Face model directory (its config.json `hf_config`) is not a run's workdir."""
+  kind = hf_config.get('model_type') or ', '.join(map(str, hf_config.get('architectures') or []))
+  return (
+    f'{directory} is a Hugging Face model directory (config.json model_type {kind!r}), not '
+    'the workdir of a training run, and nothing is written into it. Import it as a workdir '
+    f'with convert.py --from_hf={directory} --workdir=NEW, or fine-tune from it with train.py '
+    f'--config.init_from=hf:{directory} --workdir=NEW.'
+  )
+
+
+def _hugging_face_config(directory: str) -> dict[str, Any] | None:
+  """DIR/config.json where it is a Hugging Face model's (`model_type`, `architectures`)."""
+  try:
+    with open(os.path.join(directory, 'config.json'), encoding='utf-8') as f:
+      loaded = json.load(f)
+  except (OSError, ValueError):
+    return None
+  hugging_face = isinstance(loaded, dict) and ('model_type' in loaded or 'architectures' in loaded)
+  return loaded if hugging_face else None
+
+
+def not_a_run_errors(path: str, flag: str = '--workdir') -> list[str]:
+  """A local folder that holds files but no run: refused as a workdir (they are someone
+  else's, and a run would write its own config.json and checkpoints among them)."""
+  if not os.path.isdir(path) or is_run(path):
+    return []
+  if (hf_config := _hugging_face_config(path)) is not None:
+    return [f'{flag}: {hugging_face_directory_error(path, hf_config)}']
+  foreign = sorted(name for name in os.listdir(path) if name not in RUN_ENTRIES)
+  if not foreign:
+    return []  # What a run writes first (a sweep's trial.json, train.log): a run to be.
+  shown = ', '.join(foreign[:5]) + (f' and {len(foreign) - 5} more' if len(foreign) > 5 else '')
+  return [
+    f"{flag}={path} holds files that are not a training run's ({shown}): name a new or empty "
+    'folder, or the workdir of a run to resume. Nothing was written.'
+  ]
+
+
 def setting_errors() -> list[str]:
   """Errors of the environment variables that bound waits on storage and the end of a process.
 
@@ -212,7 +253,7 @@ def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]
       errors += protected_path_errors(data[key], f'config.data.{key}', raw)
   if errors or storage.is_url(path):  # A bucket's writes were probed above.
     return errors
-  return writable_dir_errors(path, '--workdir') or run_entry_errors(path)
+  return writable_dir_errors(path, '--workdir') or not_a_run_errors(path) or run_entry_errors(path)
 
 
 # What train.py writes inside a workdir it resumes: folders it writes files into, and files it

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -35,6 +36,7 @@ from transformer import (
   checkpoints,
   config_fields,
   metrics,
+  path_checks,
   provenance,
   ranking,
   shutdown,
@@ -57,11 +59,14 @@ def _changes_weight_meaning(key: str) -> bool:
   return config_fields.on_resume(key) == config_fields.OnResume.WEIGHTS
 
 
-def weight_meaning_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+def weight_meaning_changes(
+  before: dict[str, Any], now: dict[str, Any], note: Callable[[str, Any], str] = lambda k, v: ''
+) -> list[str]:
   """'config.KEY: before -> now' for each key of two flattened configs (`flatten`) whose
-  change would read saved weights as another model's (`_changes_weight_meaning`)."""
+  change would read saved weights as another model's (`_changes_weight_meaning`), each
+  followed by `note(key, before)` (where the value came from, say)."""
   return [
-    f'config.{key}: {before.get(key)!r} -> {now.get(key)!r}'
+    f'config.{key}: {before.get(key)!r} -> {now.get(key)!r}{note(key, before.get(key))}'
     for key in sorted(set(before) | set(now))
     if _changes_weight_meaning(key) and before.get(key) != now.get(key)
   ]
@@ -279,12 +284,52 @@ def check_inputs(
   return current
 
 
+# How config.json names a file of the run's own (one inside its workdir, e.g. an imported
+# model's vocabulary.model): relative to the workdir, so that a moved workdir still finds it.
+WORKDIR_PREFIX = '$WORKDIR/'
+
+
+# The config's paths of files that a workdir may hold (an imported model's vocabularies).
+_FILE_KEYS = ('data.vocab_path', 'data.target_vocab_path')
+
+
+def _anchored(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """`config` as a dict, each of `_FILE_KEYS` that lies in local `workdir` as `$WORKDIR/REL`."""
+  anchored = json.loads(config.to_json_best_effort())
+  root = storage.resolve(workdir)
+  for key in _FILE_KEYS:
+    group, name = key.split('.')
+    value = anchored.get(group, {}).get(name)
+    if not (value and isinstance(value, str)) or storage.is_url(value) or storage.is_url(root):
+      continue
+    path = storage.resolve(value)
+    if path != root and os.path.commonpath([path, root]) == root:
+      anchored[group][name] = WORKDIR_PREFIX + os.path.relpath(path, root).replace(os.sep, '/')
+  return anchored
+
+
+def _expanded(loaded: dict[str, Any], workdir: str) -> dict[str, Any]:
+  """`loaded` (config.json's dict) with each `$WORKDIR/REL` named where `workdir` is now."""
+  root = storage.resolve(workdir)
+  for key in _FILE_KEYS:
+    group, name = key.split('.')
+    value = loaded.get(group, {}).get(name)
+    if isinstance(value, str) and value.startswith(WORKDIR_PREFIX):
+      loaded[group][name] = storage.join(root, value[len(WORKDIR_PREFIX) :])
+  return loaded
+
+
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes the resolved config to WORKDIR/config.json, warning about changes on resume."""
+  """Writes the resolved config to WORKDIR/config.json, warning about changes on resume.
+
+  A path inside the workdir is written relative to it (`WORKDIR_PREFIX`): the run's own
+  files are found where the workdir is, also once it was moved.
+  """
   path = storage.join(workdir, 'config.json')
+  anchored = _anchored(config, workdir)
   previous = saved_config(workdir)
   if previous is not None:
-    current = flatten(config)
+    current = config_lib.flatten(_expanded(anchored, workdir))
     for key in sorted(set(previous) | set(current)):
       if previous.get(key) != current.get(key):
         level = logging.INFO if key in RESUMABLE_KEYS else logging.WARNING
@@ -295,7 +340,7 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
           previous.get(key),
           current.get(key),
         )
-  storage.write_text(path, config.to_json_best_effort(indent=2, sort_keys=True))
+  storage.write_text(path, json.dumps(anchored, indent=2, sort_keys=True))
 
 
 @contextlib.contextmanager
@@ -439,19 +484,24 @@ def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def read_run_config(workdir: str) -> ml_collections.ConfigDict | None:
-  """WORKDIR/config.json as train.py wrote it, `upgrade`d; None if there is none.
+  """WORKDIR/config.json as train.py wrote it, `upgrade`d, its own files named where the
+  workdir is now (`WORKDIR_PREFIX`); None if there is none.
 
-  A file that is not such a config (damaged, or overwritten by something else) is a
-  `config.ConfigError` naming it and saying how to recover.
+  A file that is not such a config is refused naming it: a Hugging Face model's (a model
+  directory given as a workdir) with the commands that read one, any other (damaged, or
+  overwritten by something else) as a `config.ConfigError` saying how to recover.
   """
   path = storage.join(os.path.expanduser(workdir), 'config.json')
   if not storage.exists(path):
     return None
   try:
     loaded = json.loads(storage.read_text(path))
-    if not isinstance(loaded, dict) or not {'model', 'data'} <= set(loaded):
-      raise InvalidInput('not a JSON object with the groups model and data')
-    return upgrade(ml_collections.ConfigDict(loaded))
+    if isinstance(loaded, dict) and ('model_type' in loaded or 'architectures' in loaded):
+      hugging_face = path_checks.hugging_face_directory_error(workdir, loaded)
+    elif not isinstance(loaded, dict) or not {'model', 'data'} <= set(loaded):
+      raise ValueError('not a JSON object with the groups model and data')
+    else:
+      return upgrade(ml_collections.ConfigDict(_expanded(loaded, workdir)))
   except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError and UnicodeError are too.
     raise config_lib.ConfigError(
       f'{path} is not a config written by train.py ({type(e).__name__}: {e}): it was damaged '
@@ -459,3 +509,4 @@ def read_run_config(workdir: str) -> ml_collections.ConfigDict | None:
       f'(mv {path} {path}.bad) and run the train.py command of this run again: it checks the '
       "checkpoint's arrays against the model instead, and writes config.json anew."
     ) from None
+  raise InvalidInput(hugging_face)

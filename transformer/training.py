@@ -15,7 +15,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import jax
@@ -84,6 +84,7 @@ def train_and_evaluate(
   restore_fallback: bool = False,
   profile_steps: int = 0,
   hooks: Hooks = Hooks(),
+  overridden: Collection[str] = (),
 ) -> dict[str, float]:
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns final metrics.
 
@@ -109,6 +110,8 @@ def train_and_evaluate(
     profile_steps: > 0 traces that many train steps, from the second one this
       process runs, into WORKDIR/profile/ (TensorBoard's Profile tab).
     hooks: Called at their points of the run (`Hooks`; tests install them).
+    overridden: The config keys set on the command line (a refusal of `config.init_from`
+      says where each differing value came from).
 
   Returns:
     The metrics of the last evaluation (loss, perplexity, accuracy, BLEU, ...).
@@ -136,7 +139,16 @@ def train_and_evaluate(
   ):
     try:
       return _train_and_evaluate(
-        config, workdir, devices, watcher, cleanup, restore_fallback, profile_steps, hooks, started
+        config,
+        workdir,
+        devices,
+        watcher,
+        cleanup,
+        restore_fallback,
+        profile_steps,
+        hooks,
+        started,
+        overridden,
       )
     finally:
       shutdown.arm(shutdown.ending(sys.exc_info()[1], 'the end of training'))
@@ -152,9 +164,10 @@ def _train_and_evaluate(
   profile_steps: int,
   hooks: Hooks,
   started: float,
+  overridden: Collection[str],
 ) -> dict[str, float]:
   """Set-up and resume; then, unless the run is finished, its outputs, the step loop, shut-down."""
-  run = _set_up(config, workdir, devices, watcher, cleanup, restore_fallback, hooks)
+  run = _set_up(config, workdir, devices, watcher, cleanup, restore_fallback, hooks, overridden)
   final = _final_metrics_if_done(run)
   if final is not None:
     return final
@@ -217,6 +230,7 @@ def _set_up(
   cleanup: contextlib.ExitStack,
   restore_fallback: bool,
   hooks: Hooks,
+  overridden: Collection[str],
 ) -> _Run:
   """Checks the config, the checkpoints and the data, then restores the latest checkpoint.
 
@@ -226,7 +240,7 @@ def _set_up(
   """
   runs.check_resume(config, workdir)  # Before anything else: a changed model is refused.
   # A new run from another run's parameters, checked against this config; None for a resume.
-  source = initialization.resolve(config, workdir)
+  source = initialization.resolve(config, workdir, overridden)
   # The config becomes the model config, mesh, rules and task once; they are passed down.
   model_config = ModelConfig.from_config(config)
   optimizer_config = optim.OptimizerConfig.from_config(config)

@@ -3,13 +3,16 @@
   python compare.py workdirs/base/eval/step_300-validation.json \
       workdirs/rope/eval/step_300-validation.json [--test=ar] [--n_samples=N]
 
-Each argument is an eval.py translation result (.json) or a workdir holding exactly
-one (of --split), or the results of several seeds of one system, comma-separated:
+Each argument is an eval.py translation result (the .json eval.py writes per checkpoint and
+split, WORKDIR/eval/LABEL-SPLIT[-TAG].json, not the .txt of translations beside it) or a
+workdir holding exactly one (of --split), or the results of several seeds of one system,
+comma-separated:
 
   python compare.py A0.json,A1.json,A2.json B0.json,B1.json,B2.json
 
 (an argument that is itself an existing path is one result, commas and all: the workdir of a
-sweep trial named `vocab_size=4000,num_train_steps=3200`).
+sweep trial named `vocab_size=4000,num_train_steps=3200`). Each result is named once: the same
+file named twice (however spelled, or as a workdir and its result) is refused.
 
 Then seed k of each system is paired with seed k of the baseline and one paired test
 resamples the sentences of all of them (pooled), and Welch's t-test compares the
@@ -115,6 +118,7 @@ def main(argv):
       round(1 / significance.ALPHA),
     )
   seeds = [[significance.load_system(path, _SPLIT.value) for path in g] for g in groups]
+  significance.check_distinct([system for results in seeds for system in results])
   systems = [
     significance.pool(arg, results) if len(results) > 1 else results[0]
     for arg, results in zip(paths, seeds, strict=True)

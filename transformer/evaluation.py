@@ -93,19 +93,34 @@ def read_dry_run_configs(path: str) -> dict[str, ml_collections.ConfigDict]:
 
 
 def _check_vocabulary(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Refuses a vocabulary whose content differs from the one the run trained with."""
-  recorded = provenance.recorded_inputs(workdir).get('vocabulary')
-  if not recorded:
+  """Refuses a vocabulary that is not the one the run trained with: another content, or no
+  file (evaluation never trains one: a new vocabulary gives every id another piece)."""
+  recorded = provenance.recorded_inputs(workdir)
+  current = {'vocabulary': provenance.vocabulary_input(config)}
+  if target := provenance.target_vocabulary_input(config):
+    current['target_vocabulary'] = target
+  known = {key: recorded[key] for key in ('vocabulary', 'target_vocabulary') if key in recorded}
+  if not known:
     return  # A run from before inputs were recorded.
-  changes = provenance.input_changes(
-    {'vocabulary': recorded}, {'vocabulary': provenance.vocabulary_input(config)}
+  put_back = (
+    'Put the original vocabulary back at that path (or point config.data.vocab_path, or '
+    'config.data.target_vocab_path for the target side, in its config.json at a copy of it).'
   )
+  for key, entry in known.items():
+    now = current.get(key)
+    if entry.get('hash') and now and now['hash'] is None:
+      raise MissingInput(
+        f'The run in {workdir} trained with the vocabulary {entry["path"]} (sha256 '
+        f'{entry["hash"][:16]}, recorded in {workdir}/{provenance.FILENAME}), and its config '
+        f'names {now["path"]}, which does not exist. Evaluation never trains a vocabulary: '
+        f'a new one would give every id another piece. {put_back}'
+      )
+  changes = provenance.input_changes(known, current)
   if changes:
     raise InvalidInput(
       f'The run in {workdir} trained with another vocabulary than the one its config names '
       f'now (recorded in {workdir}/{provenance.FILENAME} -> now):\n  {changes[0]}\nIts '
-      'checkpoints would translate into other pieces. Put the original vocabulary back at '
-      'that path (or point config.data.vocab_path in its config.json at a copy of it).'
+      f'checkpoints would translate into other pieces. {put_back}'
     )
 
 
@@ -255,6 +270,11 @@ _UTF16_BOMS = (b'\xff\xfe', b'\xfe\xff')  # Little- and big-endian (UTF-32 LE st
 def read_input_lines(path: str) -> list[str]:
   """Lines of a UTF-8 file ('-' for stdin), or an error naming the file and the line.
 
+  A line ends at `\\r\\n`, `\\n` or a lone `\\r` (old Mac files), whichever the file uses,
+  mixed or not (Python's universal newlines: `a\\r\\r\\n` is a line and an empty one); a last
+  line without an end is a line. No other character ends a line (`str.splitlines` would also
+  split at \\x0b, \\x0c, \\x1c-\\x1e, \\x85, \\u2028 and \\u2029, which may sit inside a
+  sentence), so that each line's translation is one output line, aligned with its input line.
   A UTF-8 byte order mark is dropped. Text in another encoding is refused, never translated
   as what it decodes to: invalid UTF-8 (Latin-1, say) by line, UTF-16 by its byte order mark,
   and a NUL byte (UTF-16 without one, binary data) by line.
@@ -277,7 +297,8 @@ def read_input_lines(path: str) -> list[str]:
     raise InvalidInput(
       f'{name} starts with a UTF-16 byte order mark: it is UTF-16 text; {convert("UTF-16")}.'
     )
-  lines = raw.removeprefix(_UTF8_BOM).split(b'\n')
+  # \r and \n never occur inside a UTF-8 multi-byte character: splitting the bytes is safe.
+  lines = raw.removeprefix(_UTF8_BOM).replace(b'\r\n', b'\n').replace(b'\r', b'\n').split(b'\n')
   if lines and lines[-1] == b'':
     lines.pop()
   decoded = []
@@ -289,7 +310,7 @@ def read_input_lines(path: str) -> list[str]:
         f'holds: UTF-16 text without a byte order mark, or not text; {convert("UTF-16LE")}.'
       )
     try:
-      decoded.append(line.decode('utf-8').rstrip('\r'))
+      decoded.append(line.decode('utf-8'))
     except UnicodeDecodeError as e:
       raise InvalidInput(
         f'{name}: line {number} is not valid UTF-8 ({e.reason} at byte {e.start + 1} of the '

@@ -225,7 +225,7 @@ def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]
     )
     for error in storage.path_errors(value, name)
   ]
-  credentials = [e for e in url_errors if e.startswith(storage.CREDENTIALS_ENV + '=')]
+  credentials = [e for e in url_errors if e.startswith(storage.CREDENTIAL_PREFIXES)]
   if credentials:
     return credentials[:1]  # One message, for the first path that needs them.
   url_errors = url_errors or storage.checkpoint_errors(workdir, '--workdir')

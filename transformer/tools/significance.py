@@ -20,6 +20,7 @@ Importing this module imports no JAX: comparing result files takes seconds.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -82,6 +83,69 @@ def _read_lines(path: str) -> list[str]:
 
 
 _REWRITE = 'Score its checkpoint again with eval.py (the same command writes it anew).'
+# What a result is, for the errors of a file that is none.
+_RESULTS = (
+  "compare.py reads eval.py's translation results: the .json it writes for each checkpoint "
+  'and split, WORKDIR/eval/LABEL-SPLIT[-TAG].json (its translations in the .txt of the same '
+  'name beside it), or a workdir holding one'
+)
+
+
+def _read_result(path: str) -> Any:
+  """The JSON value of result file `path`; a file that cannot be one is refused, saying what to
+  name: eval.py's translations (.txt: the .json beside it), an empty file, text that is no JSON."""
+  if path.endswith('.txt'):
+    beside = path[: -len('.txt')] + '.json'
+    if storage.isfile(beside):
+      raise InvalidInput(
+        f"{path} holds eval.py's translations, not its results: {_RESULTS}. Name {beside}, "
+        'the results beside it.'
+      )
+    raise InvalidInput(f'{path} is a text file, not an eval.py result: {_RESULTS}.')
+  data = storage.read_bytes(path)
+  if not data.strip():
+    again = f' If eval.py wrote it: {_REWRITE}' if path.endswith('.json') else ''
+    raise InvalidInput(f'{path} is empty, not an eval.py result: {_RESULTS}.{again}')
+  try:
+    return json.loads(data.decode('utf-8'))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    where = f'line {e.lineno}: {e.msg}' if isinstance(e, json.JSONDecodeError) else e.reason
+    if path.endswith('.json'):
+      raise InvalidInput(f'{path} is damaged: not JSON ({where}). {_REWRITE}') from None
+    raise InvalidInput(
+      f'{path} is not JSON ({where}), so not an eval.py result: {_RESULTS}.'
+    ) from None
+
+
+def _identity(path: str) -> Any:
+  """What is the same for every name of the file at `path`: its device and inode locally
+  (other spellings, symbolic and hard links), its canonical URL on a bucket."""
+  if storage.is_url(path):
+    return storage.resolve(path)
+  try:
+    found = os.stat(path)
+  except OSError:
+    return os.path.realpath(path)
+  return (found.st_dev, found.st_ino)
+
+
+def check_distinct(systems: Sequence[System]) -> None:
+  """Refuses a result named twice (the same file, however spelled, or a workdir and its result):
+  it would count twice, as two seeds of a system or as two systems."""
+  seen: dict[Any, System] = {}
+  for system in systems:
+    first = seen.setdefault(_identity(system.result_path), system)
+    if first is not system:
+      named = (
+        f'twice as {system.name!r}'
+        if first.name == system.name
+        else f'as {first.name!r} and as {system.name!r}'
+      )
+      raise InvalidInput(
+        f'{first.result_path} is named {named}: each result is one seed of one system, and '
+        'one named twice would count twice (as two seeds, or as two systems). Name each result '
+        'once.'
+      )
 
 
 def _result_in_workdir(workdir: str, split: str | None) -> str:
@@ -121,7 +185,7 @@ def load_system(path: str, split: str | None = None) -> System:
     path = _result_in_workdir(path, split)
   if not storage.isfile(path):
     raise MissingInput(f'No eval.py result at {path}.')
-  results = storage.read_json(path, _REWRITE)
+  results = _read_result(path)
   if not isinstance(results, dict) or 'bleu' not in results or 'split' not in results:
     raise InvalidInput(f'{path} is not an eval.py translation result (no bleu and split).')
   if split is not None and results['split'] != split:
@@ -197,9 +261,11 @@ def pool(name: str, systems: Sequence[System]) -> System:
   """One system of several results' translations one after another (e.g. a run's seeds).
 
   Two pooled systems are paired line by line: result k of one with result k of
-  the other. The results must be comparable (`check_comparable`).
+  the other. The results must be distinct (`check_distinct`) and comparable
+  (`check_comparable`).
   """
   if len(systems) > 1:
+    check_distinct(systems)
     check_comparable(systems)
   first = systems[0]
   return System(

@@ -30,8 +30,10 @@ import Optuna, so a trial may be a multi-host run.
   database (any SQLAlchemy URL). Workers on several machines run the same sweep.py command
   with the same root and storage; `--num_trials` counts the trials of the whole study. The
   storage is checked before any work (`check_storage`: a file that holds no study is refused,
-  read only), and a study records its sweep file, space and first trials: another sweep on it
-  is refused (`_check_search`).
+  read only, and so is one that could not be written: its folder neither there nor creatable,
+  or it or its lock file, PATH.lock, a file of a run, an input or the code), and a study
+  records its sweep file, space and first trials: another sweep on it is refused
+  (`_check_search`).
 * A space's bounds are checked as the sweep file is read: low first, a choice not empty.
 * Running the study (ask, run, report, tell; stale trials retried): `sweep_study`.
 """
@@ -51,7 +53,7 @@ from typing import Any
 
 import ml_collections
 
-from transformer import extras, ranking, storage
+from transformer import extras, path_checks, ranking, storage
 from transformer.errors import InvalidInput
 from transformer.tools import sweeps
 from transformer.tools.sweeps import Overrides, Sweep, Trial
@@ -222,6 +224,12 @@ def create(
     if not trials:
       raise InvalidInput(f'{sweep_file} defines a space(): give the study --num_trials.')
     num_trials = len(trials)
+  inputs = {  # What the sweep reads: never its study's files.
+    'the sweep file (--sweep)': sweep_file,
+    'the config file (--config)': config_file,
+    'the raw data (config.data.manual_dir)': config.data.manual_dir,
+    'the prepared data (config.data.data_dir)': config.data.data_dir,
+  }
   if not storage_spec:
     if storage.is_url(sweep.root):
       raise InvalidInput(
@@ -229,9 +237,9 @@ def create(
         '(postgresql://...) or a journal file on a file system the workers share.'
       )
     storage_spec = 'sqlite:///' + os.path.join(sweep.root, DEFAULT_STORAGE)
-    storage_spec = check_storage(storage_spec, 'the study (--storage, by default)')
+    storage_spec = check_storage(storage_spec, 'the study (--storage, by default)', inputs)
   else:
-    storage_spec = check_storage(storage_spec, f'--storage={storage_spec}')
+    storage_spec = check_storage(storage_spec, f'--storage={storage_spec}', inputs)
   study = Study(
     space=space,
     num_trials=num_trials,
@@ -323,11 +331,32 @@ def _journal_errors(path: str, name: str) -> list[str]:
   return []
 
 
-def check_storage(spec: str, name: str) -> str:
+def _written_errors(path: str, name: str, inputs: Mapping[str, str | None] | None) -> list[str]:
+  """Errors of the study's local file `path` and of the lock file beside it (PATH.lock: the
+  SQLite file's, `_creating`; the journal's, Optuna's), both written: their folder must exist
+  or be creatable, and be writable; neither may be a file of a run, one of `inputs` or the
+  code (`path_checks.output_errors`)."""
+  folder = os.path.dirname(path)
+  if errors := path_checks.writable_dir_errors(folder, name):
+    return errors
+  for written in (path, path + '.lock'):
+    if os.path.isdir(folder):
+      errors = path_checks.output_errors(written, '--storage', inputs)
+    else:  # Created with the study: nothing in it to overwrite, and writable (above).
+      errors = path_checks.protected_path_errors(written, '--storage', inputs)
+    if errors:
+      return errors
+  return []
+
+
+def check_storage(spec: str, name: str, inputs: Mapping[str, str | None] | None = None) -> str:
   """The study's storage `spec` made absolute, or InvalidInput saying why it holds no study.
 
   Read only: a database URL Optuna can open (its driver installed), an SQLite file or a journal
-  file that is absent, empty or a study's. Buckets and other URLs are refused.
+  file that is absent, empty or a study's, in a folder that exists or can be created, and
+  writable; the file and its lock file (PATH.lock) not a file of a run, one of `inputs` ({what:
+  path}, what the sweep reads) or the code (`path_checks.output_errors`). Buckets and other URLs
+  are refused.
   """
   scheme = database_scheme(spec)
   if scheme == 'sqlite':
@@ -339,7 +368,7 @@ def check_storage(spec: str, name: str) -> str:
         'sqlite:////ABSOLUTE/PATH (a study in memory ends with the process).'
       )
     path = os.path.abspath(os.path.expanduser(path))
-    found = _sqlite_errors(path, name)
+    found = _sqlite_errors(path, name) or _written_errors(path, name, inputs)
     if found:
       raise InvalidInput(found[0])
     return f'{prefix}:///{path}'
@@ -367,7 +396,7 @@ def check_storage(spec: str, name: str) -> str:
       'system the workers share.'
     )
   path = os.path.abspath(os.path.expanduser(spec))
-  found = _journal_errors(path, name)
+  found = _journal_errors(path, name) or _written_errors(path, name, inputs)
   if found:
     raise InvalidInput(found[0])
   return path

@@ -24,7 +24,10 @@ import shutil
 import subprocess
 import sys
 
-from absl import app, flags
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from transformer import errors, path_checks  # noqa: E402
 
 _BEFORE = flags.DEFINE_string('before', None, 'The checkout before the change.', required=True)
 _AFTER = flags.DEFINE_string('after', None, 'The checkout after the change.', required=True)
@@ -203,11 +206,36 @@ def _flatten(tree, prefix=''):
   return flat
 
 
+# What marks --root as this script's own: a folder that holds anything else is never emptied.
+MARKER = '.same_outputs'
+
+
+def _root_errors(root: str) -> list[str]:
+  """--root is emptied: it must be new, empty or this script's, and no run's files, input
+  (the checkouts, the raw data) or code (`path_checks.output_dir_errors`)."""
+  inputs = {
+    'the checkout --before': _BEFORE.value,
+    'the checkout --after': _AFTER.value,
+    'the raw data (--manual_dir)': _MANUAL_DIR.value,
+  }
+  if errors := path_checks.output_dir_errors(root, '--root', inputs):
+    return errors
+  if os.path.isdir(root) and os.listdir(root) and not os.path.exists(os.path.join(root, MARKER)):
+    return [
+      f'--root={root} holds files this script did not write, and it empties --root: name a '
+      'new or empty folder.'
+    ]
+  return []
+
+
 def main(argv):
   del argv
   root = os.path.abspath(_ROOT.value)
+  if problems := _root_errors(root):
+    raise errors.InvalidInput(problems[0])
   shutil.rmtree(root, ignore_errors=True)
   os.makedirs(root)
+  open(os.path.join(root, MARKER), 'w').close()
   differences = []
   for name in RUNS:
     before = _run(os.path.abspath(_BEFORE.value), root, name)
@@ -219,4 +247,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  errors.run(main)

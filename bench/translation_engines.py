@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from absl import app, flags, logging  # noqa: E402
 
-from transformer import errors, inference, paper, scoring  # noqa: E402
+from transformer import errors, inference, paper, path_checks, scoring  # noqa: E402
 from transformer.interop import ctranslate2_model, marian, workdirs  # noqa: E402
 from transformer.tasks.translation import data, decode  # noqa: E402
 
@@ -257,6 +257,9 @@ def main(argv):
       raise errors.InvalidInput(problem) from None
     if not values or min(values) < 0:
       raise errors.InvalidInput(f'{name} must list numbers >= 0.')
+  # Checked before any work, as every output is (a run's files among them).
+  if _OUTPUT.value and (problems := path_checks.output_errors(_OUTPUT.value, '--output')):
+    raise errors.InvalidInput(problems[0])
   for workdir in _WORKDIRS.value:  # Before anything is exported or decoded.
     refusals = ctranslate2_model.refusals(workdirs.run_model_config(workdir)[1])
     if refusals:

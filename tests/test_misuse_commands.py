@@ -16,7 +16,7 @@ from test_significance import _write_result
 from configs import tiny
 from transformer import evaluation, path_checks, storage
 from transformer.errors import InvalidInput
-from transformer.tools import significance, sweep_optuna
+from transformer.tools import significance, sweep_flags, sweep_optuna
 
 REPO = Path(__file__).resolve().parents[1]
 HINT = '(set TRANSFORMER_TRACEBACK=1 to see where it was raised)'
@@ -154,6 +154,15 @@ def test_sweep_py_refuses_a_storage_under_a_file_in_one_message(tmp_path):
     f'--storage={spec}: {a_file} is a file, so {a_file}/x cannot be a folder.'
   )
   assert sorted(os.listdir(tmp_path)) == ['notes.txt', 'study.py']
+
+
+def test_a_sweep_root_under_a_file_is_named_as_the_workdir_not_the_default_storage(tmp_path):
+  a_file = tmp_path / 'notes.txt'
+  a_file.write_text('not a folder\n')
+  root = a_file / 'root'
+  assert sweep_flags.root_errors(tiny.get_config(), str(root)) == [
+    f'--workdir: {a_file} is a file, so {root} cannot be a folder.'
+  ]
 
 
 # --- 18: eval.py --input_file with \r, \r\n or \n line ends --------------------------------------

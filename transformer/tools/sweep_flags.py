@@ -17,7 +17,8 @@ from transformer.errors import InvalidInput
 
 
 def root_errors(config: ml_collections.ConfigDict, root: str) -> list[str]:
-  """Errors of the sweep root `root`: a folder of its own, not a run, its files or its inputs."""
+  """Errors of the sweep root `root`: a folder of its own that can be written, not a run, its
+  files or its inputs."""
   if errors := storage.path_errors(root, '--workdir') or storage.checkpoint_errors(
     root, '--workdir'
   ):
@@ -30,7 +31,7 @@ def root_errors(config: ml_collections.ConfigDict, root: str) -> list[str]:
     'the raw data (config.data.manual_dir)': config.data.manual_dir,
     'the prepared data (config.data.data_dir)': config.data.data_dir,
   }
-  return path_checks.protected_path_errors(root, '--workdir', inputs)
+  return path_checks.output_dir_errors(root, '--workdir', inputs)  # And writable.
 
 
 # eval.py's flags that the sweep sets itself, or that would not score the trial's split into

@@ -24,7 +24,7 @@ from configs import tiny
 from tests.conftest import synthetic_captions
 from transformer import evaluation, inference, initialization, provenance, tokenizer, training
 from transformer.config import ModelConfig
-from transformer.errors import InvalidInput
+from transformer.errors import InvalidInput, MissingInput
 from transformer.interop import ctranslate2_model, hf_files, marian, workdirs
 from transformer.model import Transformer
 from transformer.tasks.translation import data, decode
@@ -270,6 +270,46 @@ def test_an_opus_like_import_keeps_a_vocabulary_per_side_for_eval_and_fine_tunin
   workdirs.export_hf(str(workdir), str(exported), None)
   assert (exported / 'source.spm').read_bytes() == imported.vocabulary
   assert (exported / 'target.spm').read_bytes() == imported.target_vocabulary
+
+
+def test_an_import_fits_its_lengths_keeps_decoding_overrides_and_moves_with_its_vocabularies(
+  opus_like, tmp_path, synthetic_multi30k_dir, synthetic_multi30k_data_dir
+):
+  """Issue 62, items 7, 8 and 14: the data lengths a config file sets beyond the model's
+  positions are lowered to them (one the command line sets is refused, saying where the limit
+  comes from); a decoding override is kept; the workdir names its vocabularies relative to
+  itself, so that a moved one reads its own."""
+  directory, _ = opus_like
+  config = tiny.get_config()
+  config.data.manual_dir = str(synthetic_multi30k_dir)
+  config.data.data_dir = str(synthetic_multi30k_data_dir)
+  config.data.max_eval_len, config.decode.beam_size = 200, 7  # The model has 128 positions.
+  with pytest.raises(InvalidInput) as refusal:
+    workdirs.import_hf(str(directory), str(tmp_path / 'refused'), config, {'data.max_eval_len'})
+  assert str(refusal.value) == (
+    f'--config.data.max_eval_len=200 exceeds {directory}/config.json '
+    "max_position_embeddings=128, the model's positions: set at most 128, or leave it out (the "
+    "config file's value is then lowered to it)."
+  )
+  assert not (tmp_path / 'refused').exists()
+  workdir = tmp_path / 'imported'
+  workdirs.import_hf(str(directory), str(workdir), config, {'decode.beam_size'})
+  saved = json.loads((workdir / 'config.json').read_text())
+  assert (saved['data']['max_len'], saved['data']['max_eval_len']) == (32, 128)
+  assert saved['decode']['beam_size'] == 7
+  assert saved['data']['vocab_path'] == '$WORKDIR/vocabulary.model'
+  assert saved['data']['target_vocab_path'] == '$WORKDIR/target_vocabulary.model'
+  moved = tmp_path / 'elsewhere'
+  shutil.move(workdir, moved)
+  config = evaluation.load_run_config(str(moved))
+  loaded = tokenizer.get_tokenizer(config.data, vocab_size=config.vocab_size, seed=config.seed)
+  imported = workdirs.load_hf(str(directory))
+  assert loaded.serialized_model() == imported.vocabulary
+  assert loaded.target_model() == imported.target_vocabulary
+  (moved / workdirs.TARGET_VOCABULARY_FILE).unlink()
+  with pytest.raises(MissingInput, match='never trains a vocabulary'):
+    evaluation.load_run_config(str(moved))
+  assert not workdir.exists()
 
 
 # --- A tiny run trained here, exported to transformers and CTranslate2 --------------------------

@@ -274,6 +274,19 @@ def test_init_from_hf_without_a_directory_is_outside_the_domain():
   assert 'named after the hf:' in error and '--from_hf' not in error
 
 
+def test_init_from_names_its_own_key_not_convert_pys_flag(tmp_path):
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  config = tiny.get_config()
+  config.init_from, config.data.vocab_path = f'hf:{empty}', str(tmp_path / 'vocab.model')
+  with pytest.raises(errors.InvalidInput) as refusal:
+    initialization.resolve(config)
+  assert str(refusal.value) == (
+    f'config.init_from=hf:{empty}: {empty}: no config.json there (a Hugging Face model '
+    'directory).'
+  )
+
+
 # --- Item 17: a healthy read of the best checkpoints warns of nothing ---------------------------
 
 

@@ -31,12 +31,18 @@ biases, decoder-only models (no Marian class; `MarianForCausalLM` is Marian's de
 cross-attention dropped only when used alone, and its positions and heads are not this
 project's language model's).
 
+An import is of the model config.json states, or nothing: `state_layout` is every tensor that
+config implies (name -> shape, each dimension named by its config key), and `state_refusals`
+compares the state dict with it: a shape, NaN or inf, positions other than the sinusoids, tied
+copies that differ, a tensor missing or one no Marian model of that config has, each named.
+
 Arrays are numpy in PyTorch's layouts (`Linear.weight` is [out, in]); nothing here imports
 torch or transformers.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +57,26 @@ TO_MARIAN_ACTIVATION = {'relu': 'relu', 'gelu': 'gelu', 'swish': 'swish'}
 FROM_MARIAN_ACTIVATION = {'relu': 'relu', 'gelu': 'gelu', 'swish': 'swish', 'silu': 'swish'}
 # The special ids this project's tokenizer fixes (`tokenizer.PAD_ID`, ...), in id order.
 SPECIALS = ('pad', 'eos', 'bos', 'unk')
+# The sizes config.json must state: positive integers, the dimensions of the weights.
+SIZE_KEYS = (
+  'vocab_size', 'd_model', 'encoder_layers', 'decoder_layers', 'encoder_attention_heads',
+  'decoder_attention_heads', 'encoder_ffn_dim', 'decoder_ffn_dim',
+)  # fmt: skip
+MAX_POSITIONS = 1024  # transformers' MarianConfig max_position_embeddings, where it is unset.
+# One tied matrix (share_encoder_decoder_embeddings): transformers saves one of these names.
+TIED_EMBEDDINGS = (
+  'model.shared.weight',
+  'model.encoder.embed_tokens.weight',
+  'model.decoder.embed_tokens.weight',
+  'lm_head.weight',
+)
+# Tensors a Marian directory may leave out: positions are recomputed sinusoids (transformers
+# does not save them), an absent final_logits_bias is zeros.
+OPTIONAL_TENSORS = (
+  'model.encoder.embed_positions.weight',
+  'model.decoder.embed_positions.weight',
+  'final_logits_bias',
+)
 
 _ATTENTION = {'query': 'q_proj', 'key': 'k_proj', 'value': 'v_proj'}
 # This project's sub-layer and norm names -> Marian's, per stack.
@@ -259,6 +285,13 @@ def import_refusals(marian: Mapping[str, Any]) -> list[str]:
 
   if marian.get('model_type') != 'marian':
     refuse('model_type', "only Marian models ('marian', MarianMTModel) are imported.")
+  for key in SIZE_KEYS:
+    if key not in marian:
+      refusals.append(f'config.json has no {key}: it states every size of a Marian model.')
+    elif not _positive_int(marian[key]):
+      refuse(key, 'must be a positive integer.')
+  if 'max_position_embeddings' in marian and not _positive_int(marian['max_position_embeddings']):
+    refuse('max_position_embeddings', 'must be a positive integer.')
   for ours, (encoder, decoder) in {
     'num_layers': ('encoder_layers', 'decoder_layers'),
     'num_heads': ('encoder_attention_heads', 'decoder_attention_heads'),
@@ -266,9 +299,14 @@ def import_refusals(marian: Mapping[str, Any]) -> list[str]:
   }.items():
     if marian.get(encoder) != marian.get(decoder):
       refuse(decoder, f'differs from {encoder}={marian.get(encoder)!r}; model.{ours} is one.')
-  if marian.get('activation_function', 'gelu') not in FROM_MARIAN_ACTIVATION:
+  activation = marian.get('activation_function', 'gelu')
+  if not isinstance(activation, str) or activation not in FROM_MARIAN_ACTIVATION:
     refuse('activation_function', f'not one of {tuple(FROM_MARIAN_ACTIVATION)}.')
-  if not marian.get('scale_embedding', False):
+  for key in ('dropout', 'attention_dropout', 'activation_dropout'):
+    rate = marian.get(key, 0.0)
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
+      refuse(key, 'must be a rate in [0, 1).')
+  if marian.get('scale_embedding', False) is not True:
     refuse('scale_embedding', 'this model multiplies embeddings by sqrt(d_model) (3.4).')
   # Keys of the BART family that Marian configs carry; any other value changes the model.
   for key, value in {
@@ -281,7 +319,9 @@ def import_refusals(marian: Mapping[str, Any]) -> list[str]:
     if key in marian and marian[key] != value:
       refuse(key, f'only {value} is Marian as transformers runs it and as this project does.')
   shared = marian.get('share_encoder_decoder_embeddings', True)
-  if shared != marian.get('tie_word_embeddings', True):
+  if not isinstance(shared, bool):
+    refuse('share_encoder_decoder_embeddings', 'must be true or false.')
+  elif shared != marian.get('tie_word_embeddings', True):
     refuse(
       'tie_word_embeddings',
       f'differs from share_encoder_decoder_embeddings={shared!r}: model.share_embeddings '
@@ -291,12 +331,122 @@ def import_refusals(marian: Mapping[str, Any]) -> list[str]:
   if marian.get('decoder_vocab_size', vocab) not in (None, vocab):
     refuse('decoder_vocab_size', f'differs from vocab_size={vocab!r}: one vocabulary here.')
   d_model, heads = marian.get('d_model'), marian.get('encoder_attention_heads')
-  if isinstance(d_model, int) and isinstance(heads, int) and (d_model % heads or d_model % 2):
+  if _positive_int(d_model) and _positive_int(heads) and (d_model % heads or d_model % 2):
     refuse('d_model', f'must be even and a multiple of the {heads} heads.')
   for key in ('pad_token_id', 'eos_token_id', 'decoder_start_token_id'):
-    if not isinstance(marian.get(key), int):
-      refuse(key, 'must be a token id.')
+    if not _int_at_least(marian.get(key), 0):
+      refuse(key, 'must be a token id (an integer >= 0).')
   return refusals
+
+
+def _int_at_least(value: Any, least: int) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _positive_int(value: Any) -> bool:
+  return _int_at_least(value, 1)
+
+
+def state_layout(marian: Mapping[str, Any]) -> dict[str, tuple[str | int, ...]]:
+  """Every tensor of the state dict of the `MarianMTModel` that `marian` (config.json, passed
+  by `import_refusals`) states: name -> its shape, each dimension the config key whose value
+  it is (or a number). What may be absent: `TIED_EMBEDDINGS`, `OPTIONAL_TENSORS`."""
+  layout: dict[str, tuple[str | int, ...]] = {}
+  d = 'd_model'
+  for stack, names in (('encoder', _ENCODER_LAYER), ('decoder', _DECODER_LAYER)):
+    ffn = f'{stack}_ffn_dim'
+    for i in range(marian[f'{stack}_layers']):
+      prefix = f'model.{stack}.layers.{i}'
+      for ours, theirs in names.items():
+        projections = ('',) if ours.endswith('_norm') else (*_ATTENTION.values(), 'out_proj')
+        for projection in projections:
+          name = f'{prefix}.{theirs}.{projection}'.rstrip('.')
+          layout[f'{name}.weight'] = (d,) if ours.endswith('_norm') else (d, d)
+          layout[f'{name}.bias'] = (d,)
+      layout.update(
+        {
+          f'{prefix}.fc1.weight': (ffn, d),
+          f'{prefix}.fc1.bias': (ffn,),
+          f'{prefix}.fc2.weight': (d, ffn),
+          f'{prefix}.fc2.bias': (d,),
+        }
+      )
+    layout[f'model.{stack}.embed_positions.weight'] = ('max_position_embeddings', d)
+  shared = marian.get('share_encoder_decoder_embeddings', True)
+  for name in TIED_EMBEDDINGS[0 if shared else 1 :]:
+    layout[name] = ('vocab_size', d)
+  layout['final_logits_bias'] = (1, 'vocab_size')  # Marian's [1, V].
+  return layout
+
+
+def _size(marian: Mapping[str, Any], dim: str | int) -> int:
+  if isinstance(dim, int):
+    return dim
+  return marian.get(dim, MAX_POSITIONS) if dim == 'max_position_embeddings' else marian[dim]
+
+
+def state_refusals(state: Mapping[str, np.ndarray], marian: Mapping[str, Any]) -> list[str]:
+  """Why `state` is not the model that config.json `marian` states: one line per tensor (a
+  shape, naming the config keys; NaN or inf values; positions other than Marian's), then the
+  tensors missing and those no Marian model of that config has. [] if it is that model."""
+  layout = state_layout(marian)
+  shared = marian.get('share_encoder_decoder_embeddings', True)
+  absent_ok = set(OPTIONAL_TENSORS) | (set(TIED_EMBEDDINGS) if shared else set())
+  refusals = []
+  for name, dims in layout.items():
+    if name not in state:
+      continue
+    array = np.asarray(state[name])
+    want = tuple(_size(marian, dim) for dim in dims)
+    if array.shape != want:
+      keys = ', '.join(
+        f'{dim}={marian.get(dim, MAX_POSITIONS)}' for dim in dict.fromkeys(dims) if dim != 1
+      )
+      refusals.append(f'{name}: shape {array.shape}, where config.json {keys} make it {want}.')
+    elif not np.all(np.isfinite(array)):
+      bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
+      refusals.append(f'{name}: {bad} of its {array.size} values are NaN or infinite.')
+    elif name in OPTIONAL_TENSORS[:2] and not np.allclose(
+      array, marian_positions(*want), rtol=0, atol=1e-5
+    ):
+      refusals.append(f"{name}: not Marian's sinusoids, which transformers and this project use.")
+  tied = [name for name in TIED_EMBEDDINGS if name in state] if shared else []
+  if shared and not tied:
+    refusals.append(f'{TIED_EMBEDDINGS[0]} (or a tied copy of it) is not in the weights.')
+  for name in tied[1:]:
+    if np.shape(state[name]) == np.shape(state[tied[0]]) and not np.array_equal(
+      state[name], state[tied[0]]
+    ):
+      refusals.append(
+        f'{name} differs from {tied[0]}, which config.json '
+        'share_encoder_decoder_embeddings=true ties it to.'
+      )
+  missing = [name for name in layout if name not in state and name not in absent_ok]
+  if missing:
+    refusals.append('Not in the weights: ' + _names(missing, marian))
+  unexpected = sorted(name for name in state if name not in layout)
+  if unexpected:
+    refusals.append('In the weights, but no tensor of this config: ' + _names(unexpected, marian))
+  return refusals
+
+
+_LAYER_NAME = re.compile(r'(model\.(encoder|decoder)\.layers\.(\d+))\.')
+
+
+def _names(names: list[str], marian: Mapping[str, Any], shown: int = 5) -> str:
+  """`names`, a few; a layer's several as one `model.encoder.layers.N.*`, naming the depth's key."""
+  groups: dict[str, list[str]] = {}
+  for name in names:
+    layer = _LAYER_NAME.match(name)
+    key = f'{layer[2]}_layers' if layer else ''
+    group = f'{layer[1]}.* (config.json {key}={marian.get(key)!r})' if layer else name
+    groups.setdefault(group, []).append(name)
+  listed = [
+    f'{group} [{len(members)} tensors]' if len(members) > 1 else members[0]
+    for group, members in groups.items()
+  ]
+  more = f' and {len(listed) - shown} more' if len(listed) > shown else ''
+  return ', '.join(listed[:shown]) + more + '.'
 
 
 def model_fields(marian: Mapping[str, Any], *, vocab_size: int, logits_bias: bool) -> dict:
@@ -319,7 +469,7 @@ def model_fields(marian: Mapping[str, Any], *, vocab_size: int, logits_bias: boo
       'norm_epsilon': MARIAN_NORM_EPSILON,
       'logits_bias': logits_bias,
       'share_embeddings': bool(marian.get('share_encoder_decoder_embeddings', True)),
-      'max_len': marian.get('max_position_embeddings', 512),
+      'max_len': marian.get('max_position_embeddings', MAX_POSITIONS),
     },
   }
 
@@ -391,8 +541,7 @@ def from_marian(
   }
   if cfg.share_embeddings:
     # Tied: saved under one of these names (transformers keeps one of a tied group).
-    tied = ('model.shared.weight', 'model.decoder.embed_tokens.weight', 'lm_head.weight')
-    name = next((n for n in tied if n in state), tied[0])
+    name = next((n for n in TIED_EMBEDDINGS if n in state), TIED_EMBEDDINGS[0])
     params['shared_embedding'] = {'embedding': rows(get(name))}
   else:
     params['src_embedding'] = {'embedding': rows(get('model.encoder.embed_tokens.weight'))}

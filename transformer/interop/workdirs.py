@@ -19,6 +19,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
+from collections.abc import Collection
 from typing import Any
 
 import jax
@@ -26,7 +28,16 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from transformer import checkpoints, evaluation, extras, optim, provenance, runs, storage
+from transformer import (
+  checkpoints,
+  evaluation,
+  extras,
+  optim,
+  path_checks,
+  provenance,
+  runs,
+  storage,
+)
 from transformer import config as config_lib
 from transformer import tokenizer as tokenizer_lib
 from transformer.config import ModelConfig
@@ -38,8 +49,10 @@ TARGET_VOCABULARY_FILE = 'target_vocabulary.model'  # Its target side's, where i
 IMPORTED_KEY = provenance.IMPORTED_KEY  # Its provenance entry's record of the source.
 
 
-def check_new_output(path: str, flag: str) -> str:
-  """`path` made absolute; refused if something is there already (nothing is overwritten)."""
+def check_new_output(path: str, flag: str, inputs: dict[str, str | None] | None = None) -> str:
+  """`path` made absolute, checked before any work: refused if something is there already
+  (nothing is overwritten), if it is or lies in a run's files, one of `inputs` or the code
+  (`path_checks.protected_path_errors`, the rule of every output), or if it cannot be written."""
   if not path or not path.strip():
     raise InvalidInput(f'{flag} is empty: name a new directory.')
   if storage.is_url(path):
@@ -47,6 +60,8 @@ def check_new_output(path: str, flag: str) -> str:
   path = os.path.abspath(os.path.expanduser(path))
   if os.path.isfile(path):
     raise InvalidInput(f'{flag}={path} is a file: name a new directory.')
+  if errors := path_checks.output_dir_errors(path, flag, inputs):
+    raise InvalidInput(errors[0])
   if os.path.isdir(path) and os.listdir(path):
     raise InvalidInput(f'{flag}={path} is not empty: name a new directory (nothing is replaced).')
   return path
@@ -163,10 +178,21 @@ class Imported:
 def load_hf(directory: str) -> Imported:
   """Reads a Marian directory into this project's fields, parameters and vocabulary.
 
-  Refused with one message naming each config.json key without an exact form here. A
-  target.spm that differs from source.spm (OPUS-MT's: a model per language over one joint
-  vocab.json) is kept as the target side's own model, with the same pieces and ids.
+  Everything is read and checked before anything is returned (so before a caller writes):
+  refused, naming the file, for each config.json key without an exact form here, weights
+  that are not the model config.json states (a shape, naming the tensor and the keys; NaN or
+  inf; a tensor missing or unknown), and a file that is damaged. A target.spm that differs
+  from source.spm (OPUS-MT's: a model per language over one joint vocab.json) is kept as the
+  target side's own model, with the same pieces and ids.
   """
+  if storage.is_url(directory):
+    copy = {'gs': 'gcloud storage cp -r', 's3': 'aws s3 sync'}.get(
+      directory.split('://', 1)[0], 'gcloud storage cp -r (or aws s3 sync)'
+    )
+    raise InvalidInput(
+      f'--from_hf={directory}: imports read a local directory. Copy the bucket folder to this '
+      f'host first ({copy} {directory} DIR), then name the copy: --from_hf=DIR.'
+    )
   directory = os.path.abspath(os.path.expanduser(directory))
   if not os.path.isdir(directory):
     raise InvalidInput(f'--from_hf={directory} is not a directory.')
@@ -176,44 +202,18 @@ def load_hf(directory: str) -> Imported:
       f'{directory}/tokenizer_config.json separate_vocabs=true: its sides have ids of their '
       'own (vocab.json, target_vocab.json); here one id names one piece on both sides.'
     )
-  vocab, source_spm, target_spm = hf_files.read_vocabularies(directory)
-  if '<unk>' not in vocab:
-    raise InvalidInput(f'{directory}/vocab.json has no <unk> piece.')
-  size = marian_config['vocab_size']
-  if len(vocab) != size or sorted(vocab.values()) != list(range(size)):
-    raise InvalidInput(
-      f'{directory}/vocab.json holds {len(vocab)} pieces for ids other than 0..{size - 1} '
-      f'(config.json vocab_size={size}).'
-    )
-  order = marian.vocabulary_order(
-    marian_config['pad_token_id'],
-    marian_config['eos_token_id'],
-    marian_config['decoder_start_token_id'],
-    vocab['<unk>'],
-    size,
-  )
-  source, source_dropped = hf_files.rebuild_vocabulary(source_spm, vocab, order)
-  target, target_dropped = hf_files.rebuild_vocabulary(target_spm, vocab, order)
-  for name, dropped in (('source.spm', source_dropped), ('target.spm', target_dropped)):
-    if dropped:
-      logging.warning(
-        '%d pieces of %s/%s are not in vocab.json: MarianTokenizer maps them to <unk>; '
-        'here text is segmented around them.',
-        dropped,
-        directory,
-        name,
-      )
-  state = hf_files.read_weights(directory)
+  state = hf_files.read_checked_weights(directory, marian_config)
+  order, source, target = hf_files.read_tokenizer(directory, marian_config)
   fields = marian.model_fields(
     marian_config, vocab_size=len(order), logits_bias=marian.nonzero_logits_bias(state)
   )
+  fields['decode'] = _decode_fields(directory)
+  languages = _languages(directory)
   cfg = ModelConfig(vocab_size=fields['vocab_size'], **fields['model'])
   try:
     params = marian.from_marian(state, cfg, order)
   except KeyError as e:
     raise InvalidInput(f'{directory}: {e.args[0]}') from None
-  fields['decode'] = _decode_fields(directory)
-  languages = _languages(directory)
   return Imported(
     directory, fields, params, source, None if target == source else target, languages
   )
@@ -224,7 +224,7 @@ def _decode_fields(directory: str) -> dict[str, Any]:
   path = os.path.join(directory, 'generation_config.json')
   if not os.path.isfile(path):
     return {}
-  generation = json.loads(storage.read_text(path))
+  generation = hf_files.read_json_object(path)
   fields = {}
   if isinstance(generation.get('num_beams'), int) and generation['num_beams'] >= 1:
     fields['beam_size'] = generation['num_beams']
@@ -238,18 +238,20 @@ def _decode_fields(directory: str) -> dict[str, Any]:
 def _tokenizer_config(directory: str) -> dict[str, Any]:
   """tokenizer_config.json of DIR, {} where there is none."""
   path = os.path.join(directory, 'tokenizer_config.json')
-  if not os.path.isfile(path):
-    return {}
-  try:
-    loaded = json.loads(storage.read_text(path))
-  except ValueError as e:
-    raise InvalidInput(f'{path} is not JSON: {e}') from None
-  return loaded if isinstance(loaded, dict) else {}
+  return hf_files.read_json_object(path) if os.path.isfile(path) else {}
 
 
 def _languages(directory: str) -> tuple[str | None, str | None]:
+  """tokenizer_config.json's source_lang and target_lang (None where it names none)."""
   loaded = _tokenizer_config(directory)
-  return loaded.get('source_lang'), loaded.get('target_lang')
+  sides = loaded.get('source_lang'), loaded.get('target_lang')
+  for key, side in zip(('source_lang', 'target_lang'), sides, strict=True):
+    if side is not None and not (isinstance(side, str) and side.strip()):
+      raise InvalidInput(
+        f'{directory}/tokenizer_config.json {key}={side!r}: name a language (a string) or '
+        'leave it out.'
+      )
+  return sides[0] or None, sides[1] or None
 
 
 def params_digest(params: Any) -> str:
@@ -264,24 +266,78 @@ def params_digest(params: Any) -> str:
   return digest.hexdigest()
 
 
-def apply_fields(config: ml_collections.ConfigDict, fields: dict[str, Any]) -> None:
-  """Sets the imported model's `vocab_size`, `model.*` and `decode.*` on `config`."""
+def apply_fields(
+  config: ml_collections.ConfigDict, fields: dict[str, Any], keep: Collection[str] = ()
+) -> None:
+  """Sets the imported model's `vocab_size`, `model.*` and `decode.*` on `config`, but for
+  the `decode.*` keys in `keep` (set on the command line: the user's choice of decoding)."""
   config.vocab_size = fields['vocab_size']
   for group in ('model', 'decode'):
     for key, value in fields.get(group, {}).items():
-      config[group][key] = value
+      if f'{group}.{key}' not in keep:
+        config[group][key] = value
 
 
-def import_hf(directory: str, workdir: str, config: ml_collections.ConfigDict) -> str:
+# What an imported model's directory gives (its config.json, vocabulary files): an override of
+# one of these on the command line would be dropped, so it is refused.
+_FROM_THE_DIRECTORY = ('vocab_size', 'data.vocab_path', 'data.target_vocab_path')
+
+
+def import_override_errors(overridden: Collection[str], directory: str) -> list[str]:
+  """The command line's overrides (`--config.KEY`) of fields that `directory` gives."""
+  return [
+    f'--config.{key}: the imported model takes it from {directory} (its config.json and '
+    'vocabulary files), so an override would be dropped; leave it out.'
+    for key in sorted(overridden)
+    if key in _FROM_THE_DIRECTORY or key.startswith('model.')
+  ]
+
+
+def _fit_lengths(
+  config: ml_collections.ConfigDict, overridden: Collection[str], directory: str
+) -> None:
+  """Lowers config.data's lengths the command line did not set to the model's positions
+  (the directory's max_position_embeddings); one it set beyond them is refused."""
+  limit, data = config.model.max_len, config.data
+  too_long = [key for key in ('max_len', 'max_eval_len') if data[key] > limit]
+  where = f"{directory}/config.json max_position_embeddings={limit}, the model's positions"
+  refused = [f'--config.data.{key}={data[key]}' for key in too_long if f'data.{key}' in overridden]
+  if refused:
+    verb = 'exceeds' if len(refused) == 1 else 'exceed'
+    raise InvalidInput(
+      f'{" and ".join(refused)} {verb} {where}: set at most {limit}, or leave it out (the '
+      "config file's value is then lowered to it)."
+    )
+  for key in too_long:
+    logging.info('config.data.%s=%d lowered to %d (%s).', key, data[key], limit, where)
+    data[key] = limit
+  if 'max_len' in too_long and 'data.tokens_per_batch' not in overridden:
+    data.tokens_per_batch = max(data.tokens_per_batch // limit, 1) * limit
+
+
+def import_hf(
+  directory: str,
+  workdir: str,
+  config: ml_collections.ConfigDict,
+  overridden: Collection[str] = (),
+) -> str:
   """Writes `workdir` holding the Marian model of `directory`; `config` gives data and training.
 
   Returns the checkpoint's directory. The config's model fields, vocab_size and decoding
-  are the imported model's; `data.vocab_path` is WORKDIR/vocabulary.model.
+  are the imported model's (an override of the model or vocabulary is refused, one of the
+  decoding kept: `overridden`, the keys set on the command line); its data lengths the
+  command line did not set are fitted to the model's positions. `data.vocab_path` is
+  WORKDIR/vocabulary.model. On a failure nothing is left behind.
   """
-  workdir = check_new_output(workdir, '--workdir')
+  workdir = check_new_output(
+    workdir, '--workdir', {'the Hugging Face directory (--from_hf)': directory}
+  )
+  if errors := import_override_errors(overridden, directory):
+    raise InvalidInput('\n  '.join(['Invalid overrides:', *errors]))
   imported = load_hf(directory)
   config = ml_collections.ConfigDict(config.to_dict())
-  apply_fields(config, imported.fields)
+  apply_fields(config, imported.fields, keep=overridden)
+  _fit_lengths(config, overridden, imported.directory)
   config.data.vocab_path = os.path.join(workdir, VOCABULARY_FILE)
   if imported.target_vocabulary is not None:
     config.data.target_vocab_path = os.path.join(workdir, TARGET_VOCABULARY_FILE)
@@ -296,12 +352,27 @@ def import_hf(directory: str, workdir: str, config: ml_collections.ConfigDict) -
         config.data[name],
       )
   config_lib.validate(config, num_devices=jax.device_count())
+  state = _train_state(evaluation.setup(config), imported.params, config)  # Before any write.
+  existed = os.path.isdir(workdir)
+  try:
+    _write_workdir(workdir, imported, config, state)
+  except BaseException:
+    shutil.rmtree(workdir, ignore_errors=True)  # It was new or empty (`check_new_output`).
+    if existed:
+      os.makedirs(workdir, exist_ok=True)
+    raise
+  logging.info('Imported %s into %s (step 0).', imported.directory, workdir)
+  return storage.join(workdir, 'checkpoints')
+
+
+def _write_workdir(
+  workdir: str, imported: Imported, config: ml_collections.ConfigDict, state: Any
+) -> None:
+  """The imported workdir's files: vocabularies, checkpoint 0, config.json, provenance."""
   os.makedirs(workdir, exist_ok=True)
   storage.write_bytes(config.data.vocab_path, imported.vocabulary)
   if imported.target_vocabulary is not None:
     storage.write_bytes(config.data.target_vocab_path, imported.target_vocabulary)
-  run = evaluation.setup(config)
-  state = _train_state(run, imported.params, config)
   checkpointer = checkpoints.Checkpointer(workdir)
   try:
     # The data item of a checkpoint is an input position; an imported model has none to keep
@@ -325,8 +396,6 @@ def import_hf(directory: str, workdir: str, config: ml_collections.ConfigDict) -
   storage.append_text(
     storage.join(workdir, provenance.FILENAME), json.dumps(entry, sort_keys=True) + '\n'
   )
-  logging.info('Imported %s into %s (step 0).', imported.directory, workdir)
-  return storage.join(workdir, 'checkpoints')
 
 
 def _train_state(run: evaluation.Setup, params: Any, config: ml_collections.ConfigDict):

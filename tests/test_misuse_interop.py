@@ -282,8 +282,7 @@ def test_init_from_names_its_own_key_not_convert_pys_flag(tmp_path):
   with pytest.raises(errors.InvalidInput) as refusal:
     initialization.resolve(config)
   assert str(refusal.value) == (
-    f'config.init_from=hf:{empty}: {empty}: no config.json there (a Hugging Face model '
-    'directory).'
+    f'config.init_from=hf:{empty}: {empty}: no config.json there (a Hugging Face model directory).'
   )
 
 

@@ -22,19 +22,22 @@ def test_each_key_is_declared_once_with_a_default_in_its_domain():
   keys = [field.key for field in config_fields.FIELDS]
   assert len(keys) == len(set(keys))
   for field in config_fields.FIELDS:
-    assert field.domain.error(field.key, field.default) is None, field.key
+    value = config_fields.resolved_default(field)  # A following default: the followed's.
+    assert field.domain.error(field.key, value) is None, field.key
     assert field.doc.strip() and len(field.doc) <= 100, field.key
     if field.default is None:
       assert field.placeholder is not None, f'{field.key}: a None default needs its type'
   assert config_lib.flatten(default.get_config()) == {
-    field.key: field.default for field in config_fields.FIELDS
+    field.key: config_fields.resolved_default(field) for field in config_fields.FIELDS
   }
 
 
 def test_the_model_dataclass_has_the_declared_defaults_and_no_others():
   fields = {f.name: f.default for f in dataclasses.fields(config_lib.ModelConfig)}
-  declared = {
-    key.split('.', 1)[1]: config_fields.BY_KEY[key].default
+  declared = {  # A following default is None until __post_init__ fills it in.
+    key.split('.', 1)[1]: None
+    if isinstance(config_fields.BY_KEY[key].default, config_fields.Follows)
+    else config_fields.BY_KEY[key].default
     for key in config_fields.keys(group='model')
   }
   assert {name: fields[name] for name in declared} == declared
@@ -68,7 +71,12 @@ def test_a_run_written_before_its_fields_existed_reads_them_as_it_had_them():
       target = target[group]
     del target[leaf]
   upgraded = config_lib.flatten(runs.upgrade(ml_collections.ConfigDict(config)))
-  assert {key: upgraded[key] for key in runs.ADDED_KEYS} == config_fields.added_keys()
+  before = {  # A following value: that of the key it follows, in the run's own config.
+    key: upgraded[value.key] if isinstance(value, config_fields.Follows) else value
+    for key, value in config_fields.added_keys().items()
+  }
+  assert {key: upgraded[key] for key in runs.ADDED_KEYS} == before
+  assert upgraded['model.num_kv_heads'] == upgraded['model.num_heads'] == 4
 
 
 def test_each_part_handed_down_reads_declared_fields_from_the_config():

@@ -85,12 +85,23 @@ def dot_product_attention(
   `bias_BHLS` (float32, e.g. ALiBi's) is added to the scaled logits before masking.
   With `kv_heads_first`, keys and values come as [B, H, K, S] (the decoding cache's
   layout: the one the two products read, so that no step transposes the cache).
+  Keys and values may have fewer heads G than the queries' H (grouped-query attention,
+  `num_kv_heads`): query head h reads key/value head h // (H / G), as
+  `jax.nn.dot_product_attention` groups them.
   Returns the attended values [B, L, H, K] and the weights [B, H, L, S].
   """
-  depth = query_BLHK.shape[-1]
+  batch, length, heads, depth = query_BLHK.shape
   query_BLHK = query_BLHK / jnp.sqrt(depth).astype(query_BLHK.dtype)
   key_spec, value_spec = ('bhks', 'bhks') if kv_heads_first else ('bshk', 'bshk')
-  logits_BHLS = jnp.einsum(f'blhk,{key_spec}->bhls', query_BLHK, key_BSHK).astype(jnp.float32)
+  kv_heads = key_BSHK.shape[1 if kv_heads_first else 2]
+  if kv_heads == heads:
+    logits_BHLS = jnp.einsum(f'blhk,{key_spec}->bhls', query_BLHK, key_BSHK)
+  else:  # Each key/value head g serves the query heads g * R ... g * R + R - 1.
+    query_BLGRK = query_BLHK.reshape(batch, length, kv_heads, heads // kv_heads, depth)
+    grouped = key_spec.replace('h', 'g')
+    logits_BGRLS = jnp.einsum(f'blgrk,{grouped}->bgrls', query_BLGRK, key_BSHK)
+    logits_BHLS = logits_BGRLS.reshape(batch, heads, length, -1)
+  logits_BHLS = logits_BHLS.astype(jnp.float32)
   if bias_BHLS is not None:
     logits_BHLS = logits_BHLS + bias_BHLS
   if mask_B1LS is not None:
@@ -99,9 +110,17 @@ def dot_product_attention(
   if dropout_rng is not None and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights_BHLS.shape)
     weights_BHLS = jnp.where(keep, weights_BHLS / (1.0 - dropout_rate), 0.0)
-  out_BLHK = jnp.einsum(
-    f'bhls,{value_spec}->blhk', weights_BHLS.astype(value_BSHK.dtype), value_BSHK
-  )
+  if kv_heads == heads:
+    out_BLHK = jnp.einsum(
+      f'bhls,{value_spec}->blhk', weights_BHLS.astype(value_BSHK.dtype), value_BSHK
+    )
+  else:
+    weights_BGRLS = weights_BHLS.reshape(batch, kv_heads, heads // kv_heads, length, -1)
+    grouped = value_spec.replace('h', 'g')
+    out_BLGRK = jnp.einsum(
+      f'bgrls,{grouped}->blgrk', weights_BGRLS.astype(value_BSHK.dtype), value_BSHK
+    )
+    out_BLHK = out_BLGRK.reshape(batch, length, heads, depth)
   return out_BLHK, weights_BHLS
 
 
@@ -249,9 +268,11 @@ class MultiHeadAttention(nn.Module):
     relative = cfg.position in ('rope', 'alibi') and not self.is_cross_attention
     if relative and positions_BL is None:
       raise ValueError(f'position={cfg.position!r} self-attention needs positions_BL.')
-    projection = lambda name: _Projection(
-      cfg, (heads, head_dim), 1, ('embed', 'heads', 'kv'), name=name
-    )
+
+    def projection(name: str) -> _Projection:
+      """W^Q (h heads) or W^K, W^V (`num_kv_heads`: grouped-query attention) of eq. 1."""
+      count = heads if name == 'query' else cfg.num_kv_heads
+      return _Projection(cfg, (count, head_dim), 1, ('embed', 'heads', 'kv'), name=name)
 
     def queries_or_keys(name: str, x_BLD: jax.Array) -> jax.Array:
       """Projected to [B, L, H, K]; with `qk_norm`, each head's vector normalised (its own

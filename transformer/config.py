@@ -67,9 +67,21 @@ def flatten(
 # --- Rules across keys ---------------------------------------------------------------------------
 
 
+def requirement_errors(c, group: str = 'model') -> list[str]:
+  """The broken rules declared with the fields (`config_fields.Requirement`): of the fields of
+  `group` ('model'), or of every other field (`group=''`)."""
+  return [
+    requirement.message(c)
+    for field in config_fields.FIELDS
+    if field.key.startswith('model.') == (group == 'model')
+    for requirement in field.requires
+    if not requirement.holds(c)
+  ]
+
+
 def _model_errors(c) -> list[str]:
   m = c.model
-  errors = []
+  errors = requirement_errors(c)
   if m.num_heads >= 1 and m.d_model % m.num_heads:
     errors.append(
       f'config.model.d_model={m.d_model} is not divisible by config.model.num_heads={m.num_heads}.'
@@ -265,6 +277,7 @@ def _mesh_rule_errors(c) -> list[str]:
 # Each takes a config whose single values are in their domains; returns errors naming the keys.
 _CROSS_CHECKS: tuple[Callable[[ml_collections.ConfigDict], list[str]], ...] = (
   _model_errors,
+  lambda c: requirement_errors(c, group=''),
   _schedule_errors,
   _decode_checkpoint_errors,
   _init_errors,
@@ -345,7 +358,11 @@ class _ModelConfigMethods:
   """What `ModelConfig` adds to its fields: the domain check, derived switches, construction."""
 
   def __post_init__(self):
-    """Checks every field against its domain in `CONFIG_RULES`."""
+    """Fills each following default (`config_fields.follows`: None until then) with the
+    value it follows; checks every field against its domain in `CONFIG_RULES`."""
+    for name, key in _FOLLOWING.items():
+      if getattr(self, name) is None:
+        object.__setattr__(self, name, getattr(self, key.split('.', 1)[1]))
     fields = {k: v for k, v in vars(self).items() if f'model.{k}' in CONFIG_RULES}
     raise_if(
       model_errors(ml_collections.ConfigDict({'vocab_size': self.vocab_size, 'model': fields})),
@@ -387,12 +404,24 @@ MODEL_FIELD_NAMES = tuple(key.split('.', 1)[1] for key in config_fields.keys(gro
 # hashable, as Flax module attributes are. Besides the declared fields: the vocabulary size
 # (required), the dtype, and the variants `replace(deterministic=True)` for evaluation and
 # `replace(decode=True, max_decode_len=N)` for cached one-token-per-step decoding.
+# {name: the key it follows} of the model fields whose default follows another's.
+_FOLLOWING = {
+  field.key.split('.', 1)[1]: field.default.key
+  for field in config_fields.model_fields()
+  if isinstance(field.default, config_fields.Follows)
+}
 ModelConfig = dataclasses.make_dataclass(
   'ModelConfig',
   [
     ('vocab_size', int),
     *(
-      (field.key.split('.', 1)[1], type(field.default), dataclasses.field(default=field.default))
+      (
+        field.key.split('.', 1)[1],
+        config_fields.default_type(field),
+        dataclasses.field(
+          default=None if isinstance(field.default, config_fields.Follows) else field.default
+        ),
+      )
       for field in config_fields.model_fields()
     ),
     ('dtype', Any, dataclasses.field(default=jnp.float32)),

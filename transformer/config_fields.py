@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ml_collections
@@ -117,12 +117,41 @@ _ALWAYS = object()  # `Field.before` of a field that every run's config.json has
 
 
 @dataclasses.dataclass(frozen=True)
+class Follows:
+  """A default that is another field's value until the field is set (`follows`)."""
+
+  key: str  # The dotted key followed.
+
+  def __repr__(self) -> str:
+    return f'follows({self.key!r})'
+
+
+def follows(key: str) -> Follows:
+  """The default of a field that takes `key`'s value (an override of `key` moves it too)
+  until it is set itself: `ml_collections`' derived `FieldReference`."""
+  return Follows(key)
+
+
+@dataclasses.dataclass(frozen=True)
+class Requirement:
+  """A rule across fields, declared with the field it constrains (`Field.requires`).
+
+  `holds(config)` is checked once every value is in its domain (`config.config_errors`);
+  `message(config)` says what is wrong, naming the keys.
+  """
+
+  holds: Callable[[ml_collections.ConfigDict], bool]
+  message: Callable[[ml_collections.ConfigDict], str]
+
+
+@dataclasses.dataclass(frozen=True)
 class Field:
   """One leaf of the config: `key` (dotted), its default, domain, resume meaning and doc.
 
   `before`: the value that runs written before the field existed had (`added_keys`);
   `placeholder`: the type of a default of None (`ml_collections` placeholders keep overrides
-  typed).
+  typed). A default or `before` may be `follows(KEY)`: another field's value. `requires`: the
+  rules across fields this one must keep (`Requirement`).
   """
 
   key: str
@@ -132,6 +161,7 @@ class Field:
   doc: str
   before: Any = _ALWAYS
   placeholder: type | None = None
+  requires: tuple[Requirement, ...] = ()
 
 
 FREE, WARN, WEIGHTS, START = OnResume.FREE, OnResume.WARN, OnResume.WEIGHTS, OnResume.START
@@ -180,6 +210,16 @@ FIELDS: tuple[Field, ...] = (
   Field('model.num_layers', 3, POSITIVE_INT, WEIGHTS, 'N: layers in the encoder and in the decoder.'),
   Field('model.d_model', 256, POSITIVE_INT, WEIGHTS, 'd_model: width of the residual stream.'),
   Field('model.num_heads', 4, POSITIVE_INT, WEIGHTS, 'h: attention heads; d_k = d_v = d_model / h.'),
+  Field('model.num_kv_heads', follows('model.num_heads'), POSITIVE_INT, WEIGHTS, 'Key/value heads, each shared by num_heads / num_kv_heads query heads (GQA; 1: multi-query).', before=follows('model.num_heads'), requires=(
+    Requirement(
+      lambda c: c.model.num_heads % c.model.num_kv_heads == 0,
+      lambda c: f'config.model.num_kv_heads={c.model.num_kv_heads} must divide config.model.num_heads={c.model.num_heads}: each key/value head serves a group of query heads.',
+    ),
+    Requirement(  # Where the mesh is known: the tensor axis splits the key/value heads.
+      lambda c: 'mesh' not in c or c.mesh.tensor < 1 or c.model.num_kv_heads % c.mesh.tensor == 0,
+      lambda c: f'config.model.num_kv_heads={c.model.num_kv_heads} does not divide over config.mesh.tensor={c.mesh.tensor}, which splits the key/value heads: choose a multiple of it, or a smaller config.mesh.tensor.',
+    ),
+  )),
   Field('model.d_ff', 1024, POSITIVE_INT, WEIGHTS, 'd_ff: inner width of the position-wise FFN.'),
   Field('model.dropout_rate', 0.1, PROBABILITY, WARN, 'P_drop on sub-layer outputs and embedding sums.'),
   Field('model.attention_dropout_rate', 0.0, PROBABILITY, WARN, 'Dropout on attention weights (paper: none).'),
@@ -236,6 +276,7 @@ BY_KEY: dict[str, Field] = {field.key: field for field in FIELDS}
 def defaults() -> ml_collections.ConfigDict:
   """A new config holding every field's default (what configs/default.py returns)."""
   config = ml_collections.ConfigDict()
+  following = []
   for field in FIELDS:
     *groups, leaf = field.key.split('.')
     target = config
@@ -246,8 +287,35 @@ def defaults() -> ml_collections.ConfigDict:
     value = field.default
     if value is None and field.placeholder is not None:
       value = config_dict.placeholder(field.placeholder)
+    if isinstance(value, Follows):
+      following.append((target, leaf, value.key))
+      continue
     target[leaf] = value
+  for target, leaf, key in following:  # Once the followed fields exist.
+    *groups, followed = key.split('.')
+    source = config
+    for group in groups:
+      source = source[group]
+    target[leaf] = source.get_ref(followed).identity()
   return config
+
+
+def value_of(config: ml_collections.ConfigDict | dict, key: str) -> Any:
+  """The value of dotted `key` in `config`."""
+  for name in key.split('.'):
+    config = config[name]
+  return config
+
+
+def resolved_default(field: Field) -> Any:
+  """`field`'s default value: its own, or that of the field it follows (`follows`)."""
+  default = field.default
+  return resolved_default(BY_KEY[default.key]) if isinstance(default, Follows) else default
+
+
+def default_type(field: Field) -> type:
+  """The type of `field`'s values: its default's, or that of the field it follows."""
+  return type(resolved_default(field))
 
 
 def keys(on_resume: OnResume | None = None, group: str = '') -> tuple[str, ...]:
@@ -279,17 +347,25 @@ def model_fields() -> Iterator[Field]:
 
 
 def unmapped_switches(mapped: tuple[str, ...], model_config: Any) -> list[str]:
-  """`model.` keys outside `mapped` (an exporter's) whose value differs from their default.
+  """`model.` keys outside `mapped` (an exporter's) whose value makes another model than
+  their default would: the value itself is compared, so a following default
+  (`num_kv_heads` equal to `num_heads`) is the model the exporter knows.
 
   An exporter names the fields its format expresses; a switch declared after it was written
   is then refused by name instead of exported wrongly.
   """
+  name = lambda key: key.split('.', 1)[1]
+
+  def default(field: Field) -> Any:
+    following = isinstance(field.default, Follows)
+    return getattr(model_config, name(field.default.key)) if following else field.default
+
   return [
-    f'config.{f.key}={getattr(model_config, f.key.split(".", 1)[1])!r}'
+    f'config.{f.key}={getattr(model_config, name(f.key))!r}'
     for f in model_fields()
     if f.key not in mapped
     and f.on_resume == WEIGHTS
-    and getattr(model_config, f.key.split('.', 1)[1]) != f.default
+    and getattr(model_config, name(f.key)) != default(f)
   ]
 
 
@@ -316,13 +392,8 @@ class Part:
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict):
     """The part's fields read from `config` (a checked training config)."""
-    values = {}
-    for field, key in zip(dataclasses.fields(cls), cls.config_keys(), strict=True):
-      value = config
-      for name in key.split('.'):
-        value = value[name]
-      values[field.name] = value
-    return cls(**values)
+    fields = zip(dataclasses.fields(cls), cls.config_keys(), strict=True)
+    return cls(**{field.name: value_of(config, key) for field, key in fields})
 
 
 def reference_table() -> str:
@@ -335,7 +406,7 @@ def reference_table() -> str:
   for f in FIELDS:
     text = f.domain.text if isinstance(f.domain.text, str) else f.domain.text()
     before = '' if f.before is _ALWAYS else f'`{f.before!r}`'
-    default = f'`{f.default!r}`'
+    default = f'`{f.default!r}`'  # follows('model.num_heads') for a following default.
     if f.key == 'mesh.rules':
       default = before = '`sharding.LOGICAL_AXIS_RULES`'
     rows.append(

@@ -478,8 +478,9 @@ def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       if group not in target:  # A group added since (e.g. decode).
         target[group] = ml_collections.ConfigDict()
       target = target[group]
-    if leaf not in target:
-      target[leaf] = value
+    if leaf not in target:  # A following value (`config_fields.follows`): the run's own.
+      following = isinstance(value, config_fields.Follows)
+      target[leaf] = config_fields.value_of(config, value.key) if following else value
   return config
 
 

@@ -38,20 +38,24 @@ def parameter_table(params) -> tuple[list[tuple[str, str, int]], int]:
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
   """Model FLOPs per target token of a training step (forward + backward = 3 x forward).
 
-  Counts matmuls only (2 FLOPs per multiply-add), for a source of the same length
-  as the target, one source token per target token: the encoder's work on the
-  source is charged to the target token it pairs with. A decoder-only model has
-  neither the encoder nor the cross-attention.
+  Derived from the model's own parameter shapes: every kernel (a projection of eq. 1, the
+  FFN's matrices of eq. 2, an untied softmax) multiplies each token's vector once, 2 FLOPs
+  per weight; a tied softmax reads the embedding the same way; and each attention adds its
+  two products Q K^T and weights x V, 2 x 2 x `seq_len` x h x d_k per query. So a variant
+  that changes a shape (SwiGLU's third matrix, fewer key/value heads) is counted as it is
+  built. Matmuls only, for a source of the same length as the target, one source token per
+  target token: the encoder's work on the source is charged to the target token it pairs
+  with. A decoder-only model has neither the encoder nor the cross-attention.
   """
-  d, f, layers = cfg.d_model, cfg.d_ff, cfg.num_layers
-  projections = 2 * 4 * d * d  # Q, K, V and output projections.
-  ffn = 2 * (3 if cfg.ffn_activation == 'swiglu' else 2) * d * f  # SwiGLU has 3 matrices.
-  scores = 2 * 2 * seq_len * d  # Q K^T and weights x V, over `seq_len` keys.
-  attentions = 2 if cfg.has_encoder else 1  # Self-attention, and cross-attention.
-  encoder = layers * (projections + ffn + scores) if cfg.has_encoder else 0
-  decoder = layers * (attentions * projections + ffn + attentions * scores)
-  softmax = 2 * d * cfg.vocab_size
-  forward = encoder + decoder + softmax
+  from transformer.model import Transformer  # pylint: disable=g-import-not-at-top
+
+  params = flax.traverse_util.flatten_dict(abstract_params(Transformer(cfg)))
+  weights = sum(int(np.prod(leaf.shape)) for path, leaf in params.items() if path[-1] == 'kernel')
+  if cfg.share_embeddings:  # The softmax of section 3.4 reads the shared embedding.
+    weights += cfg.d_model * cfg.vocab_size
+  attentions = (3 if cfg.has_encoder else 1) * cfg.num_layers  # Self (2 stacks) and cross.
+  scores = attentions * 2 * 2 * seq_len * cfg.d_model  # h x d_k = d_model per query.
+  forward = 2 * weights + scores
   return {'forward': float(forward), 'train': 3.0 * forward}
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -428,6 +429,34 @@ def test_eval_py_translations_equal_ctranslate2s_text(run):
     )
     theirs.append(processor.decode(result.hypotheses[0]))
   assert theirs == ours
+
+
+@pytest.mark.parametrize('kv_heads', [2, 1])
+def test_grouped_query_attention_exports_to_ctranslate2_with_the_same_scores(tmp_path, kv_heads):
+  """`num_kv_heads` < `num_heads` (2: grouped-query; 1: multi-query) through the specs'
+  `num_heads_kv`: CTranslate2 scores targets as this project's model does (random weights,
+  so every log-probability is compared, not a translation)."""
+  pairs = synthetic_captions(200, seed=11)
+  vocab = tokenizer.train_tokenizer([s for pair in pairs for s in pair], 120)
+  cfg = ModelConfig(
+    vocab_size=120, num_layers=2, d_model=32, num_heads=4, num_kv_heads=kv_heads, d_ff=64,
+    max_len=64, norm_epsilon=1e-5, deterministic=True, dropout_rate=0.0,
+  )  # fmt: skip
+  assert ctranslate2_model.refusals(cfg) == []
+  model = Transformer(cfg)
+  ones = jnp.ones((1, 8), jnp.int32)
+  params = jax.tree.map(np.asarray, nn.meta.unbox(model.init(jax.random.key(1), ones, ones)))
+  ctranslate2_model.write(str(tmp_path / 'ct2'), params['params'], cfg, vocab.serialized_model())
+  translator = ctranslate2.Translator(str(tmp_path / 'ct2'), device='cpu')
+  piece = vocab.id_to_piece
+  for source, target in pairs[:4]:
+    src_ids, tgt_ids = vocab.encode(source), vocab.encode(target)
+    [scored] = translator.score_batch([[piece(i) for i in src_ids]], [[piece(i) for i in tgt_ids]])
+    src = jnp.asarray([src_ids + [tokenizer.EOS_ID]], jnp.int32)
+    tgt_in = jnp.asarray([[tokenizer.BOS_ID, *tgt_ids]], jnp.int32)
+    log_probs = jax.nn.log_softmax(model.apply(params, src, tgt_in)[0], axis=-1)
+    ours = [float(log_probs[t, i]) for t, i in enumerate([*tgt_ids, tokenizer.EOS_ID])]
+    np.testing.assert_allclose(scored.log_probs, ours, atol=2e-4)
 
 
 @pytest.mark.parametrize('quantization', ['int8', 'int8_float32'])

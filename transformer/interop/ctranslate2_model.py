@@ -40,6 +40,11 @@ QUANTIZATIONS = (
 )
 
 
+# The model fields this conversion expresses: Marian's, and grouped-query attention (the
+# specs' `num_heads_kv`).
+MAPPED_FIELDS = (*marian.MAPPED_FIELDS, 'model.num_kv_heads')
+
+
 def refusals(cfg: ModelConfig) -> list[str]:
   """Why `cfg` has no exact CTranslate2 TransformerSpec: one line per field; [] if it has one."""
   found = []
@@ -61,7 +66,7 @@ def refusals(cfg: ModelConfig) -> list[str]:
   found += [
     f"{switch}: CTranslate2's TransformerSpec has no such part (a switch this conversion "
     'does not express).'
-    for switch in config_fields.unmapped_switches(marian.MAPPED_FIELDS, cfg)
+    for switch in config_fields.unmapped_switches(MAPPED_FIELDS, cfg)
   ]
   return found
 
@@ -81,12 +86,17 @@ def build_spec(params: Mapping[str, Any], cfg: ModelConfig, pieces: list[str]):
   from ctranslate2.specs import transformer_spec  # pylint: disable=g-import-not-at-top
 
   d = cfg.d_model
-  spec = transformer_spec.TransformerSpec.from_config(
-    cfg.num_layers,
-    cfg.num_heads,
+  # Grouped-query attention: the key/value heads of every attention (None: as many as heads).
+  kv_heads = {'num_heads_kv': cfg.num_kv_heads} if cfg.num_kv_heads != cfg.num_heads else {}
+  common = dict(
     pre_norm=cfg.pre_norm,
     activation=_activation(cfg.ffn_activation),
     rms_norm=cfg.norm == 'rmsnorm',
+    **kv_heads,
+  )
+  spec = transformer_spec.TransformerSpec(
+    transformer_spec.TransformerEncoderSpec(cfg.num_layers, cfg.num_heads, **common),
+    transformer_spec.TransformerDecoderSpec(cfg.num_layers, cfg.num_heads, **common),
   )
 
   def f32(x):  # A writable copy: the spec quantizes its arrays in place.
@@ -97,11 +107,12 @@ def build_spec(params: Mapping[str, Any], cfg: ModelConfig, pieces: list[str]):
     if bias is not None:
       target.bias = f32(bias)
 
-  def projection(tree, name):  # [D, H, K] -> [D, D] and its bias.
-    bias = tree[name].get('bias')
+  def projection(tree, name):  # [D, H, K] -> [D, H * K] and its bias (fewer K/V heads: GQA).
+    kernel, bias = np.asarray(tree[name]['kernel']), tree[name].get('bias')
+    width = kernel.shape[1] * kernel.shape[2]
     return (
-      np.reshape(tree[name]['kernel'], (d, d)),
-      None if bias is None else np.reshape(bias, (d,)),
+      np.reshape(kernel, (d, width)),
+      None if bias is None else np.reshape(bias, (width,)),
     )
 
   def fused(target, tree, names):

@@ -210,17 +210,11 @@ def credential_errors(path: str, name: str) -> list[str]:
   elif os.path.isdir(value):
     problem = 'names a directory, not a credentials file'
   else:
-    try:
-      with open(value, 'rb') as f:
-        content = json.loads(f.read().decode('utf-8'))
-      if not isinstance(content, dict) or not isinstance(content.get('type'), str):
-        problem = 'names a JSON file without a "type" (not a credentials file)'
-    except PermissionError:
-      problem = 'names a file that cannot be read (permission denied)'
-    except OSError as e:
-      problem = f'names a file that cannot be read ({e.strerror or e})'
-    except (UnicodeDecodeError, json.JSONDecodeError):
-      problem = 'names a file that is not JSON (not a credentials file)'
+    content, problem = _json_file(value)
+    if problem is None and (
+      not isinstance(content, dict) or not isinstance(content.get('type'), str)
+    ):
+      problem = 'names a JSON file without a "type" (not a credentials file)'
   if problem is None:
     return _token_errors(path, name)
   return [
@@ -228,6 +222,19 @@ def credential_errors(path: str, name: str) -> list[str]:
     f'credentials it names. Point {CREDENTIALS_ENV} at a service-account key file (JSON), or '
     'unset it to use those of gcloud auth application-default login.'
   ]
+
+
+def _json_file(path: str) -> tuple[Any, str | None]:
+  """(the JSON content of the credentials file `path`, None), or (None, why it cannot be)."""
+  try:
+    with open(path, 'rb') as f:
+      return json.loads(f.read().decode('utf-8')), None
+  except PermissionError:
+    return None, 'names a file that cannot be read (permission denied)'
+  except OSError as e:
+    return None, f'names a file that cannot be read ({e.strerror or e})'
+  except (UnicodeDecodeError, json.JSONDecodeError):
+    return None, 'names a file that is not JSON (not a credentials file)'
 
 
 def _token_problem(token: Any) -> str | None:
@@ -271,17 +278,9 @@ def _token_errors(path: str, name: str) -> list[str]:
     elif os.path.isdir(token):
       problem = 'names a directory, not a credentials file'
     elif os.path.exists(token):  # As gcsfs looks: no ~ expanded, relative to this folder.
-      try:
-        with open(token, 'rb') as f:
-          content = json.loads(f.read().decode('utf-8'))
-        if found := _token_problem(content):
-          problem = f'names a file that {found}'
-      except PermissionError:
-        problem = 'names a file that cannot be read (permission denied)'
-      except OSError as e:
-        problem = f'names a file that cannot be read ({e.strerror or e})'
-      except (UnicodeDecodeError, json.JSONDecodeError):
-        problem = 'names a file that is not JSON (not a credentials file)'
+      content, problem = _json_file(token)
+      if problem is None and (found := _token_problem(content)):
+        problem = f'names a file that {found}'
     elif '/' in token or os.sep in token or token.lower().endswith('.json'):
       problem = (
         'names a file that does not exist (gcsfs would send the value to Google as an access token)'

@@ -40,6 +40,14 @@ _DRY_RUN_DEVICES = flags.DEFINE_integer(
   "(e.g. a GPU node's 8 from a laptop). 0: this host's devices.",
   lower_bound=0,
 )
+_TOPOLOGY = flags.DEFINE_string(
+  'topology',
+  None,
+  "With --dry_run: compile the run's train step, eval step and decoders with the TPU compiler "
+  "for this TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x1, v6e:2x4, or the cloud's v5e-8, v4-8, "
+  '...) and print their memory per device, FLOPs and bounds (transformer/tpu_compile.py; '
+  "needs the 'tpu' extra).",
+)
 _RESTORE_FALLBACK = flags.DEFINE_bool(
   'restore_fallback',
   False,
@@ -62,10 +70,14 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if _DRY_RUN_DEVICES.value and not _DRY_RUN.value:
     raise app.UsageError('--dry_run_devices sizes the memory report of --dry_run; add --dry_run.')
+  if _TOPOLOGY.value is not None and not _DRY_RUN.value:
+    raise app.UsageError('--topology compiles for a TPU slice with --dry_run; add --dry_run.')
+  if _TOPOLOGY.value is not None and _DRY_RUN_DEVICES.value:
+    raise app.UsageError('--topology lays the mesh over its chips; drop --dry_run_devices.')
   overridden = config_flags.get_override_values(flags.FLAGS['config'])
   config_lib.raise_if(config_lib.ignored_override_errors(_CONFIG.value, overridden))
   if _DRY_RUN.value:
-    dry_run.run(_CONFIG.value, _DRY_RUN_DEVICES.value or None, overridden)
+    dry_run.run(_CONFIG.value, _DRY_RUN_DEVICES.value or None, overridden, _TOPOLOGY.value)
     return
   if _WORKDIR.value is None:
     raise app.UsageError('--workdir is required (except with --dry_run).')

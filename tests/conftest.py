@@ -32,6 +32,9 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
   os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
 
+# The library's start-up rule first: on a CPU host with the `tpu` extra installed, JAX stays on
+# the CPU instead of loading libtpu to look for a TPU (transformer/__init__.py).
+import transformer  # noqa: E402, F401, I001
 import jax  # noqa: E402  (after the cache's environment, which jax reads when imported)
 import ml_collections  # noqa: E402
 import pytest  # noqa: E402

@@ -78,6 +78,7 @@ OUTPUTS = {
 # {(command, flag): what it names}: read, or not a path.
 NOT_OUTPUTS = {
   ('train.py', 'config'): 'the config file',
+  ('train.py', 'topology'): 'a TPU slice to compile for',
   ('eval.py', 'workdir'): 'the run it scores (it writes only WORKDIR/eval/, its own)',
   ('eval.py', 'checkpoint'): 'a checkpoint of the run',
   ('eval.py', 'split'): 'a split of the data',

@@ -1,6 +1,30 @@
 """The Transformer of "Attention Is All You Need" in JAX/Flax: the library of the entry points."""
 
+import glob
+import importlib.util
 import os
 
 # The repository root: where train.py, eval.py and sweep.py live, and the code git tracks.
 CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cpu_only_host() -> bool:
+  """No TPU on this host's PCI bus (Google's vendor id, where JAX looks: jax._src.hardware_utils)
+  and no GPU device node (NVIDIA's /dev/nvidia0..., AMD's /dev/kfd)."""
+  for vendor in glob.glob('/sys/bus/pci/devices/*/vendor'):
+    with open(vendor, encoding='ascii') as f:
+      if f.read().strip() == '0x1ae0':
+        return False
+  return not (glob.glob('/dev/nvidia[0-9]*') or os.path.exists('/dev/kfd'))
+
+
+# With the `tpu` extra installed (libtpu, for train.py --dry_run --topology), JAX loads libtpu
+# at start-up wherever JAX_PLATFORMS is unset, to look for a TPU: on a host without one that is
+# 105 MiB more per process and six lines of libtpu warnings on every command
+# (docs/devices.md#compiled-for-tpu-before-renting-one). There the CPU is all JAX can use.
+if (
+  'JAX_PLATFORMS' not in os.environ
+  and importlib.util.find_spec('libtpu') is not None
+  and _cpu_only_host()
+):
+  os.environ['JAX_PLATFORMS'] = 'cpu'

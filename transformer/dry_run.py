@@ -6,7 +6,7 @@ import jax
 import ml_collections
 
 from transformer import config as config_lib
-from transformer import initialization, memory, summary, train_steps
+from transformer import initialization, memory, summary, tpu_compile, tpu_topology, train_steps
 from transformer.config import ModelConfig
 
 
@@ -14,16 +14,28 @@ def run(
   config: ml_collections.ConfigDict,
   num_devices: int | None = None,
   overridden: Collection[str] = (),
+  topology: str | None = None,
 ) -> int:
   """Prints the parameter table, FLOPs per token, the train step's memory per device (with
   the mesh over `num_devices`, default this host's devices; `transformer/memory.py`) and a
   last line `params: N`; returns N. With `config.init_from`, first checks that source
   against the config (`initialization.resolve`, which reads no parameters; `overridden`: the
-  keys the command line set) and names it."""
+  keys the command line set) and names it. With `topology` (`--topology`, a TPU slice), the
+  mesh is laid over its chips and, before the last line, the run's jitted functions are
+  compiled for it by the TPU compiler (`tpu_compile.preflight`)."""
+  slice_ = None
+  if topology is not None:  # Checked before anything else; libtpu told to stay off the network.
+    slice_ = tpu_topology.parse(topology)
+    tpu_topology.require_extra()
+    tpu_topology.prepare_environment(slice_)
+    num_devices = slice_.chips
   platform = jax.devices()[0].platform
   if num_devices is None:  # This host's devices: what train.py would refuse here, refused.
     config_lib.validate(config, jax.device_count())
     config_lib.raise_if(config_lib.platform_errors(config, platform))
+  elif slice_ is not None:  # Compiled for TPUs: what a TPU run would refuse, refused.
+    config_lib.validate(config, num_devices)
+    config_lib.raise_if(config_lib.platform_errors(config, 'tpu'))
   else:  # Planned for other devices: this host's kind is not theirs, but say what it lacks.
     config_lib.validate(config, num_devices)
     for error in config_lib.platform_errors(config, platform):
@@ -41,6 +53,8 @@ def run(
     f'forward {flops["forward"] / 1e6:,.1f}M, training step {flops["train"] / 1e6:,.1f}M'
   )
   print(memory.format_memory(memory.step_memory(config, num_devices or jax.device_count())))
+  if slice_ is not None:
+    tpu_compile.preflight(config, topology)
   millions = f'{total / 1e6:.1f}M' if total >= 1e6 else f'{total / 1e6:.3f}M'
   print(f'params: {millions} ({total})')
   return total

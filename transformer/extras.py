@@ -7,6 +7,7 @@ local disk. The rest is opt-in, one pinned file and one extra of pyproject.toml 
   sweeps    optuna, submitit: sweep.py --search=optuna, --launcher=slurm
   tracking  wandb: config.wandb (`wandb_run`)
   interop   torch, transformers, ctranslate2: convert.py --to_ctranslate2, pytorch_model.bin
+  tpu       libtpu (jax[tpu]): train.py --dry_run --topology, compiled for a TPU slice
   test      pytest, the local storage servers of the tests, ruff
 
 Code that needs one of these packages asks here before it does any work: `require` imports it or
@@ -22,7 +23,7 @@ import types
 
 from transformer.errors import InvalidInput
 
-EXTRAS = ('buckets', 'sweeps', 'tracking', 'interop', 'test')
+EXTRAS = ('buckets', 'sweeps', 'tracking', 'interop', 'tpu', 'test')
 
 
 def requirements_file(extra: str) -> str:

@@ -593,6 +593,11 @@ def test_num_kv_heads_follows_num_heads_and_must_divide_it():
   config.model.num_heads = 4
   assert (config.model.num_heads, config.model.num_kv_heads) == (4, 2)
   assert ModelConfig.from_config(config).num_kv_heads == 2
+  # A sweep's trial setting num_heads moves it along too (its copy keeps the reference).
+  from transformer.tools import sweeps
+
+  trial = sweeps.apply_overrides(tiny.get_config(), {'model.num_heads': 8})
+  assert (trial.model.num_heads, trial.model.num_kv_heads) == (8, 8)
   config.model.num_kv_heads = 3
   assert config_lib.config_errors(config) == [
     'config.model.num_kv_heads=3 must divide config.model.num_heads=4: each key/value head '

@@ -3,19 +3,22 @@
 import glob
 import importlib.util
 import os
+import shutil
 
 # The repository root: where train.py, eval.py and sweep.py live, and the code git tracks.
 CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cpu_only_host() -> bool:
-  """No TPU on this host's PCI bus (Google's vendor id, where JAX looks: jax._src.hardware_utils)
-  and no GPU device node (NVIDIA's /dev/nvidia0..., AMD's /dev/kfd)."""
+  """No TPU on this host's PCI bus (Google's vendor id, where JAX looks: jax._src.hardware_utils),
+  no GPU device node (NVIDIA's /dev/nvidia0..., AMD's /dev/kfd) and no nvidia-smi (which
+  sweep.py asks for the GPUs)."""
   for vendor in glob.glob('/sys/bus/pci/devices/*/vendor'):
     with open(vendor, encoding='ascii') as f:
       if f.read().strip() == '0x1ae0':
         return False
-  return not (glob.glob('/dev/nvidia[0-9]*') or os.path.exists('/dev/kfd'))
+  gpus = glob.glob('/dev/nvidia[0-9]*') or os.path.exists('/dev/kfd') or shutil.which('nvidia-smi')
+  return not gpus
 
 
 # With the `tpu` extra installed (libtpu, for train.py --dry_run --topology), JAX loads libtpu

@@ -458,6 +458,7 @@ def model_fields(marian: Mapping[str, Any], *, vocab_size: int, logits_bias: boo
       'num_layers': marian['encoder_layers'],
       'd_model': marian['d_model'],
       'num_heads': marian['encoder_attention_heads'],
+      'num_kv_heads': marian['encoder_attention_heads'],  # Multi-head: a key/value head each.
       'd_ff': marian['encoder_ffn_dim'],
       'dropout_rate': float(marian.get('dropout', 0.1)),
       'attention_dropout_rate': float(marian.get('attention_dropout', 0.0)),

@@ -15,6 +15,7 @@ module loads no data code (TFDS), so sweep files and `sweep.py` start fast.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import hashlib
@@ -342,15 +343,19 @@ class Trial:
 def apply_overrides(
   config: ml_collections.ConfigDict, overrides: Overrides
 ) -> ml_collections.ConfigDict:
-  """A copy of `config` with `{'model.d_ff': 48, ...}` set (dotted keys; the input is kept)."""
-  resolved = config.copy_and_resolve_references()
+  """A copy of `config` with `{'model.d_ff': 48, ...}` set (dotted keys; the input is kept).
+
+  A deep copy keeps the references of following defaults (`config_fields.follows`): a trial
+  that sets `model.num_heads` moves `model.num_kv_heads` along, as the command line does.
+  """
+  copied = copy.deepcopy(config)
   for key, value in overrides.items():
     *parents, leaf = key.split('.')
-    node = resolved
+    node = copied
     for parent in parents:
       node = node[parent]
     node[leaf] = value
-  return resolved
+  return copied
 
 
 def make_trials(

@@ -167,11 +167,16 @@ MODERN = {
   'rmsnorm_rope_swiglu_nobias': dict(
     norm='rmsnorm', position='rope', ffn_activation='swiglu', use_bias=False
   ),
-  'pre_ln_alibi_gelu': dict(norm='pre_ln', position='alibi', ffn_activation='gelu'),
+  # With QK-norm and grouped-query attention: 2 key/value heads split over the tensor axis.
+  'pre_ln_alibi_gelu_qk_norm_grouped_query': dict(
+    norm='pre_ln',
+    position='alibi',
+    ffn_activation='gelu',
+    qk_norm=True,
+    num_heads=4,
+    num_kv_heads=2,
+  ),
   'learned_positions': dict(position='learned'),
-  # Grouped-query attention: the 2 key/value heads split over the tensor axis.
-  'qk_norm_pre_ln_grouped_query': dict(norm='pre_ln', qk_norm=True, num_heads=4, num_kv_heads=2),
-  # The language model: its batches are the target half (no src_* keys).
   'decoder_only_pre_ln_rope': dict(architecture='decoder_only', norm='pre_ln', position='rope'),
 }
 

@@ -21,6 +21,7 @@ were trained.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 from collections.abc import Callable, Iterator
@@ -305,6 +306,24 @@ def value_of(config: ml_collections.ConfigDict | dict, key: str) -> Any:
   for name in key.split('.'):
     config = config[name]
   return config
+
+
+def with_values(
+  config: ml_collections.ConfigDict, values: dict[str, Any]
+) -> ml_collections.ConfigDict:
+  """A copy of `config` with `{'model.d_ff': 48, ...}` set (dotted keys; `config` is kept).
+
+  A deep copy keeps the references of following defaults (`follows`): setting
+  `model.num_heads` moves `model.num_kv_heads` along, as the command line does.
+  """
+  copied = copy.deepcopy(config)
+  for key, value in values.items():
+    *parents, leaf = key.split('.')
+    node = copied
+    for parent in parents:
+      node = node[parent]
+    node[leaf] = value
+  return copied
 
 
 def resolved_default(field: Field) -> Any:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 import ml_collections
 
+from transformer import config_fields
 from transformer.tpu_topology import GIB, Topology, devices, parse, require_extra
 
 
@@ -388,23 +389,12 @@ def _candidates(config: ml_collections.ConfigDict, chips: int) -> list[tuple[str
   return out
 
 
-def _with(config: ml_collections.ConfigDict, overrides: dict) -> ml_collections.ConfigDict:
-  changed = ml_collections.ConfigDict(config.to_dict())
-  for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    target = changed
-    for parent in parents:
-      target = target[parent]
-    target[leaf] = value
-  return changed
-
-
 def find_fit(
   config: ml_collections.ConfigDict, topology: Topology, devices_: Sequence, log: Callable
 ) -> tuple[str, dict, Report] | None:
   """The first of `_candidates` whose train step the compiler fits, compiled; None if none."""
   for description, overrides in _candidates(config, len(devices_)):
-    changed = _with(config, overrides)
+    changed = config_fields.with_values(config, overrides)
     log(f'trying {description} ...')
     report = compile_run(changed, topology, ('train step',), devices_)
     if report.fits():

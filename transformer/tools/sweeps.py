@@ -15,7 +15,6 @@ module loads no data code (TFDS), so sweep files and `sweep.py` start fast.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
 import hashlib
@@ -37,7 +36,7 @@ import numpy as np
 
 import transformer
 from transformer import config as config_lib
-from transformer import storage
+from transformer import config_fields, storage
 from transformer.errors import InvalidInput, MissingInput
 from transformer.tools import sweep_flags
 
@@ -343,19 +342,9 @@ class Trial:
 def apply_overrides(
   config: ml_collections.ConfigDict, overrides: Overrides
 ) -> ml_collections.ConfigDict:
-  """A copy of `config` with `{'model.d_ff': 48, ...}` set (dotted keys; the input is kept).
-
-  A deep copy keeps the references of following defaults (`config_fields.follows`): a trial
-  that sets `model.num_heads` moves `model.num_kv_heads` along, as the command line does.
-  """
-  copied = copy.deepcopy(config)
-  for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    node = copied
-    for parent in parents:
-      node = node[parent]
-    node[leaf] = value
-  return copied
+  """A copy of `config` with `{'model.d_ff': 48, ...}` set (dotted keys; the input is kept):
+  `config_fields.with_values`, which keeps following defaults following."""
+  return config_fields.with_values(config, overrides)
 
 
 def make_trials(

@@ -162,8 +162,12 @@ def _hugging_face_config(directory: str) -> dict[str, Any] | None:
       loaded = json.load(f)
   except (OSError, ValueError):
     return None
-  hugging_face = isinstance(loaded, dict) and ('model_type' in loaded or 'architectures' in loaded)
-  return loaded if hugging_face else None
+  return loaded if is_hugging_face_config(loaded) else None
+
+
+def is_hugging_face_config(loaded: Any) -> bool:
+  """Whether a `config.json`'s content is a Hugging Face model's (`model_type`, `architectures`)."""
+  return isinstance(loaded, dict) and ('model_type' in loaded or 'architectures' in loaded)
 
 
 def not_a_run_errors(path: str, flag: str = '--workdir') -> list[str]:

@@ -497,7 +497,7 @@ def read_run_config(workdir: str) -> ml_collections.ConfigDict | None:
     return None
   try:
     loaded = json.loads(storage.read_text(path))
-    if isinstance(loaded, dict) and ('model_type' in loaded or 'architectures' in loaded):
+    if path_checks.is_hugging_face_config(loaded):
       hugging_face = path_checks.hugging_face_directory_error(workdir, loaded)
     elif not isinstance(loaded, dict) or not {'model', 'data'} <= set(loaded):
       raise ValueError('not a JSON object with the groups model and data')

@@ -89,6 +89,22 @@ def test_every_error_is_listed_at_once():
   ]
 
 
+def test_a_field_following_an_invalid_value_is_not_named_twice():
+  """model.num_kv_heads follows model.num_heads: its own error only when it is set apart."""
+  assert config_lib.model_errors(
+    sweeps.apply_overrides(default.get_config(), {'model.num_heads': 0})
+  ) == ['config.model.num_heads=0 must be a positive integer.']
+  assert config_lib.config_errors(
+    sweeps.apply_overrides(default.get_config(), {'model.num_kv_heads': 0})
+  ) == ['config.model.num_kv_heads=0 must be a positive integer.']
+  assert config_lib.config_errors(
+    sweeps.apply_overrides(default.get_config(), {'model.num_heads': -1, 'model.num_kv_heads': 0})
+  ) == [
+    'config.model.num_heads=-1 must be a positive integer.',
+    'config.model.num_kv_heads=0 must be a positive integer.',
+  ]
+
+
 @pytest.mark.parametrize(
   ('overrides', 'message'),
   [

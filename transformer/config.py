@@ -302,9 +302,7 @@ def config_errors(
   selected = [
     k for k in CONFIG_RULES if keys is None or any(k == p or k.startswith(p + '.') for p in keys)
   ]
-  errors = [
-    e for k in selected if k in values if (e := CONFIG_RULES[k].error(f'config.{k}', values[k]))
-  ]
+  errors = _domain_errors(values, selected)
   if errors or any(k not in values for k in CONFIG_RULES):
     return errors  # Rules across keys assume every value of theirs is valid and present.
   for check in _CROSS_CHECKS:
@@ -315,13 +313,33 @@ def config_errors(
 def model_errors(config: ml_collections.ConfigDict) -> list[str]:
   """The errors of `config.model`, `config.vocab_size` and `config.dtype` alone."""
   values = flatten(config)
-  errors = [
-    e
-    for k, rule in CONFIG_RULES.items()
-    if (k.startswith('model.') or k in ('vocab_size', 'dtype')) and k in values
-    if (e := rule.error(f'config.{k}', values[k]))
+  selected = [k for k in CONFIG_RULES if k.startswith('model.') or k in ('vocab_size', 'dtype')]
+  return _domain_errors(values, selected) or _model_errors(config)
+
+
+# {key: the key it follows} of the fields whose default follows another's (`follows`).
+_FOLLOWED_KEY = {
+  field.key: field.default.key
+  for field in config_fields.FIELDS
+  if isinstance(field.default, config_fields.Follows)
+}
+
+
+def _domain_errors(values: Mapping[str, Any], selected: Sequence[str]) -> list[str]:
+  """The domain errors of the `selected` keys present in `values` (flattened), in order.
+
+  A field still equal to the invalid value it follows (model.num_kv_heads after
+  model.num_heads=0) repeats its source's error, so only the source is named.
+  """
+  errors = {}
+  for key in selected:
+    if key in values and (error := CONFIG_RULES[key].error(f'config.{key}', values[key])):
+      errors[key] = error
+  return [
+    error
+    for key, error in errors.items()
+    if not (_FOLLOWED_KEY.get(key) in errors and values[key] == values.get(_FOLLOWED_KEY[key]))
   ]
-  return errors or _model_errors(config)
 
 
 def ignored_override_errors(

@@ -6,15 +6,16 @@
 Writes a made-up parallel corpus (40,000-word lexicons, enough for the configs' 37,000
 SentencePiece pieces) and prepares it the project's way (TFDS builder, vocabulary, ids),
 then, for configs/wmt14_ende_base.py and configs/wmt14_ende_big.py in bfloat16 with
-`attention_impl='auto'` (cuDNN's fused attention on GPUs) and data parallelism over every
-device, each in its own process:
+`attention_impl='auto'` (cuDNN's fused attention on GPUs, Pallas splash attention on TPUs) and
+data parallelism over every device, each in its own process:
 
   1. trains `--train_steps` steps with `training.train_and_evaluate`, the real loop: Grain
      packing in `--num_workers` processes, batches placed ahead, validation, a checkpoint;
   2. restores the checkpoint and decodes the test split twice with eval.py's beam search
      (beam 4, alpha 0.6; the second pass is compiled);
   3. (the first config) compares the fused attention with XLA's on one batch (loss and
-     gradients) and says whether cuDNN's kernel is in the compiled step.
+     gradients) and says whether the fused kernel (cuDNN's; on TPUs, Pallas') is in the
+     compiled step.
 
 Reports target tokens/s (median of the log windows after the first, which compiles),
 MFU (model FLOPs of `summary.flops_per_token` against the published bfloat16 peak),
@@ -163,7 +164,8 @@ def _mean_after_first(rows: list[dict], key: str) -> float | None:
 
 
 def fused_attention_check(config: ml_collections.ConfigDict, params, batch) -> dict:
-  """Loss and gradients of one batch with attention_impl 'auto' (cuDNN on GPUs) and 'xla'."""
+  """Loss and gradients of one batch with attention_impl 'auto' (cuDNN on GPUs, Pallas on
+  TPUs) and 'xla'."""
   results = {}
   for impl in ('auto', 'xla'):
     model_config = ModelConfig.from_config(config).replace(attention_impl=impl, deterministic=True)
@@ -176,7 +178,8 @@ def fused_attention_check(config: ml_collections.ConfigDict, params, batch) -> d
 
     compiled = jax.jit(jax.value_and_grad(loss)).lower(params).compile()
     value, grads = compiled(params)
-    results[impl] = (float(value), grads, '__cudnn$fmha' in compiled.as_text())
+    text = compiled.as_text()  # cuDNN's fused attention, or a Mosaic kernel (Pallas) on TPUs.
+    results[impl] = (float(value), grads, '__cudnn$fmha' in text or 'tpu_custom_call' in text)
   (loss_auto, grads_auto, fused), (loss_xla, grads_xla, _) = results['auto'], results['xla']
   difference = optax.tree.norm(jax.tree.map(jnp.subtract, grads_auto, grads_xla))
   return {

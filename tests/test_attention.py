@@ -198,7 +198,7 @@ def test_auto_fuses_on_gpus_in_bfloat16_where_cudnn_takes_the_call(monkeypatch):
   assert _choice(monkeypatch, 'gpu', 'auto') == 'cudnn'
   assert _choice(monkeypatch, 'gpu', 'auto', d_model=1024, heads=16) == 'cudnn'  # Big: K = 64.
   assert _choice(monkeypatch, 'cpu', 'auto') is None
-  assert _choice(monkeypatch, 'tpu', 'auto') is None
+  assert _choice(monkeypatch, 'tpu', 'auto') == 'pallas'  # tests/test_tpu_attention.py.
   assert _choice(monkeypatch, 'gpu', 'auto', dtype='float32') is None
   assert _choice(monkeypatch, 'gpu', 'auto', d_model=36, heads=3) is None  # K = 12.
   assert _choice(monkeypatch, 'gpu', 'auto', d_model=512, heads=2) is None  # K = 256.

@@ -15,29 +15,39 @@ alone. Cross-attention gets neither: source and target positions index different
 sentences, so their difference is no distance (the paper's encoder-decoder
 attention likewise has no position information of its own).
 
-Two ways to compute eq. 1 (`config.model.attention_impl`, `implementation`):
+Three ways to compute eq. 1 (`config.model.attention_impl`, `implementation`):
 this module's einsum, which materialises the [B, H, L, S] weights (attention
 maps read them; attention dropout drops them; cached decoding steps read the
-[B, H, K, S] cache in place), and `jax.nn.dot_product_attention`, which takes
+[B, H, K, S] cache in place); `jax.nn.dot_product_attention`, which takes
 the masks as they are (`mask`, `is_causal`) and on NVIDIA GPUs runs cuDNN's
-fused flash-attention kernel, never storing the weights. 'auto' picks the
-fused kernel where it applies:
+fused flash-attention kernel; and on TPUs JAX's Pallas kernel, splash attention
+(`tpu_attention.py`), which takes the segment ids the masks are built from and
+the causal mask. The fused kernels never store the weights. 'auto' picks them
+where they apply, by the devices the program is compiled for (on TPUs, the
+mesh's: `train.py --dry_run --topology` compiles for TPUs from a CPU):
 
-  call                                       auto on a GPU, bfloat16   elsewhere
-  training, validation, the decoder's        cuDNN                     einsum
+  call                                  auto: GPU, bfloat16   TPU      elsewhere
+  training, validation, the decoder's   cuDNN                 Pallas   einsum
     encoder: padding, packed segments,
-    causal, cross-attention, RoPE
-  ALiBi (a dense [B, H, L, S] bias)          einsum                    einsum
-  attention maps, attention dropout,         einsum                    einsum
+    causal, cross-attention, RoPE, GQA
+  ALiBi (a dense [B, H, L, S] bias)     einsum                einsum   einsum
+  attention maps, attention dropout,    einsum                einsum   einsum
     cached decoding steps
 
 cuDNN also needs a head dim that is a multiple of 8, at most 128, and even
-lengths (its backward pass with a mask). 'xla' sends the calls of the first
-two rows through `jax.nn.dot_product_attention`'s XLA implementation (the
-same function as cuDNN's but for the kernel; tests/test_attention.py checks
-it equals the einsum), 'cudnn' sends them to cuDNN: bfloat16 on GPUs only
-(train.py refuses it elsewhere; eval.py of such a run on other devices takes
-the XLA implementation).
+lengths (its backward pass with a mask); Pallas, under 'auto', lengths that are
+multiples of 128 (its blocks; the einsum takes the others). 'xla' sends the
+calls of the first two rows through `jax.nn.dot_product_attention`'s XLA
+implementation (the same function as cuDNN's but for the kernel;
+tests/test_attention.py checks it equals the einsum), 'cudnn' sends them to
+cuDNN: bfloat16 on GPUs only (train.py refuses it elsewhere; eval.py of such a
+run on other devices takes the XLA implementation). 'pallas' sends the first
+row to the TPU kernel at any length (padded up to a multiple of 128;
+tests/test_tpu_attention.py checks it equals the XLA implementation); it takes
+no bias, so config validation refuses it with ALiBi, and with attention dropout
+(no training call could take it). train.py refuses it off TPUs; elsewhere (eval.py
+of a TPU run on a CPU) the calls take the XLA implementation. The kernel gives
+padding queries other outputs than the einsum does: nothing reads them.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import layers
+from transformer import layers, tpu_attention
 from transformer.config import ModelConfig
 
 # A large negative number instead of -inf: a fully masked row (a padding query)
@@ -133,13 +143,21 @@ def fused_attention(
   causal: bool = False,
   bias_BHLS: jax.Array | None = None,
   implementation: str = 'xla',
+  segments: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
-  """Eq. 1 through `jax.nn.dot_product_attention`: the attended values [B, L, H, K].
+  """Eq. 1 through a fused kernel, never storing the weights: the attended values [B, L, H, K].
 
   `mask_B1LS` (padding, packed segments; `True` where allowed) must be [B, 1, L, S]
-  (cuDNN takes it whole); `causal` adds the causal mask, which cuDNN applies by
-  skipping the masked blocks. `implementation`: 'xla' or 'cudnn' (bfloat16, GPUs).
+  (cuDNN takes it whole); `causal` adds the causal mask, which the kernels apply by
+  skipping the masked blocks. `implementation`: 'xla' or 'cudnn' (bfloat16, GPUs), through
+  `jax.nn.dot_product_attention`; or 'pallas', TPUs' splash attention
+  (`tpu_attention.attention`), which reads `segments`, the (query [B, L], key/value [B, S])
+  segment ids the mask was built from (`segment_mask`), instead of the mask, and no bias.
   """
+  if implementation == 'pallas':
+    if segments is None or bias_BHLS is not None:
+      raise ValueError("implementation='pallas' takes the segment ids and no bias.")
+    return tpu_attention.attention(query_BLHK, key_BSHK, value_BSHK, *segments, causal=causal)
   if bias_BHLS is not None and implementation == 'cudnn':
     bias_BHLS = bias_BHLS.astype(query_BLHK.dtype)  # cuDNN's backward gives NaNs for float32.
   return jax.nn.dot_product_attention(
@@ -167,19 +185,41 @@ def cudnn_applies(config: ModelConfig, length: int, kv_length: int) -> bool:
 
 
 def implementation(
-  config: ModelConfig, length: int, kv_length: int, *, einsum_only: bool, bias: bool
+  config: ModelConfig,
+  length: int,
+  kv_length: int,
+  *,
+  einsum_only: bool,
+  bias: bool,
+  segments: bool = True,
 ) -> str | None:
-  """'cudnn' or 'xla' (`fused_attention`), or None for the einsum (`dot_product_attention`).
+  """'cudnn', 'pallas' or 'xla' (`fused_attention`), or None for the einsum
+  (`dot_product_attention`).
 
   `einsum_only`: the call needs the weights or reads a cache (see the module docstring);
-  `bias`: it adds a dense bias (ALiBi).
+  `bias`: it adds a dense bias (ALiBi); `segments`: it has the segment ids that the TPU
+  kernel reads. The TPU kernel is chosen by the devices the program is compiled for
+  (`tpu_attention.platform`), not by this host's.
   """
   if einsum_only:
     return None
+  on_tpu = tpu_attention.platform() == 'tpu'
   if config.attention_impl == 'auto':
-    return 'cudnn' if not bias and cudnn_applies(config, length, kv_length) else None
+    if bias:
+      return None
+    if cudnn_applies(config, length, kv_length):
+      return 'cudnn'
+    return 'pallas' if on_tpu and segments and tpu_attention.tiles(length, kv_length) else None
   if config.attention_impl == 'cudnn' and jax.default_backend() != 'gpu':
     return 'xla'  # A run trained with cuDNN, evaluated elsewhere: the same function.
+  if config.attention_impl == 'pallas':
+    if not on_tpu or bias:
+      # A TPU run evaluated elsewhere, or ALiBi (which config validation refuses with
+      # 'pallas'): the same function through XLA.
+      return 'xla'
+    if not segments:
+      raise ValueError("attention_impl='pallas' needs the segment ids (`segments`).")
+    return 'pallas'
   return config.attention_impl
 
 
@@ -242,6 +282,9 @@ class MultiHeadAttention(nn.Module):
   positions and a cross-attention layer projects the encoder output into keys
   and values once, when the cache is created, and reuses them at every step.
 
+  `segments` are the (query [B, L], key/value [B, S]) segment ids that `mask_B1LS` was
+  built from (`segment_mask`; the causal mask is `causal`'s): the TPU kernel reads them
+  instead of the mask; without them a call takes another path ('auto').
   `positions_BL` are the query tokens' positions (self-attention: also the keys'),
   read by RoPE and ALiBi only. In a cached step the single query is at the step's
   position; the cache holds keys already rotated at their own positions, and
@@ -261,6 +304,7 @@ class MultiHeadAttention(nn.Module):
     mask_B1LS: jax.Array | None,
     *,
     positions_BL: jax.Array | None = None,
+    segments: tuple[jax.Array, jax.Array] | None = None,
     deterministic: bool,
   ) -> jax.Array:
     cfg = self.config
@@ -325,6 +369,7 @@ class MultiHeadAttention(nn.Module):
       kv_length,
       einsum_only=maps or dropout or self.decode,
       bias=bias_BHLS is not None,
+      segments=segments is not None,
     )
     if impl is not None:
       out_BLHK = fused_attention(
@@ -335,6 +380,7 @@ class MultiHeadAttention(nn.Module):
         causal=causal,
         bias_BHLS=bias_BHLS,
         implementation=impl,
+        segments=segments,
       )
     else:
       if causal:

@@ -154,21 +154,39 @@ def _init_errors(c) -> list[str]:
 def platform_errors(config: ml_collections.ConfigDict, platform: str) -> list[str]:
   """What `config` cannot run on devices of `platform` ('cpu', 'gpu', 'tpu')."""
   impl = config.model.attention_impl
-  if impl == 'cudnn' and platform != 'gpu':
+  needs = {'cudnn': ('gpu', 'NVIDIA GPUs (cuDNN)'), 'pallas': ('tpu', "TPUs (JAX's Pallas kernel)")}
+  if impl in needs and platform != needs[impl][0]:
     return [
-      f"config.model.attention_impl='cudnn' needs NVIDIA GPUs (cuDNN), but the devices are "
+      f'config.model.attention_impl={impl!r} needs {needs[impl][1]}, but the devices are '
       f"{platform.upper()}s: use 'auto' (the fused kernel where it applies) or 'xla'."
     ]
   return []
 
 
 def _attention_errors(c) -> list[str]:
-  if c.model.attention_impl == 'cudnn' and c.dtype != 'bfloat16':
-    return [
+  impl, m = c.model.attention_impl, c.model
+  errors = []
+  if impl == 'cudnn' and c.dtype != 'bfloat16':
+    errors.append(
       f"config.model.attention_impl='cudnn' runs in bfloat16 only: set config.dtype='bfloat16' "
       f"(it is {c.dtype!r}), or attention_impl='auto'."
+    )
+  if impl == 'pallas':
+    # What TPUs' splash attention (transformer/tpu_attention.py) cannot express: every training
+    # call would take another path, so the run is refused rather than served by XLA unannounced.
+    refused = []
+    if m.position == 'alibi':
+      refused.append(("config.model.position='alibi'", 'adds no bias to the logits'))
+    if m.attention_dropout_rate > 0:
+      setting = f'config.model.attention_dropout_rate={m.attention_dropout_rate}'
+      refused.append((setting, 'drops no attention weights'))
+    errors += [
+      f"config.model.attention_impl='pallas' cannot take {setting}: the TPU kernel (splash "
+      f"attention) {reason}. Use attention_impl='auto' (such attention then runs in the "
+      'einsum) or drop the setting.'
+      for setting, reason in refused
     ]
-  return []
+  return errors
 
 
 def _length_errors(c) -> list[str]:

@@ -58,7 +58,7 @@ SCHEDULES = ('inverse_sqrt', 'linear', 'cosine')
 # Schedules that decay to config.num_train_steps: a run's early checkpoints are not a shorter run's.
 DECAYING_TO_LAST_STEP = ('linear', 'cosine')
 # How attention runs (transformer/attention.py): the fused kernel where it applies, or XLA.
-ATTENTION_IMPLS = ('auto', 'xla', 'cudnn')
+ATTENTION_IMPLS = ('auto', 'xla', 'cudnn', 'pallas')
 REMATS = ('none', 'layer')
 DTYPE_NAMES = ('float32', 'bfloat16')
 # SentencePiece's algorithms and normalization rules: NFKC, or NFKC with case folding (a
@@ -234,7 +234,7 @@ FIELDS: tuple[Field, ...] = (
   Field('model.qk_norm', False, BOOLEAN, WEIGHTS, "Normalise each head's queries and keys before q.k (QK-norm; paper: no).", before=False),
   Field('model.share_embeddings', True, BOOLEAN, WEIGHTS, 'One matrix for source, target and softmax (3.4).'),
   Field('model.max_len', 512, POSITIVE_INT, WEIGHTS, 'Longest position the model supports.'),
-  Field('model.attention_impl', 'auto', one_of(ATTENTION_IMPLS), FREE, "'auto' (fused cuDNN where it applies), 'xla', 'cudnn'.", before='auto'),
+  Field('model.attention_impl', 'auto', one_of(ATTENTION_IMPLS), FREE, "'auto' (cuDNN on GPUs, Pallas on TPUs where they apply), 'xla', 'cudnn', 'pallas'.", before='auto'),
   Field('model.remat', 'none', one_of(REMATS), FREE, "'layer': recompute each layer's activations for gradients.", before='none'),
   # Data.
   Field('data.dataset', 'multi30k', DATASET, WARN, "'multi30k', 'parallel_text', 'wmt14_translate/de-en'; LMs: 'text_lines', 'lm1b'."),

@@ -47,13 +47,18 @@ class EncoderLayer(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BLD, self_attention_mask, positions_BL, deterministic: bool):
+  def __call__(self, x_BLD, self_attention_mask, segments_BL, positions_BL, deterministic: bool):
     cfg = self.config
     x_BLD = layers.residual(
       cfg,
       x_BLD,
       lambda h: attention.MultiHeadAttention(cfg, name='self_attention')(
-        h, h, self_attention_mask, positions_BL=positions_BL, deterministic=deterministic
+        h,
+        h,
+        self_attention_mask,
+        positions_BL=positions_BL,
+        segments=(segments_BL, segments_BL),
+        deterministic=deterministic,
       ),
       norm_name='self_attention_norm',
       deterministic=deterministic,
@@ -72,6 +77,8 @@ class DecoderLayer(nn.Module):
   """Masked self-attention, encoder-decoder attention, FFN (section 3.1).
 
   Decoder-only models skip the encoder-decoder attention (there is no encoder output).
+  `segments_BL` and `src_segments_BS`, the segment ids the masks were built from, are None
+  in cached decoding.
   """
 
   config: ModelConfig
@@ -83,16 +90,26 @@ class DecoderLayer(nn.Module):
     encoded_BSD,
     self_attention_mask,
     cross_attention_mask,
+    segments_BL,
+    src_segments_BS,
     positions_BL,
     deterministic: bool,
   ):
     cfg = self.config
+    with_segments = segments_BL is not None
     y_BLD = layers.residual(
       cfg,
       y_BLD,
       lambda h: attention.MultiHeadAttention(
         cfg, decode=cfg.decode, causal=True, name='self_attention'
-      )(h, h, self_attention_mask, positions_BL=positions_BL, deterministic=deterministic),
+      )(
+        h,
+        h,
+        self_attention_mask,
+        positions_BL=positions_BL,
+        segments=(segments_BL, segments_BL) if with_segments else None,
+        deterministic=deterministic,
+      ),
       norm_name='self_attention_norm',
       deterministic=deterministic,
     )
@@ -102,7 +119,13 @@ class DecoderLayer(nn.Module):
         y_BLD,
         lambda h: attention.MultiHeadAttention(
           cfg, is_cross_attention=True, decode=cfg.decode, name='cross_attention'
-        )(h, encoded_BSD, cross_attention_mask, deterministic=deterministic),
+        )(
+          h,
+          encoded_BSD,
+          cross_attention_mask,
+          segments=(segments_BL, src_segments_BS) if with_segments else None,
+          deterministic=deterministic,
+        ),
         norm_name='cross_attention_norm',
         deterministic=deterministic,
       )
@@ -161,7 +184,7 @@ class Encoder(nn.Module):
     mask = attention.segment_mask(src_segments_BS, src_segments_BS)
     for i in range(cfg.num_layers):
       x_BSD = _layer(EncoderLayer, cfg)(cfg, name=f'layer_{i}')(
-        x_BSD, mask, src_positions_BS, cfg.deterministic
+        x_BSD, mask, src_segments_BS, src_positions_BS, cfg.deterministic
       )
     if cfg.pre_norm:
       x_BSD = layers.norm(cfg, 'final_norm')(x_BSD).astype(cfg.dtype)
@@ -191,10 +214,11 @@ class Decoder(nn.Module):
         position.value += 1
       self_attention_mask = None  # The key/value cache applies causality itself.
       query_segments_BL = jnp.ones_like(tgt_input_tokens_BL)
+      segments_BL = None  # Cached steps take the einsum, which reads the masks only.
     else:
       # Causality is the self-attention's own (`causal`): the fused kernel skips masked blocks.
       self_attention_mask = attention.segment_mask(tgt_segments_BL, tgt_segments_BL)
-      query_segments_BL = tgt_segments_BL
+      query_segments_BL = segments_BL = tgt_segments_BL
     cross_attention_mask = (
       attention.segment_mask(query_segments_BL, src_segments_BS) if cfg.has_encoder else None
     )
@@ -208,6 +232,8 @@ class Decoder(nn.Module):
         encoded_BSD,
         self_attention_mask,
         cross_attention_mask,
+        segments_BL,
+        src_segments_BS,
         tgt_positions_BL,
         cfg.deterministic,
       )

@@ -46,7 +46,9 @@ _TOPOLOGY = flags.DEFINE_string(
   "With --dry_run: compile the run's train step, eval step and decoders with the TPU compiler "
   "for this TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x1, v6e:2x4, or the cloud's v5e-8, v4-8, "
   '...) and print their memory per device, FLOPs and bounds (transformer/tpu_compile.py; '
-  "needs the 'tpu' extra).",
+  "needs the 'tpu' extra); or with XLA:GPU for NVIDIA GPUs: h100:8 (8 GPUs on one host), "
+  'h100:2x8 (2 hosts of 8), likewise a100: and h200: (transformer/gpu_topology.py; needs '
+  "the 'gpu' extra).",
 )
 _RESTORE_FALLBACK = flags.DEFINE_bool(
   'restore_fallback',
@@ -71,7 +73,7 @@ def main(argv):
   if _DRY_RUN_DEVICES.value and not _DRY_RUN.value:
     raise app.UsageError('--dry_run_devices sizes the memory report of --dry_run; add --dry_run.')
   if _TOPOLOGY.value is not None and not _DRY_RUN.value:
-    raise app.UsageError('--topology compiles for a TPU slice with --dry_run; add --dry_run.')
+    raise app.UsageError('--topology compiles for TPUs or GPUs with --dry_run; add --dry_run.')
   if _TOPOLOGY.value is not None and _DRY_RUN_DEVICES.value:
     raise app.UsageError('--topology lays the mesh over its chips; drop --dry_run_devices.')
   overridden = config_flags.get_override_values(flags.FLAGS['config'])

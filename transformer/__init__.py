@@ -4,6 +4,8 @@ import glob
 import importlib.util
 import os
 import shutil
+import sys
+import types
 
 # The repository root: where train.py, eval.py and sweep.py live, and the code git tracks.
 CODE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,3 +33,17 @@ if (
   and _cpu_only_host()
 ):
   os.environ['JAX_PLATFORMS'] = 'cpu'
+
+# With the `gpu` extra installed (JAX's CUDA plugin, for train.py --dry_run --topology=h100:8),
+# JAX loads the plugin (its 458 MB library) in every process, whatever JAX_PLATFORMS says: on a
+# host without a GPU that is 93 MiB more per process and 0.3 s more start-up, for nothing. There
+# JAX finds an empty plugin instead, and `gpu_topology.devices` registers the real one when a
+# command compiles for GPUs (docs/devices.md#compiled-for-gpu-before-renting-one).
+CUDA_PLUGIN = 'jax_plugins.xla_cuda12'
+if (
+  CUDA_PLUGIN not in sys.modules
+  and importlib.util.find_spec('jax_cuda12_plugin') is not None
+  and _cpu_only_host()
+):
+  sys.modules[CUDA_PLUGIN] = types.ModuleType(CUDA_PLUGIN, 'Held back: transformer/__init__.py.')
+  sys.modules[CUDA_PLUGIN].initialize = lambda: None

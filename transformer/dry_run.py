@@ -20,22 +20,22 @@ def run(
   the mesh over `num_devices`, default this host's devices; `transformer/memory.py`) and a
   last line `params: N`; returns N. With `config.init_from`, first checks that source
   against the config (`initialization.resolve`, which reads no parameters; `overridden`: the
-  keys the command line set) and names it. With `topology` (`--topology`, a TPU slice), the
-  mesh is laid over its chips and, before the last line, the run's jitted functions are
-  compiled for it by the TPU compiler (`tpu_compile.preflight`)."""
+  keys the command line set) and names it. With `topology` (`--topology`, a TPU slice or
+  NVIDIA GPUs), the mesh is laid over its chips and, before the last line, the run's jitted
+  functions are compiled for it by the TPU or GPU compiler (`tpu_compile.preflight`)."""
   slice_ = None
   if topology is not None:  # Checked before anything else; libtpu told to stay off the network.
     slice_ = tpu_topology.parse(topology)
-    tpu_topology.require_extra()
+    tpu_topology.require_extra(slice_)
     tpu_topology.prepare_environment(slice_)
     num_devices = slice_.chips
   platform = jax.devices()[0].platform
   if num_devices is None:  # This host's devices: what train.py would refuse here, refused.
     config_lib.validate(config, jax.device_count())
     config_lib.raise_if(config_lib.platform_errors(config, platform))
-  elif slice_ is not None:  # Compiled for TPUs: what a TPU run would refuse, refused.
+  elif slice_ is not None:  # Compiled for TPUs (GPUs): what a run there would refuse, refused.
     config_lib.validate(config, num_devices)
-    config_lib.raise_if(config_lib.platform_errors(config, 'tpu'))
+    config_lib.raise_if(config_lib.platform_errors(config, slice_.platform))
   else:  # Planned for other devices: this host's kind is not theirs, but say what it lacks.
     config_lib.validate(config, num_devices)
     for error in config_lib.platform_errors(config, platform):

@@ -8,6 +8,7 @@ local disk. The rest is opt-in, one pinned file and one extra of pyproject.toml 
   tracking  wandb: config.wandb (`wandb_run`)
   interop   torch, transformers, ctranslate2: convert.py --to_ctranslate2, pytorch_model.bin
   tpu       libtpu (jax[tpu]): train.py --dry_run --topology, compiled for a TPU slice
+  gpu       JAX's CUDA plugin, CUDA's ptxas: train.py --dry_run --topology=h100:8, for GPUs
   test      pytest, the local storage servers of the tests, ruff
 
 Code that needs one of these packages asks here before it does any work: `require` imports it or
@@ -23,7 +24,7 @@ import types
 
 from transformer.errors import InvalidInput
 
-EXTRAS = ('buckets', 'sweeps', 'tracking', 'interop', 'tpu', 'test')
+EXTRAS = ('buckets', 'sweeps', 'tracking', 'interop', 'tpu', 'gpu', 'test')
 
 
 def requirements_file(extra: str) -> str:

@@ -9,6 +9,9 @@ TPU runtime (libtpu, the `tpu` extra): on v4 and v5p each device is one chip (me
 v5e and v6e a chip is one core. Nothing here reaches the network: libtpu would ask the cloud's
 metadata server (169.254.169.254) what TPU this host is, and `prepare_environment` tells it not
 to. `transformer/tpu_compile.py` compiles a run over these devices.
+
+NVIDIA GPUs (`h100:8`, `a100:2x8`) are `transformer/gpu_topology.py`'s: `parse`, `devices`,
+`prepare_environment` and `require_extra` hand a GPU name, and its `Topology`, to it.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import dataclasses
 import math
 import os
 import re
+from typing import ClassVar
 
-from transformer import extras
+from transformer import extras, gpu_topology
 from transformer.errors import InvalidInput
 
 FLAG = '--topology'
@@ -79,6 +83,7 @@ _ACCELERATOR_TYPE = {'v4': 'v4-{}', 'v5e': 'v5litepod-{}', 'v5p': 'v5p-{}', 'v6e
 class Topology:
   """A slice (or several) of one TPU generation, as `--topology` named it."""
 
+  platform: ClassVar[str] = 'tpu'
   flag: str  # The flag's value, as given.
   chip: Chip
   shape: tuple[int, ...]  # Chips along each axis of one slice.
@@ -110,16 +115,19 @@ def _usage(value: str, problem: str) -> InvalidInput:
     f'{FLAG}={value!r} {problem}. Name a slice as JAX does (v5e:2x2, v4:2x2x1, v5p:2x2x1, '
     f'v6e:2x4: generation, then chips along each axis) or as the cloud does (v5e-8, '
     f'v5litepod-16, v4-8, v5p-8, v6e-8), optionally several slices as 2xv5e-8; generations: '
-    f'{names}.'
+    f'{names}. NVIDIA GPUs: h100:8, a100:8, h200:8, h100:2x8 (2 hosts of 8).'
   )
 
 
-def parse(value: str) -> Topology:
+def parse(value: str) -> Topology | gpu_topology.Topology:
   """The `Topology` that `--topology=value` names; `InvalidInput` naming the flag if none.
 
   Checks the generation, the shape's axes and (for the cloud's names) the chip count against
   `CHIPS` and `SLICE_SHAPES`; whether libtpu accepts the shape is checked when it is built.
+  GPU names (`h100:8`) are `gpu_topology.parse`'s.
   """
+  if gpu_topology.names_gpu(value):
+    return gpu_topology.parse(value)
   text = value.strip().lower()
   slices_match = re.fullmatch(r'(\d+)x(v.*)', text)
   num_slices = int(slices_match.group(1)) if slices_match else 1
@@ -165,6 +173,8 @@ def prepare_environment(topology: Topology) -> None:
   TPU. The host's own devices stay the CPU (JAX_PLATFORMS, unless set): this process needs
   no TPU client.
   """
+  if topology.platform == 'gpu':
+    return gpu_topology.prepare_environment(topology)
   os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
   os.environ.setdefault('TPU_WORKER_HOSTNAMES', 'localhost')
   accelerator = _ACCELERATOR_TYPE[topology.chip.name]
@@ -179,13 +189,18 @@ def prepare_environment(topology: Topology) -> None:
       jax.config.update('jax_platforms', 'cpu')
 
 
-def require_extra() -> None:
-  """`InvalidInput` naming the `tpu` extra if libtpu (the TPU compiler) is not installed."""
+def require_extra(topology: Topology | gpu_topology.Topology | None = None) -> None:
+  """`InvalidInput` naming the `tpu` extra if libtpu (the TPU compiler) is not installed; for
+  GPUs, the `gpu` extra (`gpu_topology.require_extra`)."""
+  if topology is not None and topology.platform == 'gpu':
+    return gpu_topology.require_extra()
   extras.require('libtpu', EXTRA, FLAG)
 
 
 def devices(topology: Topology) -> list:
   """The compile-only devices of `topology`, one per chip; `InvalidInput` if libtpu refuses it."""
+  if topology.platform == 'gpu':
+    return gpu_topology.devices(topology)
   import jax  # pylint: disable=g-import-not-at-top
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
 

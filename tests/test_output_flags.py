@@ -78,7 +78,7 @@ OUTPUTS = {
 # {(command, flag): what it names}: read, or not a path.
 NOT_OUTPUTS = {
   ('train.py', 'config'): 'the config file',
-  ('train.py', 'topology'): 'a TPU slice to compile for',
+  ('train.py', 'topology'): 'a TPU slice or GPUs to compile for',
   ('eval.py', 'workdir'): 'the run it scores (it writes only WORKDIR/eval/, its own)',
   ('eval.py', 'checkpoint'): 'a checkpoint of the run',
   ('eval.py', 'split'): 'a split of the data',
@@ -128,6 +128,9 @@ NOT_OUTPUTS = {
   ('bench/train_side_by_side.py', 'before'): 'a checkout run',
   ('bench/train_side_by_side.py', 'after'): 'a checkout run',
   ('bench/train_side_by_side.py', 'train_args'): "train.py's arguments",
+  ('bench/tpu_slices.py', 'configs'): 'config names',
+  ('bench/tpu_slices.py', 'slices'): 'TPU slices to compile for',
+  ('bench/tpu_slices.py', 'attention'): 'attention implementations',
 }
 _STRING_FLAGS = {'DEFINE_string', 'DEFINE_multi_string', 'DEFINE_list', 'DEFINE_config_file'}
 

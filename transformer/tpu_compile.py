@@ -17,7 +17,9 @@ greedy in one pass and beam search's first pass, `inference.TwoPass`) at the con
 `decode.*` settings, jitted with their rows over the mesh as `inference.jit_rows` does.
 
 The slice, its chips' figures and its compile-only devices are `transformer/tpu_topology.py`'s
-(which also keeps libtpu off the network).
+(which also keeps libtpu off the network). NVIDIA GPUs (`--topology=h100:8`) are compiled the
+same way by XLA:GPU, their figures and devices `transformer/gpu_topology.py`'s: there
+`cost_analysis()` is None and `gpu_topology.cost_analysis` counts the FLOPs instead.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections.abc import Callable, Sequence
 
 import ml_collections
 
-from transformer import config_fields
+from transformer import config_fields, gpu_topology
 from transformer.tpu_topology import GIB, Topology, devices, parse, require_extra
 
 
@@ -52,6 +54,9 @@ class Compiled:
   code: int = 0  # The generated program.
   flops: float = 0.0  # Per device, one call, as `cost_analysis()` counts them.
   bytes_accessed: float = 0.0  # HBM traffic per device, one call (the compiler's count).
+  # Whether attention ran in the Pallas kernel (a Mosaic custom call, whose FLOPs and bytes
+  # `cost_analysis()` does not count).
+  kernel: bool = False
   error: str | None = None
   # The compiler counts a loop's body once: the train step's gradient accumulation
   # (`config.grad_accum_steps` micro-batches in a `lax.scan`) runs it this many times.
@@ -94,6 +99,8 @@ def compile_one(name: str, shape: str, jitted, args: Sequence, mesh, rules) -> C
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost  # Older JAX: one dict per program.
+  if cost is None:  # Compile-only GPUs: counted by XLA over the optimized program instead.
+    cost = gpu_topology.cost_analysis(compiled)
   return Compiled(
     name,
     shape,
@@ -105,6 +112,7 @@ def compile_one(name: str, shape: str, jitted, args: Sequence, mesh, rules) -> C
     code=memory.generated_code_size_in_bytes,
     flops=float(cost.get('flops', 0.0)),
     bytes_accessed=float(cost.get('bytes accessed', 0.0)),
+    kernel='tpu_custom_call' in compiled.as_text(),
   )
 
 
@@ -121,6 +129,9 @@ class Report:
   estimate: int  # `memory.step_memory`'s total per device (--dry_run's estimate).
   settings: str  # The config's dtype, remat and attention, as compiled.
   notes: tuple[str, ...] = ()  # What was not compiled, and why.
+  # Of `model_flops`, the attention products (q.k and weights.v) that the train step computes
+  # in the Pallas kernel, where the compiler counts nothing; 0 where XLA computes them.
+  kernel_flops: float = 0.0
 
   @property
   def train(self) -> Compiled:
@@ -130,10 +141,16 @@ class Report:
     """Every function compiled and needs at most the chip's HBM."""
     return all(f.error is None and f.total <= self.topology.chip.hbm_bytes for f in self.functions)
 
+  def step_flops(self) -> float:
+    """The train step's FLOPs per device: the compiler's, and the Pallas kernel's by the
+    model's count (`kernel_flops`), which the compiler does not see."""
+    return self.train.step_flops + self.kernel_flops / self.topology.chips
+
   def step_seconds(self) -> float:
-    """The train step's lower bound: its FLOPs at the bf16 peak, or its bytes at HBM speed."""
+    """The train step's lower bound: its FLOPs at the bf16 peak, or its bytes at HBM speed
+    (the compiler's count: without the Pallas kernel's reads, which are the bound's to miss)."""
     chip = self.topology.chip
-    return max(self.train.step_flops / chip.peak_flops, self.train.step_bytes / chip.hbm_bandwidth)
+    return max(self.step_flops() / chip.peak_flops, self.train.step_bytes / chip.hbm_bandwidth)
 
   def mfu_ceiling(self) -> float:
     """The model FLOPs per second at the bound step time over the slice's bf16 peak."""
@@ -271,11 +288,14 @@ def compile_run(
 
   devices_ = devices(topology) if devices_ is None else devices_
   config_lib.validate(config, len(devices_))
-  config_lib.raise_if(config_lib.platform_errors(config, 'tpu'))
+  config_lib.raise_if(config_lib.platform_errors(config, topology.platform))
   names = ['train step', *[n for n in names if n != 'train step']]
   mesh, functions, notes = _functions(config, devices_, names)
   rows, length = config.data.tokens_per_batch // config.data.max_len, config.data.max_len
-  per_token = summary.flops_per_token(ModelConfig.from_config(config), length)['train']
+  model_config = ModelConfig.from_config(config)
+  per_token = summary.flops_per_token(model_config, length)['train']
+  # Length 0: the count without the attention products, which a kernel hides from the compiler.
+  in_kernel = per_token - summary.flops_per_token(model_config, 0)['train']
   return Report(
     topology=topology,
     mesh=mesh,
@@ -284,15 +304,21 @@ def compile_run(
     model_flops=per_token * rows * length,
     functions=tuple(functions),
     estimate=memory.step_memory(config, len(devices_)).total,
-    settings=_settings(config),
-    notes=tuple(notes),
+    settings=_settings(config, topology.platform),
+    notes=tuple(notes) + (gpu_topology.NOTES if topology.platform == 'gpu' else ()),
+    kernel_flops=in_kernel * rows * length if functions[0].kernel else 0.0,
   )
 
 
-def _settings(config: ml_collections.ConfigDict) -> str:
+def _settings(config: ml_collections.ConfigDict, platform: str = 'tpu') -> str:
   impl = config.model.attention_impl
-  # Off GPUs 'auto' is the einsum (`attention.implementation`), on TPUs as on this host.
-  attention = "the einsum ('auto' off GPUs)" if impl == 'auto' else f"'{impl}'"
+  if platform == 'gpu':  # `gpu_topology.attention`: no cuDNN kernel without a GPU.
+    attention = gpu_topology.attention(impl)
+    return f'{config.dtype}, remat {config.model.remat!r}, attention {attention}'
+  # On TPUs 'auto' is the Pallas kernel at lengths of 128 (`attention.implementation`).
+  attention = (
+    "'auto' (Pallas at lengths of 128, else the einsum)" if impl == 'auto' else f"'{impl}'"
+  )
   return f'{config.dtype}, remat {config.model.remat!r}, attention {attention}'
 
 
@@ -305,7 +331,12 @@ def format_report(report: Report) -> str:
   chip = report.topology.chip
   mesh = ' x '.join(f'{axis} {size}' for axis, size in report.mesh.items())
   lines = [
-    f'compiled for TPU {report.topology.describe()} by libtpu {libtpu_version()}',
+    f'compiled for {report.topology.platform.upper()} {report.topology.describe()} by '
+    + (
+      gpu_topology.compiler_version()
+      if report.topology.platform == 'gpu'
+      else f'libtpu {libtpu_version()}'
+    ),
     f'  mesh {mesh}; {report.settings}',
     f'  memory per device, GiB ({chip.hbm_bytes / GIB:.0f} GiB HBM each):',
     f'  {"function":<16} {"batch per device":<40} {"args":>6} {"outputs":>7} {"temps":>6} '
@@ -331,17 +362,23 @@ def format_report(report: Report) -> str:
   if train.error is None:
     compiled = train.step_flops * report.topology.chips
     tokens = report.train_rows * report.length
-    compute = train.step_flops / chip.peak_flops
+    compute = report.step_flops() / chip.peak_flops
     traffic = train.step_bytes / chip.hbm_bandwidth
     if train.repeats > 1:
       lines.append(
         f'  (the compiler counts the accumulation loop once: its FLOPs and bytes x {train.repeats})'
       )
+    kernel = ''
+    if report.kernel_flops:
+      kernel = (
+        f' + {report.kernel_flops / 1e12:,.2f} TFLOP of attention in the Pallas kernel, which '
+        'the compiler does not count (the model count of its products)'
+      )
     lines += [
-      f'  train step FLOPs: {compiled / 1e12:,.2f} TFLOP compiled ({train.step_flops / 1e12:,.2f} '
-      f'per device), model count {report.model_flops / 1e12:,.2f} TFLOP '
-      f'(summary.flops_per_token x {tokens:,} target tokens): '
-      f'{compiled / report.model_flops:.3f}x',
+      f'  train step FLOPs: {compiled / 1e12:,.2f} TFLOP compiled{kernel} '
+      f'({report.step_flops() / 1e12:,.2f} per device), model count '
+      f'{report.model_flops / 1e12:,.2f} TFLOP (summary.flops_per_token x {tokens:,} target '
+      f'tokens): {(compiled + report.kernel_flops) / report.model_flops:.3f}x',
       f'  train step time at least {report.step_seconds() * 1e3:,.1f} ms: FLOPs at the bf16 '
       f'peak {compute * 1e3:,.1f} ms, bytes accessed ({train.step_bytes / 1e9:,.1f} GB '
       f'per device) at HBM bandwidth {traffic * 1e3:,.1f} ms',
@@ -409,9 +446,13 @@ def preflight(config: ml_collections.ConfigDict, value: str) -> Report:
   """`train.py --dry_run --topology=value`: compiles and prints; if the config does not fit,
   compiles the changes of `_candidates` until one does and prints it."""
   topology = parse(value)
-  require_extra()
+  require_extra(topology)
   devices_ = devices(topology)
-  print(f'compiling for TPU {topology.describe()} (the first compile loads libtpu) ...')
+  loads = "JAX's CUDA plugin" if topology.platform == 'gpu' else 'libtpu'
+  print(
+    f'compiling for {topology.platform.upper()} {topology.describe()} (the first compile loads '
+    f'{loads}) ...'
+  )
   report = compile_run(config, topology, devices_=devices_)
   print(format_report(report))
   if not report.train.error and report.train.total <= topology.chip.hbm_bytes:
@@ -419,7 +460,8 @@ def preflight(config: ml_collections.ConfigDict, value: str) -> Report:
   print('the train step does not fit; compiling what a user would change:')
   found = find_fit(config, topology, devices_, print)
   if found is None:
-    print(f'none of them fits {topology.name}: a larger slice (more chips) is needed.')
+    more = 'more GPUs' if topology.platform == 'gpu' else 'a larger slice (more chips)'
+    print(f'none of them fits {topology.name}: {more} is needed.')
     return report
   description, overrides, fitted = found
   flags = ' '.join(f'--config.{k}={v}' for k, v in overrides.items())

@@ -141,6 +141,8 @@ def test_train_py_reports_a_config_too_large_and_what_fits_by_compiling():
   assert ' NO ' in train, out
   assert any(line.startswith('  eval step  ') for line in first.splitlines()), out
   assert first.rstrip().endswith('fits: no'), out
+  # The compiler decides what fits: the estimate is shown beside it, without a verdict of its own.
+  assert 'fits a device when' not in out and "the compiler's" in first, out
   assert fitted.startswith(
     '\ntrying fsdp over every chip ...\nthe train step fits with fsdp over '
     'every chip: --config.mesh.data=1 --config.mesh.fsdp=-1 --config.mesh.tensor=1\n'

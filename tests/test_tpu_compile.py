@@ -10,6 +10,8 @@ topology names and a missing extra are refused with one message. Nothing here re
 network: `tpu_topology.prepare_environment` keeps libtpu off the cloud's metadata server.
 """
 
+import importlib
+import re
 import subprocess
 import sys
 
@@ -213,3 +215,23 @@ def test_train_py_refuses_a_bad_topology_with_one_message():
   assert 'Traceback' not in result.stderr
   errors = [line for line in result.stderr.splitlines() if 'error:' in line]
   assert len(errors) == 1 and "--topology='v5e:9' is no v5e slice" in errors[0], result.stderr
+
+
+@pytest.mark.parametrize('name', ['wmt14_ende_base', 'wmt14_ende_big', 'wmt14_enfr_big', 'lm1b'])
+def test_each_config_names_a_slice_it_fits_as_compiled_in_the_table(name):
+  """The config's docstring names a slice (`--topology=...`); docs/devices.md's table, made by
+  bench/tpu_slices.py with the TPU compiler, has that config fitting it as it is."""
+  docstring = importlib.import_module(f'configs.{name}').__doc__
+  match = re.search(r'--dry_run --topology=(\S+)', docstring)
+  assert match, f'configs/{name}.py names no slice it fits'
+  slice_name = tpu_topology.parse(match.group(1)).name
+  table = (REPO_ROOT / 'docs' / 'devices.md').read_text()
+  rows = [
+    [cell.strip() for cell in line.strip('|').split('|')]
+    for line in table.splitlines()
+    if line.startswith(f'| {name} | {slice_name} |')
+  ]
+  assert rows, f'docs/devices.md has no row of {name} on {slice_name}'
+  # Columns: config, slice, attention, mesh, rows/device, compiler GiB, estimate, fits, ...,
+  # changed (empty: the config as it is).
+  assert any(row[7] == 'yes' and row[-1] == '' for row in rows), rows

@@ -52,8 +52,9 @@ def run(
     f'model FLOPs per target token at length {config.data.max_len}: '
     f'forward {flops["forward"] / 1e6:,.1f}M, training step {flops["train"] / 1e6:,.1f}M'
   )
-  print(memory.format_memory(memory.step_memory(config, num_devices or jax.device_count())))
-  if slice_ is not None:
+  if slice_ is None:
+    print(memory.format_memory(memory.step_memory(config, num_devices or jax.device_count())))
+  else:  # The compiler's figures decide what fits; the estimate is printed beside them.
     tpu_compile.preflight(config, topology)
   millions = f'{total / 1e6:.1f}M' if total >= 1e6 else f'{total / 1e6:.3f}M'
   print(f'params: {millions} ({total})')

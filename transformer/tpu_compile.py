@@ -355,9 +355,16 @@ def format_report(report: Report) -> str:
       f'{fits:<4} {f.seconds:>9.1f} s'
     )
   train = report.train
+  # The compiler's figure decides what fits; the estimate is what --dry_run shows without it.
   lines.append(
-    f'  train step estimate of --dry_run (transformer/memory.py): {_gib(report.estimate)} GiB'
-    + (f', the compiler {_gib(train.total)} GiB' if train.error is None else '')
+    f'  train step estimate of --dry_run without --topology (transformer/memory.py): '
+    f'{_gib(report.estimate)} GiB'
+    + (
+      f", {report.estimate / train.total:.2f}x the compiler's {_gib(train.total)} GiB, "
+      'which decides what fits'
+      if train.error is None
+      else ''
+    )
   )
   if train.error is None:
     compiled = train.step_flops * report.topology.chips

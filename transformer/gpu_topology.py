@@ -78,26 +78,6 @@ GPUS = {
     shared_memory_per_sm=228 * 1024,
     shared_memory_per_block_optin=227 * 1024,
   ),
-  # NVIDIA H200 SXM 141 GB: the H100's GH100 chip with HBM3e.
-  # https://www.nvidia.com/en-us/data-center/h200/ (datasheet): BF16 tensor core 1,979 TFLOP/s
-  # with sparsity (989 dense), 141 GB HBM3e at 4.8 TB/s. SMs, L2, clock and shared memory as
-  # the H100's; the memory CUDA reports (151,397,597,184 B): XLA's
-  # xla/backends/gpu/target_config/specs/h200.txtpb.
-  'h200': Gpu(
-    name='h200',
-    device_kind='NVIDIA H200 141GB HBM3e',
-    hbm_bytes=151_397_597_184,
-    peak_flops=989e12,
-    hbm_bandwidth=4.8e12,
-    compute_capability=(9, 0),
-    feature_extension='ACCELERATED_FEATURES',
-    sms=132,
-    fp32_per_sm=128,
-    l2_bytes=50 * 2**20,
-    clock_ghz=1.98,
-    shared_memory_per_sm=228 * 1024,
-    shared_memory_per_block_optin=227 * 1024,
-  ),
   # NVIDIA A100 SXM4 80 GB. https://www.nvidia.com/en-us/data-center/a100/ (datasheet): BF16
   # tensor core 312 TFLOP/s (dense), 80 GB HBM2e at 2,039 GB/s. NVIDIA A100 Tensor Core GPU
   # Architecture whitepaper (2020): 108 SMs, 64 FP32 cores per SM, 40 MB L2, 1.41 GHz boost
@@ -120,6 +100,19 @@ GPUS = {
     shared_memory_per_block_optin=163 * 1024,
   ),
 }
+
+# NVIDIA H200 SXM 141 GB: the H100's GH100 chip with HBM3e.
+# https://www.nvidia.com/en-us/data-center/h200/ (datasheet): BF16 tensor core 1,979 TFLOP/s
+# with sparsity (989 dense), 141 GB HBM3e at 4.8 TB/s. SMs, L2, clock and shared memory as
+# the H100's; the memory CUDA reports (151,397,597,184 B): XLA's
+# xla/backends/gpu/target_config/specs/h200.txtpb.
+GPUS['h200'] = dataclasses.replace(
+  GPUS['h100'],
+  name='h200',
+  device_kind='NVIDIA H200 141GB HBM3e',
+  hbm_bytes=151_397_597_184,
+  hbm_bandwidth=4.8e12,
+)
 
 # The limits both compute capabilities (8.0 and 9.0) share: the CUDA C++ Programming Guide's
 # "Technical Specifications per Compute Capability": threads per block and per SM, the warp,

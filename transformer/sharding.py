@@ -127,9 +127,15 @@ def batch_shards(mesh_sizes: dict[str, int], rules: Rules) -> int:
 
   Global row counts must divide by it.
   """
-  axes = nn.logical_to_mesh_axes(('batch',), rules)[0]
+  return math.prod(mesh_sizes[axis] for axis in mesh_axes('batch', rules))
+
+
+def mesh_axes(logical: str, rules: Rules | None = None) -> tuple[str, ...]:
+  """The mesh axes the axis rules put the logical axis `logical` on (`rules`, else the active
+  ones of `nn.logical_axis_rules`); () where it is not split."""
+  axes = nn.logical_to_mesh_axes((logical,), rules)[0]
   axes = axes if isinstance(axes, tuple) else (axes,)
-  return math.prod(mesh_sizes[axis] for axis in axes if axis is not None)
+  return tuple(axis for axis in axes if axis is not None)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -42,9 +42,10 @@ from __future__ import annotations
 import functools
 import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from transformer import sharding
 
 # The kernel's lengths are tiled by blocks of 128 positions (the TPU's vector lanes).
 LANES = 128
@@ -127,9 +128,7 @@ def _attend(query_BLHK, key_BSHK, value_BSHK, q_segments_BL, kv_segments_BS, *, 
 def _mesh_axes(logical: str, size: int, mesh, taken: tuple[str, ...]) -> tuple[str, ...] | None:
   """The mesh axes the logical axis rules put `logical` on, if they divide `size` (else None:
   the dimension stays whole on every device), leaving out axes already `taken`."""
-  axes = nn.logical_to_mesh_axes((logical,))[0]
-  axes = axes if isinstance(axes, tuple) else (axes,)
-  axes = tuple(a for a in axes if a in mesh.shape and a not in taken)
+  axes = tuple(a for a in sharding.mesh_axes(logical) if a in mesh.shape and a not in taken)
   if not axes or size % math.prod(mesh.shape[a] for a in axes):
     return None
   return axes

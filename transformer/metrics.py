@@ -16,15 +16,17 @@ import struct
 import tempfile
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 from absl import logging
-from tensorboardX.proto.event_pb2 import Event, SessionLog
-from tensorboardX.proto.summary_pb2 import Summary
 
 from transformer import storage
 from transformer.errors import InvalidInput, Refusal
+
+if TYPE_CHECKING:
+  from tensorboardX.proto.event_pb2 import Event
+  from tensorboardX.proto.summary_pb2 import Summary
 
 FILENAME = 'metrics.jsonl'  # In the workdir: one JSON object per line, each with its step.
 WALL_SECONDS = 'wall_seconds'  # Key of a row's time since the run began (`MetricsWriter`).
@@ -266,7 +268,10 @@ class EventFile:
   """
 
   def __init__(self, directory: str, purge_step: int | None = None):
+    # tensorboardX is imported where an event file is written, not with this module: its
+    # package imports torch where torch is installed (seconds of every command's start).
     from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+    from tensorboardX.proto.event_pb2 import Event, SessionLog  # pylint: disable=g-import-not-at-top
 
     register_bucket_event_writers()
     record_writer.directory_check(directory)
@@ -289,11 +294,15 @@ class EventFile:
 
   def write_summary(self, step: int, summary: Summary, wall_time: float | None = None) -> None:
     """Writes a Summary proto (scalars, the hparams plugin's data) at `step`."""
+    from tensorboardX.proto.event_pb2 import Event  # pylint: disable=g-import-not-at-top
+
     wall_time = time.time() if wall_time is None else wall_time
     self._write(Event(wall_time=wall_time, step=int(step), summary=summary))
 
   def write_scalars(self, step: int, values: dict[str, float]) -> None:
     """Writes the scalars of one row at `step`; locally, flushed before returning."""
+    from tensorboardX.proto.summary_pb2 import Summary  # pylint: disable=g-import-not-at-top
+
     values = [Summary.Value(tag=name, simple_value=float(v)) for name, v in values.items()]
     self.write_summary(step, Summary(value=values))
     if self._local or time.monotonic() - self._flushed >= BUCKET_FLUSH_SECONDS:

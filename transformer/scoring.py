@@ -12,12 +12,15 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import sacrebleu
 from sacrebleu.metrics.base import Metric, Score
-from sacremoses import MosesTokenizer
 
 from transformer.errors import InvalidInput
+
+if TYPE_CHECKING:
+  from sacremoses import MosesTokenizer
 
 # tensor2tensor's get_ende_bleu.sh: split hyphenated compounds into three tokens.
 _COMPOUND = re.compile(r'(\S)-(\S)')
@@ -115,6 +118,9 @@ def tokenized_compound_split_scores(
   little to resample as sacreBLEU's).
   """
   check_n_bootstrap(n_bootstrap)
+  # Imported here: sacremoses takes half a second to import, and only this score needs it.
+  from sacremoses import MosesTokenizer  # pylint: disable=g-import-not-at-top
+
   tokenizer = MosesTokenizer(lang=lang)
   hyps = [_moses_compound_split(h, tokenizer) for h in hypotheses]
   refs = [_moses_compound_split(r, tokenizer) for r in references]

@@ -10,6 +10,8 @@ Reads files only (no JAX), so it runs in well under a second.
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO_ROOT / 'transformer'
@@ -108,3 +110,30 @@ def test_the_library_never_imports_tools():
     if target.startswith('transformer.tools')
   ]
   assert not imports, imports
+
+
+def test_the_commands_start_without_the_heavy_packages_they_seldom_need():
+  """Every command imports its library at start; torch (which tensorboardX imports where it is
+  installed) and sacremoses cost seconds of each start, so they wait for the code that uses
+  them: an event file, the tokenized BLEU."""
+  heavy = {'torch', 'tensorboardX', 'sacremoses'}
+  script = (
+    'import atexit, runpy, sys\n'
+    'atexit.register(lambda: print(sorted({m.split(".")[0] for m in sys.modules} & '
+    f'{heavy!r})))\n'
+    'runpy.run_path(sys.argv[1], run_name="__main__")'
+  )
+  started = {
+    command: subprocess.Popen(
+      [sys.executable, '-c', script, command, '--help'],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.DEVNULL,
+      text=True,
+      cwd=REPO_ROOT,
+    )
+    for command in ('train.py', 'eval.py', 'sweep.py', 'convert.py', 'compare.py')
+  }
+  imported = {
+    command: process.communicate()[0].splitlines()[-1] for command, process in started.items()
+  }
+  assert imported == dict.fromkeys(started, '[]')

@@ -31,6 +31,7 @@ from absl import app, flags, logging  # noqa: E402
 
 from transformer import (  # noqa: E402
   checkpoint_spec,
+  config_rules,
   datasets,
   errors,
   evaluation,
@@ -291,7 +292,7 @@ def _against_the_run(
   errors += task.decode_option_errors(config, options)
   # The default, config.decode.checkpoint, is checked with the config.
   if to_be_trained and _CHECKPOINT.value is not None:
-    errors += config_lib.checkpoint_kept_errors(
+    errors += config_rules.checkpoint_kept_errors(
       config, _CHECKPOINT.value, '--checkpoint', advice=True
     )
   if _INPUT_FILE.value is None and not _PROMPT.value and not _ATTENTION_PLOT.value:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from transformer import attention, runs, training
+from transformer import attention, config_rules, runs, training
 from transformer import config as config_lib
 from transformer.config import ModelConfig
 from transformer.model import Transformer
@@ -217,7 +217,7 @@ def test_cudnn_is_an_error_naming_the_key_without_bfloat16_or_a_gpu(tmp_path):
     config_lib.validate(config, num_devices=1)
   config.dtype = 'bfloat16'
   config_lib.validate(config, num_devices=1)
-  assert config_lib.platform_errors(config, 'gpu') == []
+  assert config_rules.platform_errors(config, 'gpu') == []
   workdir = tmp_path / 'run'
   with pytest.raises(config_lib.ConfigError, match=r"attention_impl='cudnn' needs NVIDIA GPUs"):
     training.train_and_evaluate(config, str(workdir))  # Before anything is read or written.

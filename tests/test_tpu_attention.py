@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from transformer import attention, config_fields, sharding, tpu_attention
+from transformer import attention, config_fields, config_rules, sharding, tpu_attention
 from transformer import config as config_lib
 from transformer.config import ModelConfig
 from transformer.model import Transformer
@@ -223,8 +223,8 @@ def test_pallas_is_refused_naming_the_key_where_the_kernel_cannot_serve_training
   config = tiny.get_config()
   config.model.attention_impl = 'pallas'
   config_lib.validate(config, num_devices=1)
-  assert config_lib.platform_errors(config, 'tpu') == []
-  (error,) = config_lib.platform_errors(config, 'cpu')
+  assert config_rules.platform_errors(config, 'tpu') == []
+  (error,) = config_rules.platform_errors(config, 'cpu')
   assert error.startswith("config.model.attention_impl='pallas' needs TPUs")
   config.model.position = 'alibi'
   config.model.attention_dropout_rate = 0.1

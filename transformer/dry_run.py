@@ -6,7 +6,15 @@ import jax
 import ml_collections
 
 from transformer import config as config_lib
-from transformer import initialization, memory, summary, tpu_compile, tpu_topology, train_steps
+from transformer import (
+  config_rules,
+  initialization,
+  memory,
+  summary,
+  tpu_compile,
+  tpu_topology,
+  train_steps,
+)
 from transformer.config import ModelConfig
 
 
@@ -32,13 +40,13 @@ def run(
   platform = jax.devices()[0].platform
   if num_devices is None:  # This host's devices: what train.py would refuse here, refused.
     config_lib.validate(config, jax.device_count())
-    config_lib.raise_if(config_lib.platform_errors(config, platform))
+    config_lib.raise_if(config_rules.platform_errors(config, platform))
   elif slice_ is not None:  # Compiled for TPUs (GPUs): what a run there would refuse, refused.
     config_lib.validate(config, num_devices)
-    config_lib.raise_if(config_lib.platform_errors(config, slice_.platform))
+    config_lib.raise_if(config_rules.platform_errors(config, slice_.platform))
   else:  # Planned for other devices: this host's kind is not theirs, but say what it lacks.
     config_lib.validate(config, num_devices)
-    for error in config_lib.platform_errors(config, platform):
+    for error in config_rules.platform_errors(config, platform):
       print(f'Note: not on this host: {error}')
   if source := initialization.resolve(config, overridden=overridden):
     print(f'parameters from: {source.describe()}')

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 
 import ml_collections
 
-from transformer import config_fields, gpu_topology
+from transformer import config_fields, config_rules, gpu_topology
 from transformer.tpu_topology import GIB, Topology, devices, parse, require_extra
 
 
@@ -288,7 +288,7 @@ def compile_run(
 
   devices_ = devices(topology) if devices_ is None else devices_
   config_lib.validate(config, len(devices_))
-  config_lib.raise_if(config_lib.platform_errors(config, topology.platform))
+  config_lib.raise_if(config_rules.platform_errors(config, topology.platform))
   names = ['train step', *[n for n in names if n != 'train step']]
   mesh, functions, notes = _functions(config, devices_, names)
   rows, length = config.data.tokens_per_batch // config.data.max_len, config.data.max_len

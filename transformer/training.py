@@ -31,6 +31,7 @@ from transformer import (
   best_checkpoints,
   checkpoints,
   config_fields,
+  config_rules,
   divergence,
   initialization,
   input_pipeline,
@@ -123,7 +124,7 @@ def train_and_evaluate(
   config_lib.validate(config, len(devices))
   config_lib.raise_if(config_lib.launch_errors(config, jax.process_count()))
   config_lib.raise_if(path_checks.workdir_errors(config, workdir), 'paths')
-  config_lib.raise_if(config_lib.platform_errors(config, devices[0].platform))
+  config_lib.raise_if(config_rules.platform_errors(config, devices[0].platform))
   workdir = storage.resolve(workdir)
   # From a stop signal or the end of training, the process has `shutdown.deadline_seconds()` to
   # end: a commit, metrics flush or lock release that storage holds is named, and the process

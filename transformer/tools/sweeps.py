@@ -36,7 +36,7 @@ import numpy as np
 
 import transformer
 from transformer import config as config_lib
-from transformer import config_fields, storage
+from transformer import config_fields, config_rules, storage
 from transformer.errors import InvalidInput, MissingInput
 from transformer.tools import sweep_flags
 
@@ -389,7 +389,7 @@ def make_trials(
     # Every value in its domain before any trial runs, and a target metric that ranks it.
     errors = (
       config_lib.config_errors(resolved)
-      or config_lib.sweep_target_errors(resolved)
+      or config_rules.sweep_target_errors(resolved)
       or config_lib.ignored_override_errors(resolved, {*fixed, *typed})
     )
     if errors:
@@ -536,7 +536,7 @@ def create(
   trials, if not the file's `sweep()` (an Optuna study's first ones: `sweep_optuna`).
   """
   config_lib.validate(config)
-  config_lib.raise_if(config_lib.sweep_target_errors(config))  # Before the trials' own.
+  config_lib.raise_if(config_rules.sweep_target_errors(config))  # Before the trials' own.
   check_seeds(seeds)
   config_lib.raise_if(sweep_flags.root_errors(config, root), 'paths')
   if eval_flags is not None:

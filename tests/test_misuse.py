@@ -27,6 +27,7 @@ from transformer import (
   divergence,
   dry_run,
   errors,
+  google_credentials,
   input_pipeline,
   metrics,
   optim,
@@ -507,8 +508,8 @@ def test_bad_google_credentials_are_named_before_any_request(tmp_path, monkeypat
         raise PermissionError(13, 'Permission denied', str(path))
       return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(storage, 'open', refused, raising=False)
-  monkeypatch.setenv(storage.CREDENTIALS_ENV, str(key))
+    monkeypatch.setattr(google_credentials, 'open', refused, raising=False)
+  monkeypatch.setenv(google_credentials.CREDENTIALS_ENV, str(key))
   problem = {
     'missing': 'names a file that does not exist',
     'directory': 'names a directory, not a credentials file',
@@ -518,7 +519,8 @@ def test_bad_google_credentials_are_named_before_any_request(tmp_path, monkeypat
   }[case]
   [error] = storage.path_errors('gs://a-bucket/run', '--workdir')
   assert error.startswith(
-    f'{storage.CREDENTIALS_ENV}={key} {problem}, and --workdir=gs://a-bucket/run is reached'
+    f'{google_credentials.CREDENTIALS_ENV}={key} {problem}, and --workdir=gs://a-bucket/run '
+    'is reached'
   )
   assert storage.path_errors('s3://a-bucket/run', '--workdir') == []  # AWS's own chain.
   assert storage.path_errors(str(tmp_path), '--workdir') == []
@@ -529,17 +531,17 @@ def test_train_py_with_bad_google_credentials_ends_with_one_message(tmp_path):
   result = subprocess.run(
     [sys.executable, 'train.py', '--config=configs/tiny.py', '--workdir=gs://a-bucket/run'],
     cwd=REPO,
-    env={**os.environ, 'JAX_PLATFORMS': 'cpu', storage.CREDENTIALS_ENV: str(key)},
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu', google_credentials.CREDENTIALS_ENV: str(key)},
     capture_output=True,
     text=True,
     timeout=120,
   )
   assert _one_error(result) == 'train.py: error: Invalid paths:'
   assert _last_lines(result, 1) == [
-    f'  {storage.CREDENTIALS_ENV}={key} names a file that does not exist, and '
+    f'  {google_credentials.CREDENTIALS_ENV}={key} names a file that does not exist, and '
     '--workdir=gs://a-bucket/run is reached with the credentials it names. Point '
-    f'{storage.CREDENTIALS_ENV} at a service-account key file (JSON), or unset it to use those '
-    'of gcloud auth application-default login.'
+    f'{google_credentials.CREDENTIALS_ENV} at a service-account key file (JSON), or unset it '
+    'to use those of gcloud auth application-default login.'
   ]
   assert 'storage.googleapis.com' not in result.stderr  # No request was tried.
 

@@ -246,8 +246,7 @@ def _set_up(
   model_config = ModelConfig.from_config(config)
   optimizer_config = optim.OptimizerConfig.from_config(config)
   step_config = train_steps.StepConfig.from_config(config)
-  mesh = sharding.create_mesh(config.mesh, devices)
-  rules = sharding.axis_rules(config.mesh)
+  mesh, rules = sharding.create_mesh(config.mesh, devices), sharding.axis_rules(config.mesh)
   task = tasks.get_task(model_config.architecture)
   model, eval_model = train_steps.create_models(model_config)
   optimizer = optim.create_optimizer(optimizer_config)
@@ -260,7 +259,7 @@ def _set_up(
   train_iter, eval_batches, validation_metrics, run_inputs = _data(
     config, workdir, task, eval_model, mesh, rules, cleanup
   )
-  initialized = None
+  params = initialized = None
   if source is not None:  # Read before the workdir changes: an unreadable source leaves no trace.
     target = initialization.Target(model, task, mesh, rules, state_shardings.params)
     params, initialized = initialization.load(source, target)
@@ -272,21 +271,16 @@ def _set_up(
     workdir, keep=config.keep_checkpoints, during_save=hooks.during_save
   )
   cleanup.callback(checkpointer.close)
-  params_key, _ = jax.random.split(jax.random.key(config.seed))  # Named: params, (data).
   latest, state = checkpointer.restore_latest(abstract_state, train_iter, fallback=restore_fallback)
   if latest is None:
+    params_key, _ = jax.random.split(jax.random.key(config.seed))  # Named: params, (data).
     state = train_steps.create_train_state(
       model, optimizer, task, state_shardings, mesh, params_key
     )
-    if source is not None:  # Fresh optimizer state, step 0 and data position; its parameters.
+    if params is not None:  # Fresh optimizer state, step 0 and data position; `source`'s params.
       state = state.replace(params=params)
   start_step = int(state.step)
-  # A run that stopped early (its validation BLEU had not improved for `patience` evaluations)
-  # stays stopped; a larger config.early_stopping_patience lets it go on.
   selection_metric = ranking.selection_metric(config.target_metric)  # Best, early stopping.
-  stopping = runs.EarlyStopping(config.early_stopping_patience, selection_metric).replay(
-    storage.join(workdir, metrics.FILENAME), start_step
-  )
   shardings = dict(state_shardings=state_shardings, mesh=mesh, rules=rules)
   return _Run(
     config=config,
@@ -311,7 +305,11 @@ def _set_up(
     initialized=initialized,
     checkpointer=checkpointer,
     selection_metric=selection_metric,
-    stopping=stopping,
+    # A run that stopped early (its validation BLEU had not improved for `patience` evaluations)
+    # stays stopped; a larger config.early_stopping_patience lets it go on.
+    stopping=runs.EarlyStopping(config.early_stopping_patience, selection_metric).replay(
+      storage.join(workdir, metrics.FILENAME), start_step
+    ),
     watcher=watcher,
     hooks=hooks,
   )

@@ -90,7 +90,7 @@ def model_errors(config: ml_collections.ConfigDict) -> list[str]:
   """The errors of `config.model`, `config.vocab_size` and `config.dtype` alone."""
   values = flatten(config)
   selected = [k for k in CONFIG_RULES if k.startswith('model.') or k in ('vocab_size', 'dtype')]
-  return _domain_errors(values, selected) or config_rules.model_errors(config)
+  return _domain_errors(values, selected) or config_rules.model_rule_errors(config)
 
 
 # {key: the key it follows} of the fields whose default follows another's (`follows`).

@@ -31,7 +31,7 @@ def requirement_errors(c, group: str = 'model') -> list[str]:
   ]
 
 
-def model_errors(c) -> list[str]:
+def model_rule_errors(c) -> list[str]:
   m = c.model
   errors = requirement_errors(c)
   if m.num_heads >= 1 and m.d_model % m.num_heads:
@@ -246,7 +246,7 @@ def _mesh_rule_errors(c) -> list[str]:
 
 # Each takes a config whose single values are in their domains; returns errors naming the keys.
 CROSS_CHECKS: tuple[Callable[[ml_collections.ConfigDict], list[str]], ...] = (
-  model_errors,
+  model_rule_errors,
   lambda c: requirement_errors(c, group=''),
   _schedule_errors,
   _decode_checkpoint_errors,

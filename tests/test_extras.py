@@ -20,7 +20,7 @@ from packaging.utils import canonicalize_name
 
 from configs import tiny
 from transformer import config as config_lib
-from transformer import extras, path_checks, storage, wandb_run
+from transformer import extras, google_credentials, path_checks, storage, wandb_run
 from transformer.errors import InvalidInput
 from transformer.interop import hf_files, workdirs
 from transformer.tools import sweep_optuna, sweep_slurm
@@ -50,7 +50,7 @@ def _without(monkeypatch, *modules: str) -> None:
 def test_a_bucket_path_without_its_backend_is_refused_naming_buckets(
   scheme, backend, use, monkeypatch, tmp_path
 ):
-  monkeypatch.delenv(storage.CREDENTIALS_ENV, raising=False)
+  monkeypatch.delenv(google_credentials.CREDENTIALS_ENV, raising=False)
   url = f'{scheme}://a-bucket/run'
   assert storage.path_errors(url, '--workdir') == []  # Installed: nothing to say.
   _without(monkeypatch, backend)

@@ -14,7 +14,7 @@ from conftest import synthetic_pairs
 from test_significance import _write_result
 
 from configs import tiny
-from transformer import evaluation, path_checks, storage
+from transformer import evaluation, google_credentials, path_checks, storage
 from transformer.errors import InvalidInput
 from transformer.tools import significance, sweep_flags, sweep_optuna
 
@@ -219,7 +219,7 @@ def test_standard_input_lines_end_alike_and_errors_count_cr_lines(tmp_path, monk
 
 @pytest.fixture
 def no_google_credentials(monkeypatch):
-  for env in (storage.CREDENTIALS_ENV, *storage.TOKEN_ENVS):
+  for env in (google_credentials.CREDENTIALS_ENV, *google_credentials.TOKEN_ENVS):
     monkeypatch.delenv(env, raising=False)
   return monkeypatch
 
@@ -229,7 +229,7 @@ def _write(path: Path, text: str) -> Path:
   return path
 
 
-@pytest.mark.parametrize('env', storage.TOKEN_ENVS)
+@pytest.mark.parametrize('env', google_credentials.TOKEN_ENVS)
 @pytest.mark.parametrize(
   ('case', 'problem'),
   [
@@ -263,7 +263,7 @@ def test_a_gcsfs_token_naming_no_credentials_file_is_refused_before_any_request(
   [error] = storage.path_errors('gs://a-bucket/run', '--workdir')
   assert error.startswith(f'{env}={value} {problem}'), error
   assert ', and --workdir=gs://a-bucket/run is reached with it' in error
-  assert error.startswith(storage.CREDENTIAL_PREFIXES)
+  assert error.startswith(google_credentials.CREDENTIAL_PREFIXES)
   assert storage.path_errors('s3://a-bucket/run', '--workdir') == []  # Not gcsfs's.
   assert storage.path_errors(str(tmp_path), '--workdir') == []
   # train.py's check of its paths: the same one message, before any request.
@@ -307,7 +307,7 @@ def test_a_gcsfs_token_that_gcsfs_can_take_passes(tmp_path, no_google_credential
 
 def test_train_py_with_a_gcsfs_token_naming_no_file_ends_with_one_message(tmp_path):
   key = tmp_path / 'gone' / 'key.json'
-  env = {k: v for k, v in os.environ.items() if k != storage.CREDENTIALS_ENV}
+  env = {k: v for k, v in os.environ.items() if k != google_credentials.CREDENTIALS_ENV}
   result = subprocess.run(
     [sys.executable, 'train.py', '--config=configs/tiny.py', '--workdir=gs://a-bucket/run'],
     cwd=REPO,
@@ -328,12 +328,16 @@ def test_train_py_with_a_gcsfs_token_naming_no_file_ends_with_one_message(tmp_pa
 
 
 def test_google_application_credentials_is_checked_first(tmp_path, no_google_credentials):
-  no_google_credentials.setenv(storage.CREDENTIALS_ENV, str(tmp_path / 'gone.json'))
+  no_google_credentials.setenv(google_credentials.CREDENTIALS_ENV, str(tmp_path / 'gone.json'))
   no_google_credentials.setenv('FSSPEC_GS_TOKEN', str(tmp_path / 'also_gone.json'))
   [error] = storage.path_errors('gs://a-bucket/run', '--workdir')
-  assert error.startswith(f'{storage.CREDENTIALS_ENV}={tmp_path / "gone.json"} names a file')
+  assert error.startswith(
+    f'{google_credentials.CREDENTIALS_ENV}={tmp_path / "gone.json"} names a file'
+  )
   key = _write(tmp_path / 'key.json', '{"type": "service_account"}')
-  no_google_credentials.setenv(storage.CREDENTIALS_ENV, str(key))  # Good: the token's turn.
+  no_google_credentials.setenv(
+    google_credentials.CREDENTIALS_ENV, str(key)
+  )  # Good: the token's turn.
   [error] = storage.path_errors('gs://a-bucket/run', '--workdir')
   assert error.startswith(f'FSSPEC_GS_TOKEN={tmp_path / "also_gone.json"} names a file')
 

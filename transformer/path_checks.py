@@ -19,7 +19,7 @@ from typing import Any
 import ml_collections
 
 import transformer
-from transformer import shutdown, storage, workdir_lock
+from transformer import google_credentials, shutdown, storage, workdir_lock
 from transformer.errors import InvalidInput
 
 # What train.py, eval.py and sweep.py write at the top of a run's workdir: a path at or under one
@@ -229,7 +229,7 @@ def workdir_errors(config: ml_collections.ConfigDict, workdir: str) -> list[str]
     )
     for error in storage.path_errors(value, name)
   ]
-  credentials = [e for e in url_errors if e.startswith(storage.CREDENTIAL_PREFIXES)]
+  credentials = [e for e in url_errors if e.startswith(google_credentials.CREDENTIAL_PREFIXES)]
   if credentials:
     return credentials[:1]  # One message, for the first path that needs them.
   url_errors = url_errors or storage.checkpoint_errors(workdir, '--workdir')

@@ -376,41 +376,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
   )
 
 
-# The files whose tests take longest, longest first (seconds summed over a file's tests, on
-# 2 cores: `pytest --durations=0`). CI hands whole files to its two workers (`--dist
-# loadfile`) in collection order, each worker taking the next file when it is free: longest
-# first, the two end together instead of one running a long file alone at the end. Others follow
-# in their usual order. A new slow file belongs here.
-SLOWEST_FILES = (
-  'test_sweeps.py',
-  'test_sharding.py',
-  'test_reliability.py',
-  'test_bucket_runs.py',
-  'test_interop.py',
-  'test_tpu_compile.py',
-  'test_train.py',
-  'test_bucket_endurance.py',
-  'test_sweep_optuna.py',
-  'test_misuse.py',
-  'test_sweep_slurm.py',
-  'test_eval.py',
-  'test_finetune.py',
-  'test_gpu_compile.py',
-)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-  """Keeps the collection's order of files for xdist's loadfile (it would sort them by their
-  number of tests, which puts the long files of few tests last)."""
-  if hasattr(config.option, 'loadscopereorder'):
-    config.option.loadscopereorder = False
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-  """The slowest files first (`SLOWEST_FILES`); skips the full_data tier without the real
-  corpus, which only that tier may read."""
-  rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+  """Skips the full_data tier without the real corpus; only that tier may read it."""
   unmarked = [
     item.nodeid
     for item in items

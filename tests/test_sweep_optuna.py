@@ -275,7 +275,12 @@ def test_a_study_of_two_workers_interrupted_and_resumed(
 
   workers = [start(), start()]
   logs = [worker.communicate(timeout=600)[1] for worker in workers]
-  assert [worker.returncode for worker in workers] == [0, 0], [log[-3000:] for log in logs]
+  if [worker.returncode for worker in workers] != [0, 0]:  # Each log whole: pytest cuts a list's.
+    pytest.fail(
+      '\n\n'.join(
+        f'worker rc {w.returncode}:\n{log[-6000:]}' for w, log in zip(workers, logs, strict=True)
+      )
+    )
   assert sum(log.count('was left running by') for log in logs) == 1
   assert all(re.search(r'Trial \d+, lr_scale=', log) for log in logs)  # Both ran trials.
 

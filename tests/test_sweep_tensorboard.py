@@ -79,3 +79,30 @@ def test_every_started_trial_is_a_session_with_its_values_results_and_status(tmp
   _, sessions = conftest.tensorboard_hparams(sweep.root)
   assert sessions[run('base')]['metrics']['eval_loss'] == 4.0
   assert sessions[run('base')]['metrics']['best_eval_bleu'] == 2.0
+
+
+def test_a_session_another_worker_replaced_first_is_no_error(tmp_path, monkeypatch):
+  """Two workers of one study finish together and both rewrite each trial's session: the file
+  one lists as the one to replace may be gone when it removes it (CI saw FileNotFoundError)."""
+  sweep_file = tmp_path / 's.py'
+  sweep_file.write_text('def sweep():\n  return [{}]\n')
+  sweep = sweeps.create('configs/tiny.py', tiny.get_config(), str(sweep_file), str(tmp_path / 'r'))
+  [trial] = sweep.trials
+  workdir = Path(sweep.workdir(trial))
+  _leave(workdir, [{'step': 3, 'train_loss': 6.0}], 'running')  # No process: interrupted.
+  assert sweep_tensorboard.write(sweep) == 1
+  folder = workdir / 'tensorboard' / sweep_tensorboard.RUN
+  [first] = os.listdir(folder)
+  _leave(workdir, [{'step': 6, 'train_loss': 5.0}], 'finished')
+  listed = sweep_tensorboard.storage.glob
+  # The other worker replaces the file between this one's listing and its removal.
+  monkeypatch.setattr(
+    sweep_tensorboard.storage,
+    'glob',
+    lambda *args: [*listed(*args), str(folder / (first + '.replaced-by-the-other-worker'))],
+  )
+  assert sweep_tensorboard.write(sweep) == 1
+  [written] = os.listdir(folder)
+  assert written != first
+  _, sessions = conftest.tensorboard_hparams(sweep.root)
+  assert sessions[f'base/tensorboard/{sweep_tensorboard.RUN}']['status'] == 'STATUS_SUCCESS'

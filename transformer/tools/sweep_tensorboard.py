@@ -15,6 +15,7 @@ adds no duplicates. Like the summary, it is rebuilt from each trial's workdir at
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -132,7 +133,11 @@ def write_trial(
   name = f'events.out.tfevents.{time.time():017.6f}{_SUFFIX}{digest}'
   storage.write_bytes(storage.join(directory, name), metrics.encode_events(_events(held)))
   for path in earlier:
-    storage.remove(path)
+    # Two workers of one study end together and both rewrite every trial's session: the other
+    # may have replaced this file already (at least one session file stays: each lists before
+    # it writes).
+    with contextlib.suppress(FileNotFoundError):
+      storage.remove(path)
   return True
 
 

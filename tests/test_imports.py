@@ -137,3 +137,30 @@ def test_the_commands_start_without_the_heavy_packages_they_seldom_need():
     command: process.communicate()[0].splitlines()[-1] for command, process in started.items()
   }
   assert imported == dict.fromkeys(started, '[]')
+
+
+def test_an_event_file_is_written_without_importing_torch_which_imports_as_before(tmp_path):
+  """Every run writes TensorBoard event files through tensorboardX, whose package imports torch
+  where it is installed (seconds of each start) only to accept torch tensors; it is hidden for
+  that one import and imports as before afterwards."""
+  script = (
+    'import sys\n'
+    'from transformer import metrics\n'
+    'events = metrics.EventFile(sys.argv[1])\n'
+    "events.write_scalars(1, {'loss': 2.0})\n"
+    'events.close()\n'
+    "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'tensorboardX'}))\n"
+    'import torch\n'
+    'print(torch.zeros(2).sum().item())\n'
+  )
+  result = subprocess.run(
+    [sys.executable, '-c', script, str(tmp_path)],
+    capture_output=True,
+    text=True,
+    cwd=REPO_ROOT,
+    check=False,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.splitlines() == ["['tensorboardX']", '0.0'], result.stdout
+  (event_file,) = tmp_path.iterdir()
+  assert event_file.name.startswith('events.out.tfevents.')

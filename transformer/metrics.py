@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import struct
+import sys
 import tempfile
 import time
 from collections.abc import Iterable
@@ -235,12 +236,31 @@ class MetricsWriter:
       )
 
 
+def import_tensorboardx() -> None:
+  """Imports tensorboardX (its records and protos) without the torch it would import.
+
+  tensorboardX's package imports its SummaryWriter, which imports torch where torch is
+  installed (2.5 s of a start on 2 cores) only to accept torch tensors; this project hands it
+  protos and bytes. Where torch is not loaded yet, it is hidden for that one import (tensorboardX
+  takes it as absent, as without torch) and imports as before afterwards. Called before each
+  `from tensorboardX... import`; those after it cost nothing.
+  """
+  if 'tensorboardX' in sys.modules or 'torch' in sys.modules:
+    return
+  sys.modules['torch'] = None  # `import torch` raises ImportError while this is here.
+  try:
+    import tensorboardX  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
+  finally:
+    del sys.modules['torch']
+
+
 # On a bucket an event file is written whole at each flush (`_BucketEventFile`): at most this often.
 BUCKET_FLUSH_SECONDS = 120.0
 
 
 def encode_events(events: Iterable[Event]) -> bytes:
   """Event protos as the records of an event file (TFRecord: length, CRCs, data)."""
+  import_tensorboardx()
   from tensorboardX.record_writer import masked_crc32c  # pylint: disable=g-import-not-at-top
 
   records = []
@@ -268,8 +288,8 @@ class EventFile:
   """
 
   def __init__(self, directory: str, purge_step: int | None = None):
-    # tensorboardX is imported where an event file is written, not with this module: its
-    # package imports torch where torch is installed (seconds of every command's start).
+    # tensorboardX is imported where an event file is written, not with this module.
+    import_tensorboardx()
     from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
     from tensorboardX.proto.event_pb2 import Event, SessionLog  # pylint: disable=g-import-not-at-top
 
@@ -294,6 +314,7 @@ class EventFile:
 
   def write_summary(self, step: int, summary: Summary, wall_time: float | None = None) -> None:
     """Writes a Summary proto (scalars, the hparams plugin's data) at `step`."""
+    import_tensorboardx()
     from tensorboardX.proto.event_pb2 import Event  # pylint: disable=g-import-not-at-top
 
     wall_time = time.time() if wall_time is None else wall_time
@@ -301,6 +322,7 @@ class EventFile:
 
   def write_scalars(self, step: int, values: dict[str, float]) -> None:
     """Writes the scalars of one row at `step`; locally, flushed before returning."""
+    import_tensorboardx()
     from tensorboardX.proto.summary_pb2 import Summary  # pylint: disable=g-import-not-at-top
 
     values = [Summary.Value(tag=name, simple_value=float(v)) for name, v in values.items()]
@@ -352,6 +374,7 @@ class _BucketEventFiles:
 
 def register_bucket_event_writers() -> None:
   """Routes tensorboardX's gs:// and s3:// event files through `storage`."""
+  import_tensorboardx()
   from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
 
   for scheme in storage.URL_SCHEMES:

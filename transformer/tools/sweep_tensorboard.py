@@ -72,6 +72,7 @@ def session(
 
 def _plugin_summary(tag: str, **content: Any):
   """A Summary of the hparams plugin's data (`HParamsPluginData` with one of its fields)."""
+  metrics.import_tensorboardx()
   from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
   from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata
 
@@ -82,6 +83,7 @@ def _plugin_summary(tag: str, **content: Any):
 
 def _events(held: dict[str, Any]) -> list:
   """The session's events: its start (hparams, group), results as scalars, its end (status)."""
+  metrics.import_tensorboardx()
   from tensorboardX.proto.api_pb2 import Status
   from tensorboardX.proto.event_pb2 import Event
   from tensorboardX.proto.plugin_hparams_pb2 import SessionEndInfo, SessionStartInfo

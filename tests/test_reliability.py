@@ -76,19 +76,14 @@ _IGNORE_FAILED_READ_FINALIZERS = pytest.mark.filterwarnings(
 
 
 @pytest.fixture(scope='module')
-def train(synthetic_multi30k_dir, synthetic_multi30k_data_dir, tmp_path_factory):
+def train(synthetic_multi30k_dir, synthetic_multi30k_data_dir):
   """Returns `train(workdir, *flags, fault=None, **overrides) -> CompletedProcess` of train.py.
 
   With `fault` ('<point>:<step>'), tests/fault_driver.py runs instead: train.py with a hook that
-  SIGKILLs the process at that point.
+  SIGKILLs the process at that point. The processes share the session's compilation cache
+  (conftest): the tiny run compiles once in the whole suite.
   """
-  env = {
-    **os.environ,
-    'JAX_PLATFORMS': 'cpu',
-    'JAX_COMPILATION_CACHE_DIR': str(tmp_path_factory.mktemp('jax_cache')),
-    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
-    'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '-1',
-  }
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
 
   def command(workdir, *flags, fault=None, **overrides):
     settings = {

@@ -225,6 +225,58 @@ def test_a_trial_left_running_by_a_lost_worker_runs_again_from_its_checkpoint(
   assert 'Training from step 7 to 20' in (workdir / 'train.log').read_text()
 
 
+def _two_workers(tmp_path, listed):
+  """Two drivers of one study, as two sweep.py processes would hold (each its own lock)."""
+  sweep, study = _stand_in_study(
+    tmp_path, f'def sweep():\n  return {[{"lr_scale": v} for v in listed]}\n', pruner='none'
+  )
+  return sweep, study, [sweep_study._Driver(sweep, study, 1) for _ in range(2)]
+
+
+def _values_of(asked):
+  return None if asked is None else asked.params['lr_scale']
+
+
+def test_a_worker_that_finds_a_listed_trial_waiting_enqueues_the_next_not_a_draw(tmp_path):
+  """Worker A enqueues the first listed trial; B, finding it waiting, still enqueues the next one:
+  when A takes the first before B asks, B gets the second, never a draw of its own (which ran
+  a listed trial twice and left the last one unrun)."""
+  sweep, study, (a, b) = _two_workers(tmp_path, [1.0, 2.0, 3.0])
+  a._enqueue_next()
+  b._enqueue_next()
+  taken_by_a = a.optuna_study.ask(a.distributions)
+  taken_by_b = b.optuna_study.ask(b.distributions)
+  assert (_values_of(taken_by_a), _values_of(taken_by_b)) == (1.0, 2.0)
+  fixed = [t.system_attrs.get('fixed_params') for t in _trials(sweep, study)]
+  assert fixed == [{'lr_scale': 1.0}, {'lr_scale': 2.0}]  # Both enqueued, none drawn.
+
+
+def test_a_listed_trial_enqueued_twice_at_once_runs_once(tmp_path):
+  """Two workers enqueued the same trial at once (Optuna does not prevent it across processes):
+  the worker asking the later copy fails it as a duplicate, uncounted, and runs the next."""
+  sweep, study, (a, b) = _two_workers(tmp_path, [1.0, 2.0])
+  for driver in (a, b):
+    driver.optuna_study.enqueue_trial({'lr_scale': 1.0}, skip_if_exists=False)
+  assert [_values_of(a._ask()), _values_of(b._ask()), _values_of(a._ask())] == [1.0, 2.0, None]
+  trials = _trials(sweep, study)
+  assert [(t.number, t.state.name, t.params['lr_scale']) for t in trials] == [
+    (0, 'RUNNING', 1.0),
+    (1, 'FAIL', 1.0),
+    (2, 'RUNNING', 2.0),
+  ]
+  assert trials[1].user_attrs == {'duplicate_of': 0}  # No name: not in the summary.
+  assert sweep_study.studied(sweep, study).trials == ()  # Names are set as trials start.
+
+
+def test_a_trial_just_asked_is_not_taken_for_a_stale_one(tmp_path):
+  """Between another worker's ask and its first heartbeat, its trial started a moment ago."""
+  sweep, study, (a, b) = _two_workers(tmp_path, [1.0, 2.0])
+  a._enqueue_next()
+  a.optuna_study.ask(a.distributions)  # Not yet marked with its worker or a heartbeat.
+  assert _values_of(b._ask()) == 2.0
+  assert [t.state.name for t in _trials(sweep, study)] == ['RUNNING', 'RUNNING']
+
+
 # --- A study of train.py trials: two workers, interrupted, resumed -------------------------------
 
 

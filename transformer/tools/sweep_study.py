@@ -37,6 +37,7 @@ from transformer.tools.sweeps import Sweep, Trial
 HEARTBEAT_SECONDS = 20.0  # How often a worker records that a trial it runs is alive.
 STALE_SECONDS = 120.0  # A running trial without a heartbeat for this long is failed, retried.
 MAX_RETRIES = 3  # Times a stale trial is enqueued again.
+MAX_DUPLICATES = 10  # Draws in a row of values a trial holds already, before a worker stops.
 POLL_SECONDS = 0.1  # How often a running trial's metrics.jsonl is looked at (a bucket: 5 s).
 _BUCKET_POLL_SECONDS = 5.0
 
@@ -49,6 +50,19 @@ def _alive(pid: int) -> bool:
   except PermissionError:
     return True
   return True
+
+
+def _values(trial) -> dict[str, Any]:
+  """A trial's values: those it was enqueued with (set before it is asked), else its params."""
+  return trial.system_attrs.get('fixed_params') or trial.params
+
+
+def _rounded(values: Mapping[str, Any]) -> dict[str, Any]:
+  """Floats to 3 significant digits: the values a trial's name and folder are made of."""
+  return {
+    key: sweeps.round_significant(value) if isinstance(value, float) else value
+    for key, value in values.items()
+  }
 
 
 class _Reports:
@@ -156,7 +170,9 @@ class _Driver:
       if worker == self._worker:
         continue
       gone = worker.get('host') == self._worker['host'] and not _alive(worker['pid'])
-      silent = time.time() - trial.user_attrs.get('heartbeat', 0.0) > STALE_SECONDS
+      # A trial asked a moment ago may not carry its worker's heartbeat yet: its start counts.
+      started = trial.datetime_start.timestamp() if trial.datetime_start else 0.0
+      silent = time.time() - trial.user_attrs.get('heartbeat', started) > STALE_SECONDS
       if not (gone or silent):
         continue
       try:
@@ -182,30 +198,56 @@ class _Driver:
     return counted < self.study.num_trials
 
   def _enqueue_next(self) -> None:
-    """Enqueues the first listed trial the study has not run, unless a trial waits already.
+    """Enqueues the first listed trial that no trial of the study holds (waiting, run or running).
 
-    One at a time, as each is wanted, so that a stale trial enqueued again (`_fail_stale`)
-    runs before the listed trials that no worker has started (Optuna asks the oldest first).
+    One at each ask, whatever waits already: a worker that found a listed trial waiting and
+    enqueued none could see another worker take it and then draw a trial of its own, while a
+    listed one was never run. A stale trial enqueued again (`_fail_stale`) is older than this
+    one, so it runs first (Optuna asks the oldest first).
     """
-    trials = self.optuna_study.get_trials(deepcopy=False)
-    if any(trial.state == self.states.WAITING for trial in trials):
-      return
-    ran = [trial.params for trial in trials]
+    held = [_values(trial) for trial in self.optuna_study.get_trials(deepcopy=False)]
     for trial in self.sweep.trials:
-      if dict(trial.overrides) not in ran:
-        self.optuna_study.enqueue_trial(dict(trial.overrides), skip_if_exists=True)
+      if dict(trial.overrides) not in held:
+        self.optuna_study.enqueue_trial(dict(trial.overrides))
         return
 
+  def _held_before(self, asked) -> int | None:
+    """The number of an earlier trial, not failed, of the same folder as `asked`; None if none.
+
+    Two workers may enqueue the same listed trial at once (Optuna's `enqueue_trial` is not
+    atomic across processes) and each ask a copy: the later copy is the duplicate. So is a
+    draw whose values, as `_trial` rounds them, a trial holds already.
+    """
+    values = _rounded(asked.params)
+    for trial in self.optuna_study.get_trials(deepcopy=False):
+      held = trial.number < asked.number and trial.state != self.states.FAIL
+      if held and _rounded(_values(trial)) == values:
+        return trial.number
+    return None
+
   def _ask(self):
+    """The next trial to run, marked as this worker's; None once the study has enough."""
     with self.lock:
-      self._fail_stale()
-      if not self._wanted():
-        return None
-      self._enqueue_next()
-      asked = self.optuna_study.ask(self.distributions)
-      asked.set_user_attr('worker', self._worker)
-      asked.set_user_attr('heartbeat', time.time())
-      return asked
+      for _ in range(MAX_DUPLICATES + 1):
+        self._fail_stale()
+        if not self._wanted():
+          return None
+        self._enqueue_next()
+        asked = self.optuna_study.ask(self.distributions)
+        earlier = self._held_before(asked)
+        if earlier is None:
+          asked.set_user_attr('worker', self._worker)
+          asked.set_user_attr('heartbeat', time.time())
+          return asked
+        # Failed without an error: not counted (`_wanted`), not run again, not summarized.
+        asked.set_user_attr('duplicate_of', earlier)
+        self.optuna_study.tell(asked, state=self.states.FAIL)
+        logging.info('Trial %d %s is trial %d again: not run.', asked.number, asked.params, earlier)
+      logging.warning(
+        'The study drew only trials it holds already (%d times); this worker stops.',
+        MAX_DUPLICATES + 1,
+      )
+      return None
 
   def heartbeat(self, asked) -> None:
     now = time.time()
@@ -230,13 +272,9 @@ class _Driver:
 
   def _trial(self, params: Mapping[str, Any]) -> Trial:
     """The sweep's trial of the asked values (floats drawn to 3 significant digits)."""
-    overrides = {
-      key: sweeps.round_significant(value) if isinstance(value, float) else value
-      for key, value in params.items()
-    }
     [trial] = sweeps.make_trials(
       self.sweep.config,
-      [overrides],
+      [_rounded(params)],
       source='the study',
       fixed=self.sweep.shared_overrides,
       keys=list(self.study.space),

@@ -114,9 +114,9 @@ def test_the_library_never_imports_tools():
 
 def test_the_commands_start_without_the_heavy_packages_they_seldom_need():
   """Every command imports its library at start; torch (which tensorboardX imports where it is
-  installed) and sacremoses cost seconds of each start, so they wait for the code that uses
-  them: an event file, the tokenized BLEU."""
-  heavy = {'torch', 'tensorboardX', 'sacremoses'}
+  installed), sacremoses, matplotlib and scipy cost seconds of each start, so they wait for the
+  code that uses them: an event file, the tokenized BLEU, a figure, a t-test."""
+  heavy = {'torch', 'tensorboardX', 'sacremoses', 'matplotlib', 'scipy'}
   script = (
     'import atexit, runpy, sys\n'
     'atexit.register(lambda: print(sorted({m.split(".")[0] for m in sys.modules} & '

@@ -21,6 +21,7 @@ import functools
 import math
 import os
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -28,8 +29,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from transformer import inference
 from transformer import tokenizer as tokenizer_lib
@@ -37,6 +36,9 @@ from transformer.config import ModelConfig
 from transformer.errors import InvalidInput
 from transformer.model import Transformer
 from transformer.tasks import translation
+
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
 
 ENCODER_SELF_ATTENTION = 'encoder_self_attention'
 DECODER_SELF_ATTENTION = 'decoder_self_attention'
@@ -162,6 +164,10 @@ def attention_figure(
   The figure is not attached to pyplot; its axes are the H panels followed by
   the colorbar.
   """
+  # Matplotlib is imported where a figure is drawn: not at every start of eval.py.
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+
   heads, rows, columns = weights_HQK.shape
   if len(row_labels) != rows or len(column_labels) != columns:
     raise InvalidInput(

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import sacrebleu
-import scipy.stats
 from sacrebleu.significance import PairedTest
 
 from transformer import scoring, storage
@@ -412,6 +411,8 @@ def seed_test(
     and (max(reference) > min(reference) or max(other) > min(other))
   )
   if spread:
+    import scipy.stats  # pylint: disable=g-import-not-at-top  (a second of every sweep.py start)
+
     p_value = float(scipy.stats.ttest_ind(other, reference, equal_var=False).pvalue)
   return {
     'difference': difference,

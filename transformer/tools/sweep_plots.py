@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
-
-from matplotlib import colormaps
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from transformer import ranking
 from transformer.tools import sweeps
 from transformer.tools.sweep_results import GroupResult, TrialResult
+
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
 
 
 def _numeric(values: Sequence[Any]) -> bool:
@@ -26,6 +25,10 @@ def _numeric(values: Sequence[Any]) -> bool:
 
 def _figure(num_panels: int) -> tuple[Figure, list]:
   """A figure of `num_panels` panels, three to a row."""
+  # Matplotlib is imported where a figure is drawn: not at every start of sweep.py.
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+
   num_cols = min(num_panels, 3)
   num_rows = math.ceil(num_panels / num_cols)
   fig = Figure(figsize=(4.6 * num_cols, 3.6 * num_rows), layout='constrained')
@@ -58,6 +61,8 @@ def _learning_curves(
   ax, runs: Sequence[tuple[str, bool, Sequence[TrialResult]]], title: str
 ) -> None:
   """Train (solid) and validation (dashed) loss of each `(name, is_best, trials)`, a colour each."""
+  from matplotlib import colormaps  # pylint: disable=g-import-not-at-top
+
   colors = colormaps['tab10']
   for index, (name, is_best, trials) in enumerate(runs):
     color = colors(index % 10)

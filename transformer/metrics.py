@@ -242,8 +242,9 @@ def import_tensorboardx() -> None:
   tensorboardX's package imports its SummaryWriter, which imports torch where torch is
   installed (2.5 s of a start on 2 cores) only to accept torch tensors; this project hands it
   protos and bytes. Where torch is not loaded yet, it is hidden for that one import (tensorboardX
-  takes it as absent, as without torch) and imports as before afterwards. Called before each
-  `from tensorboardX... import`; those after it cost nothing.
+  takes it as absent, as without torch) and imports as before afterwards. Called where this
+  project first reaches tensorboardX: an event file opened, records encoded, the hparams
+  plugin's protos (`sweep_tensorboard`).
   """
   if 'tensorboardX' in sys.modules or 'torch' in sys.modules:
     return
@@ -314,7 +315,6 @@ class EventFile:
 
   def write_summary(self, step: int, summary: Summary, wall_time: float | None = None) -> None:
     """Writes a Summary proto (scalars, the hparams plugin's data) at `step`."""
-    import_tensorboardx()
     from tensorboardX.proto.event_pb2 import Event  # pylint: disable=g-import-not-at-top
 
     wall_time = time.time() if wall_time is None else wall_time
@@ -322,7 +322,6 @@ class EventFile:
 
   def write_scalars(self, step: int, values: dict[str, float]) -> None:
     """Writes the scalars of one row at `step`; locally, flushed before returning."""
-    import_tensorboardx()
     from tensorboardX.proto.summary_pb2 import Summary  # pylint: disable=g-import-not-at-top
 
     values = [Summary.Value(tag=name, simple_value=float(v)) for name, v in values.items()]

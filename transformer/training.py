@@ -4,14 +4,13 @@
 then reads as the run's parts in order: `_set_up` (checks, data, the restored
 checkpoint), `_open_outputs`, `_train` (the step loop: `_log_training`,
 `_evaluate`, `_track_best`, `_log_stop`) and `_shut_down`. The state and the
-jitted steps are `train_steps`'.
+jitted steps are `train_steps`'; its batches and validation `training_data`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import sys
 import time
@@ -24,7 +23,6 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
-from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from transformer import (
@@ -47,17 +45,13 @@ from transformer import (
   shutdown,
   storage,
   tasks,
-  tokenizer,
   train_steps,
+  training_data,
   wandb_run,
 )
 from transformer import config as config_lib
 from transformer.config import ModelConfig
 from transformer.errors import InvalidInput
-from transformer.model import Transformer
-
-# Training batches are placed on the devices this many steps before the step that uses them.
-PREFETCH_BATCHES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +250,7 @@ def _set_up(
   # Before any data preparation or compile: a foreign checkpoint is an error.
   checkpoints.check_latest_compatible(workdir, abstract_state)
   initialization.write_vocabulary(source, config)  # hf:DIR's, where vocab_path has none yet.
-  train_iter, eval_batches, validation_metrics, run_inputs = _data(
+  train_iter, eval_batches, validation_metrics, run_inputs = training_data.load(
     config, workdir, task, eval_model, mesh, rules, cleanup
   )
   params = initialized = None
@@ -313,68 +307,6 @@ def _set_up(
     watcher=watcher,
     hooks=hooks,
   )
-
-
-def _data(
-  config: ml_collections.ConfigDict,
-  workdir: str,
-  task: tasks.Task,
-  eval_model: Transformer,
-  mesh: Mesh,
-  rules: sharding.Rules,
-  cleanup: contextlib.ExitStack,
-):
-  """The training iterator, the validation batches and metrics, and the inputs' content.
-
-  Every split is prepared and checked (e.g. that config.data.eval_split exists)
-  before the workdir changes.
-  """
-  vocab = _prepare_data(config.data, config.vocab_size, config.seed)
-  # A vocabulary trained just now (none existed at `check_resume`) must be the recorded one too.
-  run_inputs = runs.check_inputs(config, workdir, vocab.serialized_model())
-  train_iter = input_pipeline.DevicePrefetch(
-    task.train_iterator(
-      config.data,
-      vocab,
-      seed=config.seed,
-      shard_index=jax.process_index(),
-      shard_count=jax.process_count(),
-    ),
-    lambda batch: sharding.global_batch(batch, mesh, rules),
-    PREFETCH_BATCHES,
-  )
-  # However the run ends: its worker processes (config.data.num_workers) stop, and the shared
-  # memory of their batches is unlinked (`DevicePrefetch.close`).
-  cleanup.callback(train_iter.close)
-  validation_metrics = task.validation_metrics_fn(
-    config.data, tasks.ValidationConfig.from_config(config), eval_model.config, vocab, mesh, rules
-  )
-  eval_batches = task.eval_batches(
-    config.data,
-    vocab,
-    config.data.eval_split,
-    rows_multiple_of=sharding.batch_shards(dict(mesh.shape), rules),
-    shard_index=jax.process_index(),
-    shard_count=jax.process_count(),
-  )
-  return train_iter, eval_batches, validation_metrics, run_inputs
-
-
-def _prepare_data(
-  data_config: ml_collections.ConfigDict, vocab_size: int, seed: int
-) -> tokenizer.Tokenizer:
-  """Prepares the data and vocabulary once, then loads the vocabulary on every process.
-
-  Process 0 goes first, so that processes sharing a filesystem never write the
-  same files at once; the others then find them ready (or, on hosts with their
-  own disks, prepare their own copy).
-  """
-  load = functools.partial(tokenizer.get_tokenizer, data_config, vocab_size=vocab_size, seed=seed)
-  if jax.process_count() == 1:
-    return load()
-  vocab = load() if jax.process_index() == 0 else None
-  multihost_utils.sync_global_devices('data prepared')
-  return vocab or load()
 
 
 def _final_metrics_if_done(run: _Run) -> dict[str, float] | None:

@@ -19,6 +19,7 @@ import threading
 import time
 
 import emulator_stall
+import numpy as np
 import pytest
 from test_reliability import REPO, sigterm_when, train  # noqa: F401  (the `train` fixture)
 
@@ -116,9 +117,9 @@ def test_sigterm_during_a_commit_on_gs_is_committed_and_resumes(train, object_st
   assert [r['step'] for r in _rows(workdir) if 'train_loss' in r] == list(range(1, 13))
 
 
-def test_two_processes_train_on_gs_across_renewals(train, object_stores, tmp_path):  # noqa: F811
-  """jax.distributed with 2 processes: process 0 holds and renews the lock; both save."""
-  workdir = storage.join(object_stores.bucket('gs'), 'two')
+def _two_processes(train, workdir: str, steps: int) -> list[str]:  # noqa: F811
+  """Processes 0 and 1 of one run (jax.distributed, 2 CPU devices each: a 2 x 2 mesh of data
+  and tensor parallelism, so each process holds half of every split array); their logs."""
   with socket.socket() as s:
     s.bind(('localhost', 0))
     port = s.getsockname()[1]
@@ -126,23 +127,46 @@ def test_two_processes_train_on_gs_across_renewals(train, object_stores, tmp_pat
     workdir,
     f'--coordinator_address=localhost:{port}',
     '--num_processes=2',
-    num_train_steps=16,
+    num_train_steps=steps,
     checkpoint_every_steps=4,
     log_every_steps=4,
-    eval_every_steps=16,
+    eval_every_steps=8,
+    eval_bleu_sentences=8,
+    **{'mesh.data': 2, 'mesh.tensor': 2},
   )
-  watch = _LeaseWatch(workdir)
-  processes = [_popen(train, [*command, f'--process_id={i}'], **LEASE) for i in range(2)]
+  processes = [
+    _popen(train, [*command, f'--process_id={i}'], JAX_NUM_CPU_DEVICES='2', **LEASE)
+    for i in range(2)
+  ]
   logs = [p.communicate(timeout=300)[1] for p in processes]
-  renewals = watch.stop()
-
   for process, log in zip(processes, logs, strict=True):
     assert process.returncode == 0, '\n\n'.join(log[-3000:] for log in logs)
+  return logs
+
+
+def test_two_processes_train_on_gs_across_renewals_and_resume(train, object_stores):  # noqa: F811
+  """jax.distributed with 2 processes: process 0 holds and renews the lock; both save their
+  shards of each checkpoint, and both restore them when the run resumes."""
+  workdir = storage.join(object_stores.bucket('gs'), 'two')
+  directory = storage.join(workdir, 'checkpoints')
+  watch = _LeaseWatch(workdir)
+  logs = _two_processes(train, workdir, 12)
+  renewals = watch.stop()
+  assert 'Process 0 of 2; 2 local of 4 devices.' in logs[0]
   assert len(renewals) >= 2
   assert not storage.exists(workdir_lock.lock_path(workdir))
-  directory = storage.join(workdir, 'checkpoints')
+  assert checkpoints.committed_steps(directory) == [4, 8, 12]
+
+  logs = _two_processes(train, workdir, 16)
+  assert f'Restored checkpoint {directory}/12' in logs[0]
   assert checkpoints.committed_steps(directory) == [8, 12, 16]
-  assert [r['step'] for r in _rows(workdir) if 'train_loss' in r] == [4, 8, 12, 16]
+  rows = _rows(workdir)  # Process 0 alone writes metrics: no row twice.
+  assert [r['step'] for r in rows if 'train_loss' in r] == [4, 8, 12, 16]
+  assert all(np.isfinite(r['train_loss']) for r in rows if 'train_loss' in r)
+  evals = [r for r in rows if 'eval_loss' in r]
+  # Each leg evaluates at its last step.
+  assert [r['step'] for r in evals] == [8, 12, 16] and 'eval_bleu' in evals[-1]
+  assert not storage.exists(workdir_lock.lock_path(workdir))  # Process 0 released it.
 
 
 def test_a_store_that_stops_answering_ends_the_run_within_its_deadline(

@@ -449,12 +449,13 @@ def test_grouped_query_attention_exports_to_ctranslate2_with_the_same_scores(tmp
   ctranslate2_model.write(str(tmp_path / 'ct2'), params['params'], cfg, vocab.serialized_model())
   translator = ctranslate2.Translator(str(tmp_path / 'ct2'), device='cpu')
   piece = vocab.id_to_piece
+  apply = jax.jit(model.apply)  # One compile a shape, not one per op of the model.
   for source, target in pairs[:4]:
     src_ids, tgt_ids = vocab.encode(source), vocab.encode(target)
     [scored] = translator.score_batch([[piece(i) for i in src_ids]], [[piece(i) for i in tgt_ids]])
     src = jnp.asarray([src_ids + [tokenizer.EOS_ID]], jnp.int32)
     tgt_in = jnp.asarray([[tokenizer.BOS_ID, *tgt_ids]], jnp.int32)
-    log_probs = jax.nn.log_softmax(model.apply(params, src, tgt_in)[0], axis=-1)
+    log_probs = jax.nn.log_softmax(apply(params, src, tgt_in)[0], axis=-1)
     ours = [float(log_probs[t, i]) for t, i in enumerate([*tgt_ids, tokenizer.EOS_ID])]
     np.testing.assert_allclose(scored.log_probs, ours, atol=2e-4)
 

@@ -77,9 +77,11 @@ def prepare(
   same files at once; the others then find them ready (or, on hosts with their
   own disks, prepare their own copy).
   """
-  load = functools.partial(tokenizer.get_tokenizer, data_config, vocab_size=vocab_size, seed=seed)
+  get_vocab = functools.partial(
+    tokenizer.get_tokenizer, data_config, vocab_size=vocab_size, seed=seed
+  )
   if jax.process_count() == 1:
-    return load()
-  vocab = load() if jax.process_index() == 0 else None
+    return get_vocab()
+  vocab = get_vocab() if jax.process_index() == 0 else None
   multihost_utils.sync_global_devices('data prepared')
-  return vocab or load()
+  return vocab or get_vocab()

@@ -251,11 +251,9 @@ _SHARED = {
 def _environment(tmp_path: Path, scheduler: Scheduler) -> dict[str, str]:
   """What sweep.py and the jobs run with: CPU, fast compiles shared through JAX's disk cache."""
   base = scheduler.cluster.env if scheduler.cluster else os.environ
-  xla_flags = base.get('XLA_FLAGS', '') + ' --xla_backend_optimization_level=0'
   return {
     **base,
     'JAX_PLATFORMS': 'cpu',
-    'XLA_FLAGS': xla_flags.strip(),
     'JAX_COMPILATION_CACHE_DIR': str(tmp_path / 'jax_cache'),
     'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
   }

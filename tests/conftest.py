@@ -389,8 +389,48 @@ def pytest_addoption(parser: pytest.Parser) -> None:
   )
 
 
+# --- The order of the files: the longest first ------------------------------------------------
+
+# `--dist loadfile` hands each xdist worker one whole file at a time, in the order of the
+# collection. xdist's own order (most tests first) put files of few long tests last, such as
+# test_bucket_runs.py (8 tests, almost 4 min): one worker ran them alone at the end while the
+# other had finished. Longest first (the longest-processing-time rule) leaves only short files
+# for the end. The files that took 60 s or more of a whole run (`--durations=0` at 42917ec, 2
+# cores, before the compiles went to level 0), longest first; the others follow in pytest's
+# order. A file missing here only runs later than it could; `tests/test_docs.py` checks that
+# each name is a test file and that the order holds.
+LONGEST_FILES = (
+  'test_sharding.py',
+  'test_interop.py',
+  'test_reliability.py',
+  'test_variants.py',
+  'test_tpu_compile.py',
+  'test_train.py',
+  'test_bucket_endurance.py',
+  'test_sweeps.py',
+  'test_bucket_runs.py',
+  'test_eval.py',
+  'test_misuse.py',
+  'test_sweep_optuna.py',
+  'test_sweep_slurm.py',
+  'test_finetune.py',
+  'test_lowering.py',
+  'test_inference.py',
+  'test_lm.py',
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+  """Keeps the collection's order (`pytest_collection_modifyitems`) for xdist's workers."""
+  if hasattr(config.option, 'loadscopereorder'):  # pytest-xdist's --no-loadscope-reorder.
+    config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-  """Skips the full_data tier without the real corpus; only that tier may read it."""
+  """Orders the files longest first; skips the full_data tier without the real corpus (only
+  that tier may read it)."""
+  rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # Stable: else pytest's.
   unmarked = [
     item.nodeid
     for item in items

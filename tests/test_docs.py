@@ -304,3 +304,17 @@ def test_every_figure_the_readme_quotes_is_in_the_file_it_cites():
     'README figures not found in the files their paragraph cites (copy the figure from its '
     'source, or cite the file that holds it):\n' + '\n'.join(errors)
   )
+
+
+def test_the_test_files_run_longest_first(request):
+  """tests/conftest.py orders the collection by its `LONGEST_FILES` (xdist keeps that order)."""
+  import conftest
+
+  assert len(set(conftest.LONGEST_FILES)) == len(conftest.LONGEST_FILES)
+  for name in conftest.LONGEST_FILES:
+    assert (REPO_ROOT / 'tests' / name).is_file(), name
+  files = list(dict.fromkeys(item.path.name for item in request.session.items))
+  ranked = [name for name in files if name in conftest.LONGEST_FILES]
+  assert files[: len(ranked)] == ranked
+  assert ranked == [name for name in conftest.LONGEST_FILES if name in ranked]
+  assert not request.config.getoption('loadscopereorder', False)

@@ -8,6 +8,7 @@ servers' front, stalled (`object_stores.Front.stall`); the process must then end
 TRANSFORMER_SHUTDOWN_SECONDS, naming what it was stuck on and what was saved.
 """
 
+import http.server
 import json
 import os
 import pathlib
@@ -21,6 +22,7 @@ import time
 import emulator_stall
 import numpy as np
 import pytest
+from object_stores import ENVIRONMENT
 from test_reliability import REPO, sigterm_when, train  # noqa: F401  (the `train` fixture)
 
 from transformer import checkpoints, metrics, shutdown, storage, workdir_lock
@@ -283,6 +285,67 @@ def test_a_storage_request_without_an_answer_times_out_and_is_retried(object_sto
     listener.close()
     for connection in accepted:
       connection.close()
+
+
+def test_a_server_error_is_retried_and_a_missing_object_is_not():
+  """An object store's HTTP 500 ("InternalError: please try again") is retried by both clients,
+  s3fs through `storage.is_server_error`; a 404 is an answer, asked once. The server below
+  fails each object's first two GETs, then serves it."""
+  requests = []
+
+  class FlakyStore(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802  (http.server's name)
+      requests.append(self.path)
+      key = self.path.split('?', 1)[0]
+      if 'missing' in key:
+        status, body = 404, b'<Error><Code>NoSuchKey</Code></Error>'
+      elif sum(r.split('?', 1)[0] == key for r in requests) <= 2:
+        status, body = 500, b'<Error><Code>InternalError</Code><Message>retry</Message></Error>'
+      else:
+        status, body = 200, b'whole object'
+      self.send_response(status)
+      self.send_header('Content-Length', str(len(body)))
+      self.end_headers()
+      self.wfile.write(body)
+
+    def log_message(self, *args):
+      pass
+
+  server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), FlakyStore)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  url = f'http://127.0.0.1:{server.server_address[1]}'
+  code = (
+    'import asyncio, sys, types\n'
+    'import gcsfs.retry\n'
+    'from transformer import storage\n'
+    'gcsfs.retry.asyncio = types.SimpleNamespace(sleep=lambda seconds: asyncio.sleep(0))\n'
+    'print(storage.read_bytes(sys.argv[1]).decode())\n'
+    'try:\n'
+    '  storage.read_bytes(sys.argv[2])\n'
+    'except FileNotFoundError:\n'
+    '  print("not found")\n'
+  )
+  env = {**os.environ, **ENVIRONMENT, 'STORAGE_EMULATOR_HOST': url, 'AWS_ENDPOINT_URL': url}
+  env['AWS_ENDPOINT_URL_S3'] = url
+  try:
+    for scheme in ('s3', 'gs'):
+      requests.clear()
+      result = subprocess.run(
+        [sys.executable, '-c', code, f'{scheme}://flaky/a', f'{scheme}://flaky/missing'],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+      )
+      assert result.stdout.split('\n')[:2] == ['whole object', 'not found'], (
+        scheme,
+        result.stdout + result.stderr[-3000:],
+      )
+      assert sum('missing' not in r for r in requests) == 3, (scheme, requests)
+      assert sum('missing' in r for r in requests) == 1, (scheme, requests)
+  finally:
+    server.shutdown()
 
 
 def test_s3_lock_renews_across_many_writes(object_stores, monkeypatch):

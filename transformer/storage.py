@@ -30,6 +30,7 @@ environment (`FSSPEC_GS_TOKEN`) that names no usable file
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging as py_logging
 import os
@@ -57,7 +58,10 @@ for _protocol in ('gs', 'gcs', 's3', 's3a'):
 TIMEOUT_ENV = 'TRANSFORMER_STORAGE_TIMEOUT_SECONDS'
 DEFAULT_TIMEOUT_SECONDS = 60.0
 # The attempts of one call are the clients' own: gcsfs's `GCSFileSystem.retries` (6) and s3fs's
-# `S3FileSystem.retries` (5), each of those a single botocore attempt (set here).
+# `S3FileSystem.retries` (5), each of those a single botocore attempt (set here). gcsfs retries
+# a server's error (HTTP 5xx) itself; s3fs only a timeout or a "SlowDown", so a 5xx from S3
+# (InternalError, ServiceUnavailable: "retry the request", in AWS's own words) is added to what
+# it retries (`_s3_retries_server_errors`).
 
 
 def timeout_seconds() -> float:
@@ -203,7 +207,10 @@ def bucket(path: str) -> str:
 
 def epath_of(path: str | os.PathLike) -> epath.Path:
   """The `epath.Path` of `path` (what Orbax, Grain and TFDS take)."""
-  return epath.Path(os.fspath(path))
+  path = os.fspath(path)
+  if path.startswith('s3://'):
+    _s3_retries_server_errors()
+  return epath.Path(path)
 
 
 def exists(path: str) -> bool:
@@ -326,6 +333,10 @@ def read_bytes(path: str) -> bytes:
     with open(path, 'rb') as f:
       return f.read()
   filesystem, key = _filesystem(path)
+  if path.startswith('s3://'):
+    # s3fs (2026.9) reads an object over its block size (50 MB) in concurrent ranges unless
+    # told not to; each range could come from another version.
+    return filesystem.cat_file(key, max_concurrency=1)
   return filesystem.cat_file(key)
 
 
@@ -416,7 +427,31 @@ def _filesystem(path: str):
   import fsspec  # pylint: disable=g-import-not-at-top
 
   scheme = _URL.match(path).group(1)
+  if scheme == 's3':
+    _s3_retries_server_errors()
   return fsspec.filesystem(scheme), path.split('://', 1)[1]
+
+
+def is_server_error(error: BaseException) -> bool:
+  """Whether `error` is an S3 answer of HTTP 5xx (botocore's `ClientError`): worth a retry."""
+  response = getattr(error, 'response', None)
+  if not isinstance(response, dict):
+    return False
+  return response.get('ResponseMetadata', {}).get('HTTPStatusCode', 0) >= 500
+
+
+@functools.cache
+def _s3_retries_server_errors() -> None:
+  """s3fs retries an S3 5xx as it retries a timeout (its tries, its backoff), once per process.
+
+  s3fs's public hook (`set_custom_error_handler`) takes one function for the process; one the
+  user set before is kept and asked first. Installed when the first s3:// path is used, so a
+  run that never uses one does not import s3fs (a quarter of a second).
+  """
+  from s3fs import core as s3fs_core  # pylint: disable=g-import-not-at-top
+
+  previous = s3fs_core.CUSTOM_ERROR_HANDLER
+  s3fs_core.set_custom_error_handler(lambda error: previous(error) or is_server_error(error))
 
 
 def create_exclusive(path: str, data: bytes) -> None:

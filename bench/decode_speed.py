@@ -26,13 +26,33 @@ tokenized:
     (`inference.TwoPass`, how eval.py decodes with beam search).
 With --one_pass (default) each two-pass decoder (beam search) is also timed in one
 pass of every step, the decoding before the two passes, side by side.
+
+With --profile, beam search's first pass (where nearly every sentence is decoded) is
+decoded once more under JAX's profiler, with XLA:CPU's trace of each operation
+(`--xla_cpu_enable_xprof_traceme`, set here), and its time is split by part, each
+operation named by its source (the model's module path, or the beam loop's named
+scopes `choose`, `finished`, `reorder`): decoder layers, cache writes, output
+projection, choosing candidates (log-softmax sums and top-k), the finished set, the
+cache reorder, the rest of the loop; beside the wall time of the traced decode (the
+rest: the loop's own work between operations, copies in and out). Also the share of
+the loop's row-steps spent on sentences already done (`decoding.Decoded.steps`).
 """
 
+import collections
+import glob
+import os
+import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if any(arg in ('--profile', '--profile=true', '--profile=True') for arg in sys.argv[1:]):
+  # Read by XLA when the CPU client starts: a trace event for every operation executed.
+  os.environ['XLA_FLAGS'] = (
+    os.environ.get('XLA_FLAGS', '') + ' --xla_cpu_enable_xprof_traceme=true'
+  ).strip()
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
@@ -80,14 +100,111 @@ _MAX_SENTENCES = flags.DEFINE_integer('max_sentences', 0, 'Decode at most this m
 _ONE_PASS = flags.DEFINE_bool(
   'one_pass', True, 'Also time each two-pass decoder in one pass of every step (before issue 14).'
 )
+_PROFILE = flags.DEFINE_bool(
+  'profile', False, "Also split the beam decoder's first pass by part (XLA:CPU's operation trace)."
+)
+_DECODERS = flags.DEFINE_list('decoders', ['greedy', 'beam'], 'Which decoders to time.')
+_BEAM_SIZE = flags.DEFINE_integer('beam_size', 0, "Beams (0: the paper's 4).")
+_ALPHA = flags.DEFINE_float(
+  'alpha', None, "Beam search's length penalty (default: the paper's 0.6)."
+)
 
-BEAM_SIZE, ALPHA, MAX_EXTRA_LEN = paper.BEAM_SIZE, paper.LENGTH_PENALTY_ALPHA, paper.MAX_EXTRA_LEN
-DECODERS = {
-  'greedy': inference.DecodeOptions(decoder='greedy', max_extra_len=MAX_EXTRA_LEN),
-  f'beam-{BEAM_SIZE}': inference.DecodeOptions(
-    decoder='beam', beam_size=BEAM_SIZE, alpha=ALPHA, max_extra_len=MAX_EXTRA_LEN
-  ),
-}
+MAX_EXTRA_LEN = paper.MAX_EXTRA_LEN
+
+
+def decoders() -> dict[str, inference.DecodeOptions]:
+  """The decoders timed (--decoders): greedy, and beam search at --beam_size and --alpha."""
+  beam_size = _BEAM_SIZE.value or paper.BEAM_SIZE
+  alpha = paper.LENGTH_PENALTY_ALPHA if _ALPHA.value is None else _ALPHA.value
+  known = {
+    'greedy': ('greedy', inference.DecodeOptions(decoder='greedy', max_extra_len=MAX_EXTRA_LEN)),
+    'beam': (
+      f'beam-{beam_size}',
+      inference.DecodeOptions(
+        decoder='beam', beam_size=beam_size, alpha=alpha, max_extra_len=MAX_EXTRA_LEN
+      ),
+    ),
+  }
+  unknown = sorted(set(_DECODERS.value) - set(known))
+  if unknown:
+    raise errors.InvalidInput(f'--decoders={unknown}: each must be one of {sorted(known)}.')
+  return dict(known[name] for name in _DECODERS.value)
+
+
+# Parts of a beam step, by the source of each XLA operation (its `op_name`: the model's module
+# path or the beam loop's named scopes); the first pattern found names the part.
+PARTS = (
+  ('cache writes', ('_update_cache',)),
+  ('output projection', ('.attend/', '/logits/')),
+  ('choose: log-softmax sums, top-k', ('/choose/',)),
+  ('finished set', ('/finished/',)),
+  ('cache reorder', ('/reorder/',)),
+  ('decoder layers', ('/decoder/',)),
+  ('encoder and cache set-up (once a batch)', ('/encoder/', 'Transformer.encode')),
+  ('rest of the loop (tokens, scores, stopping)', ('/while/',)),
+)
+# Events of the trace that hold others (the executable, the loop) or mark ends.
+_CONTAINERS = re.compile(r'^(ThunkExecutor|while|end: |SlinkyThreadPool|call|conditional)')
+
+
+def _op_names(hlo_text: str) -> dict[str, str]:
+  """{instruction name: its op_name} of an optimized HLO module's text."""
+  pattern = r'^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?op_name="([^"]+)"'
+  return {m.group(1): m.group(2) for m in re.finditer(pattern, hlo_text, re.M)}
+
+
+def _part(name: str, op_names: dict[str, str]) -> str:
+  op_name = op_names.get(name)
+  if op_name is None:  # XLA's own operations (layout copies, dots split from an einsum).
+    kind = re.sub(r'[.\d]+$', '', name)
+    return f'unnamed {kind} (XLA-made)'
+  for part, patterns in PARTS:
+    if any(p in op_name for p in patterns):
+      return part
+  return 'other'
+
+
+def profile(translate: inference.TwoPass, params, batches) -> None:
+  """Prints where the first pass of beam search spends its time (see the module doc)."""
+  key = jax.random.key(0)
+  by_shape = collections.defaultdict(list)
+  for b in batches:
+    by_shape[b['src_tokens'].shape].append(b)
+  seconds, wall = collections.Counter(), 0.0
+  row_steps = done_row_steps = 0
+  for _, group in sorted(by_shape.items()):
+    src = jnp.asarray(group[0]['src_tokens'])
+    op_names = _op_names(translate.first_fn.lower(params, src, key).compile().as_text())
+    jax.block_until_ready(translate.first_fn(params, src, key))  # Compiled, as measured.
+    trace_dir = tempfile.mkdtemp(prefix='decode_profile_')
+    with jax.profiler.trace(trace_dir):
+      start = time.perf_counter()
+      for b in group:
+        decoded = translate.first_fn(params, jnp.asarray(b['src_tokens']), key)
+        steps = np.asarray(decoded.steps)  # Waits for the decode; copies the steps out.
+        np.asarray(decoded.tokens)
+        rows_per_sentence = decoded.tokens.shape[1] if decoded.tokens.ndim == 3 else 1
+        row_steps += steps.size * rows_per_sentence * int(steps.max())
+        done_row_steps += rows_per_sentence * int((steps.max() - steps).sum())
+      wall += time.perf_counter() - start
+    [path] = glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'), recursive=True)
+    for plane in jax.profiler.ProfileData.from_file(path).planes:
+      for line in plane.lines:
+        if not line.name.startswith('tf_XLA'):
+          continue
+        for event in line.events:
+          if not _CONTAINERS.match(event.name):
+            seconds[_part(event.name, op_names)] += event.duration_ns / 1e9
+  total = sum(seconds.values())
+  print(f'\nprofile: beam search, first pass, {len(batches)} batches, {wall:.2f} s wall')
+  print(f'{"part":<46} {"s":>7} {"share":>6}')
+  for part, value in seconds.most_common():
+    print(f'{part:<46} {value:>7.2f} {value / total:>6.1%}')
+  print(f'{"operations in all (both cores; may overlap)":<46} {total:>7.2f}')
+  print(
+    f'row-steps of sentences already done (and padding rows): {done_row_steps / row_steps:.1%} '
+    f'of {row_steps:,}'
+  )
 
 
 def load_config() -> tuple[ml_collections.ConfigDict, str]:
@@ -187,14 +304,16 @@ def main(argv):
   lengths = sorted({b['src_tokens'].shape[1] for b in batches})
   logging.info('Decoding %d sentences of %s.', num_sentences, split)
 
-  results = {}
-  for name, options in DECODERS.items():
+  results, profiled = {}, None
+  for name, options in decoders().items():
     translate = translation.decode.make_translate_fn(model_config, options)
     if _ONE_PASS.value and isinstance(translate, inference.TwoPass):
       # Its second pass alone: every step in one pass, the decoding before issue 14.
       one_pass = lambda params, src, key, full=translate.full_fn: full(params, src, key).tokens  # noqa: E731
       results[f'{name} one pass'] = measure(one_pass, params, batches)
     results[name] = measure(translate, params, batches)
+    if isinstance(translate, inference.TwoPass):
+      profiled = translate
 
   devices = jax.devices()
   print(f'device: {len(devices)} x {devices[0].device_kind} ({devices[0].platform})')
@@ -212,7 +331,9 @@ def main(argv):
     f'{rows}, source lengths {lengths}); tokenized in {pipeline_seconds:.1f} s, not timed '
     'below'
   )
-  print(f'options: output limit source length + {MAX_EXTRA_LEN}; beam alpha {ALPHA}')
+  beam = [o for o in decoders().values() if o.decoder == 'beam']
+  alpha = f'; beam alpha {beam[0].alpha}' if beam else ''
+  print(f'options: output limit source length + {MAX_EXTRA_LEN}{alpha}')
   header = (
     f'{"decoder":<16} {"with compiles s":>15} {"decode s":>9} {"sent/s":>7} '
     f'{"out tok/s":>10} {"tok/sent":>8} {"2nd pass":>8}'
@@ -224,6 +345,8 @@ def main(argv):
       f'{name:<16} {r["first_s"]:>15.1f} {r["decode_s"]:>9.2f} {r["sentences_per_s"]:>7.1f} '
       f'{r["tokens_per_s"]:>10,.0f} {r["tokens"] / r["sentences"]:>8.1f} {r["again"]:>8.0f}'
     )
+  if _PROFILE.value and profiled is not None:
+    profile(profiled, params, batches)
 
 
 if __name__ == '__main__':

@@ -65,8 +65,10 @@ class Ours:
     self.model_config = run.model_config.replace(deterministic=True)
 
   def translate(self, lines: list[str], penalty: float) -> list[str]:
+    # One beam: eval.py --decoder=greedy (the same outputs as a beam of one, at less cost).
+    decoder = 'greedy' if self.beam_size == 1 else 'beam'
     options = inference.DecodeOptions(
-      decoder='beam', beam_size=self.beam_size, alpha=penalty, max_extra_len=MAX_EXTRA_LEN
+      decoder=decoder, beam_size=self.beam_size, alpha=penalty, max_extra_len=MAX_EXTRA_LEN
     )
     return decode.translate_lines(
       self.run.config,

@@ -231,6 +231,30 @@ def _kept(filtered):
   return set(np.flatnonzero(np.isfinite(np.asarray(filtered))).tolist())
 
 
+@pytest.mark.parametrize('grid', [0.0, 0.25])
+def test_candidates_from_logits_are_those_of_the_whole_log_softmax(grid):
+  """`_top_k_candidates` against a top-k over every W * V candidate log-prob: the same values
+  and indices, ties included (`grid` > 0 rounds the logits to it: many exact ties), and for
+  the empty beams of the first step (-inf) the same values."""
+  batch_size, beam_size, vocab_size, k = 6, 4, 97, 8
+  logits = np.random.default_rng(3).normal(size=(batch_size, beam_size, vocab_size)) * 3
+  logits = np.round(logits / grid) * grid if grid else logits
+  logits[:, :, :2] = -np.inf  # Tokens never emitted (pad, bos).
+  logits = jnp.asarray(logits, jnp.float32)
+  alive = jnp.asarray(np.random.default_rng(4).uniform(-9, 0, (batch_size, beam_size)), jnp.float32)
+  first_step = jnp.where(jnp.arange(beam_size) == 0, 0.0, decoding.NEG_INF)
+  first_step = jnp.broadcast_to(first_step, (batch_size, beam_size))
+  for alive_logp in (alive, first_step):
+    expected = decoding._top_k_over_beams(
+      alive_logp[:, :, None] + jax.nn.log_softmax(logits, axis=-1), k
+    )
+    values, indices = decoding._top_k_candidates(logits, alive_logp, k)
+    np.testing.assert_array_equal(values, expected[0])
+    finite = np.isfinite(np.asarray(values))
+    assert finite.all() if alive_logp is alive else finite.any()
+    np.testing.assert_array_equal(np.asarray(indices)[finite], np.asarray(expected[1])[finite])
+
+
 def test_filter_logits_top_k():
   logits = jnp.array([1.0, 3.0, 2.0, 0.0, -1.0])
   assert _kept(decoding.filter_logits(logits, top_k=2)) == {1, 2}
@@ -400,7 +424,8 @@ def test_beam_search_stops_early():
       eos_id=EOS,
     )
 
-  tokens, scores, done = jax.block_until_ready(run(table))
+  out = jax.block_until_ready(run(table))
+  tokens, scores, done = out.tokens, out.scores, out.done
   assert done.all()
   assert 2 <= len(calls) <= 4, calls
   np.testing.assert_array_equal(tokens[:, 0, :2], [[EOS, PAD], [EOS, PAD]])
@@ -423,6 +448,9 @@ def test_greedy_in_fewer_steps_is_the_start_of_the_full_decode():
     np.testing.assert_array_equal(tokens, full[:, :steps])
     ended = [EOS in full[b, :steps] or LIMITS8[b] <= steps for b in range(8)]
     np.testing.assert_array_equal(done, ended)
+    # A row's steps: its tokens up to EOS or its limit, where it ended; all `steps` where not.
+    needed = [list(full[b]).index(EOS) + 1 if EOS in full[b] else LIMITS8[b] for b in range(8)]
+    np.testing.assert_array_equal(out.steps, np.where(done, np.minimum(needed, LIMITS8), steps))
     partly.add(0 < done.sum() < 8)
   assert partly == {True, False} and done.all()  # Some passes leave rows unfinished; 8 steps none.
 
@@ -437,9 +465,14 @@ def test_beam_sentences_done_in_fewer_steps_have_their_full_results():
   counts, done_before = [], np.zeros(6, bool)
   for steps in (2, 4, 6, 9, 12):
     out = run(max_steps=steps)
-    tokens, scores, done = (np.asarray(x) for x in out)
+    tokens, scores, done = (np.asarray(x) for x in (out.tokens, out.scores, out.done))
+    decoded = np.asarray(out.steps)
     assert tokens.shape == (6, 4, steps)
     assert np.all(done >= done_before)  # A sentence done in k steps is done in more.
+    # Steps decoded: a sentence's own count where it is done (that of the full run), all of
+    # them where it is not.
+    np.testing.assert_array_equal(decoded[done], np.asarray(full.steps)[done])
+    assert np.all(decoded[done] <= steps) and np.all(decoded[~done] == steps)
     for b in np.flatnonzero(done):
       np.testing.assert_array_equal(tokens[b], full.tokens[b, :, :steps])
       assert not np.asarray(full.tokens[b, :, steps:]).any()

@@ -70,6 +70,9 @@ class Decoded(NamedTuple):
   tokens: jax.Array  # int32 [B, T] (greedy, sampling) or [B, W, T] (beam search, best first).
   scores: jax.Array | None  # Beam search: float32 [B, W], length-normalised log-probs.
   done: jax.Array  # bool [B]: the row finished within the T steps (always without max_steps).
+  # int32 [B]: the steps the row was decoded until it was done (T where it was not); the loop
+  # ran max(steps) steps, the rows of done ones along (bench/decode_speed.py --profile).
+  steps: jax.Array | None = None
 
 
 # ------------------------------------------------------------------------------
@@ -223,27 +226,29 @@ def _decode_one_per_row(
   limits_B = _row_limits(max_lengths, batch_size, max_decode_len)
 
   def cond_fn(carry):
-    step, _, _, done_B, _ = carry
+    step, _, _, done_B, _, _ = carry
     return (step < num_steps) & ~jnp.all(done_B)
 
   def body_fn(carry):
-    step, tokens_BT, last_B, done_B, state = carry
+    step, tokens_BT, last_B, done_B, steps_B, state = carry
+    steps_B = steps_B + ~done_B
     logits_BV, state = logits_fn(last_B[:, None], state)
     next_B = choose_fn(logits_BV.astype(jnp.float32), step).astype(jnp.int32)
     next_B = jnp.where(done_B, pad_id, next_B)  # Finished rows only get padding.
     tokens_BT = tokens_BT.at[:, step].set(next_B)
     done_B = done_B | (next_B == eos_id) | (step + 1 >= limits_B)
-    return step + 1, tokens_BT, next_B, done_B, state
+    return step + 1, tokens_BT, next_B, done_B, steps_B, state
 
   init = (
     jnp.array(0, jnp.int32),
     jnp.full((batch_size, num_steps), pad_id, jnp.int32),
     jnp.full((batch_size,), bos_id, jnp.int32),
     jnp.zeros((batch_size,), bool),
+    jnp.zeros((batch_size,), jnp.int32),
     init_state,
   )
-  _, tokens_BT, _, done_B, _ = lax.while_loop(cond_fn, body_fn, init)
-  return Decoded(tokens=tokens_BT, scores=None, done=done_B)
+  _, tokens_BT, _, done_B, steps_B, _ = lax.while_loop(cond_fn, body_fn, init)
+  return Decoded(tokens=tokens_BT, scores=None, done=done_B, steps=steps_B)
 
 
 def greedy_decode(
@@ -374,6 +379,40 @@ def sample_decode(
 # ------------------------------------------------------------------------------
 
 
+def _top_k_candidates(
+  logits_BWV: jax.Array, alive_logp_BW: jax.Array, k: int
+) -> tuple[jax.Array, jax.Array]:
+  """The best k one-token extensions of each sentence's beams: log-probs and flat indices [B, k].
+
+  The values, indices and tie order of `_top_k_over_beams` over the candidates
+  `alive_logp_BW[:, :, None] + jax.nn.log_softmax(logits_BWV)`, without making those W * V
+  log-probabilities (two arrays of B * W * V floats written and read again at every step, most
+  of the cost of choosing). A candidate's log-prob is `alive + ((logit - max) - lse)`, the
+  operations of `jax.nn.log_softmax` in its order, so each beam's best 2k logits hold its best k
+  candidates: the log-prob does not decrease with the logit, and a logit outside the 2k ranks
+  below k others unless more than k log-probs tie to the last bit. Those 2k are scored, put back
+  in vocabulary order (`lax.top_k` prefers the lower index on ties), and the best k of each beam,
+  then of all W * k, are taken as before. Candidates of an empty beam (-inf) may name other
+  tokens than before: they are never chosen over a finite one, nor output.
+  """
+  batch_size, beam_size, vocab_size = logits_BWV.shape
+  if 2 * k >= vocab_size:
+    logp_BWV = jax.nn.log_softmax(logits_BWV, axis=-1)
+    return _top_k_over_beams(alive_logp_BW[:, :, None] + logp_BWV, k)
+  max_BW1 = jnp.max(logits_BWV, axis=-1, keepdims=True)
+  lse_BW1 = jnp.log(jnp.sum(jnp.exp(logits_BWV - max_BW1), axis=-1, keepdims=True))
+  logits_BWk, token_BWk = lax.top_k(logits_BWV, 2 * k)
+  order_BWk = jnp.argsort(token_BWk, axis=-1)  # Vocabulary order, as the full arrays have it.
+  token_BWk = jnp.take_along_axis(token_BWk, order_BWk, axis=-1)
+  logits_BWk = jnp.take_along_axis(logits_BWk, order_BWk, axis=-1)
+  cand_BWk = alive_logp_BW[:, :, None] + ((logits_BWk - max_BW1) - lse_BW1)
+  beam_top_BWk, beam_pick_BWk = lax.top_k(cand_BWk, k)
+  beam_token_BWk = jnp.take_along_axis(token_BWk, beam_pick_BWk, axis=-1)
+  top_BC, pick_BC = lax.top_k(beam_top_BWk.reshape(batch_size, beam_size * k), k)
+  token_BC = jnp.take_along_axis(beam_token_BWk.reshape(batch_size, beam_size * k), pick_BC, axis=1)
+  return top_BC, (pick_BC // k) * vocab_size + token_BC
+
+
 def _top_k_over_beams(cand_BWV: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   """`lax.top_k` over the flattened [B, W * V] candidates, in two stages.
 
@@ -400,6 +439,7 @@ class BeamState(NamedTuple):
   fin_seqs_BWT: jax.Array  # int32: finished hypotheses, best first.
   fin_scores_BW: jax.Array  # float32: their length-normalised scores (-inf: empty slot).
   done_B: jax.Array  # bool: sentence finished (its finished set is frozen).
+  steps_B: jax.Array  # int32: steps decoded while the sentence was not done.
   model_state: PyTree  # The step function's state, rows b * W + w.
 
 
@@ -490,14 +530,13 @@ def beam_search(
 
     logits_NV, model_state = logits_fn(carry.last_BW.reshape(num_rows, 1), carry.model_state)
     vocab_size = logits_NV.shape[-1]
-    logp_BWV = jax.nn.log_softmax(logits_NV.astype(jnp.float32), axis=-1).reshape(
-      batch_size, beam_size, vocab_size
-    )
-    cand_logp_BWV = carry.alive_logp_BW[:, :, None] + logp_BWV
+    logits_BWV = logits_NV.astype(jnp.float32).reshape(batch_size, beam_size, vocab_size)
 
-    # Best C candidates per sentence; C = 2W leaves at least W without EOS.
+    # Best C candidates per sentence (by alive log-prob + the token's log-softmax); C = 2W
+    # leaves at least W without EOS.
     num_cands = min(2 * beam_size, beam_size * vocab_size)
-    top_logp_BC, top_flat_BC = _top_k_over_beams(cand_logp_BWV, num_cands)
+    with jax.named_scope('choose'):  # Named for profiles (bench/decode_speed.py --profile).
+      top_logp_BC, top_flat_BC = _top_k_candidates(logits_BWV, carry.alive_logp_BW, num_cands)
     top_beam_BC = top_flat_BC // vocab_size
     top_token_BC = (top_flat_BC % vocab_size).astype(jnp.int32)
     top_seqs_BCT = gather_beams(carry.alive_seqs_BWT, top_beam_BC).at[:, :, step].set(top_token_BC)
@@ -509,8 +548,9 @@ def beam_search(
     cand_scores_BC = jnp.where(admitted_BC, top_logp_BC / length_penalty(length, alpha), NEG_INF)
     merged_scores_BM = jnp.concatenate([carry.fin_scores_BW, cand_scores_BC], axis=1)
     merged_seqs_BMT = jnp.concatenate([carry.fin_seqs_BWT, top_seqs_BCT], axis=1)
-    new_fin_scores_BW, fin_pick_BW = lax.top_k(merged_scores_BM, beam_size)
-    new_fin_seqs_BWT = gather_beams(merged_seqs_BMT, fin_pick_BW)
+    with jax.named_scope('finished'):
+      new_fin_scores_BW, fin_pick_BW = lax.top_k(merged_scores_BM, beam_size)
+      new_fin_seqs_BWT = gather_beams(merged_seqs_BMT, fin_pick_BW)
     # A done sentence's finished set is frozen.
     done_B = carry.done_B
     fin_scores_BW = jnp.where(done_B[:, None], carry.fin_scores_BW, new_fin_scores_BW)
@@ -518,7 +558,8 @@ def beam_search(
 
     # Alive set: best W candidates that do not end here.
     alive_logp_BW, alive_pick_BW = lax.top_k(jnp.where(ends_BC, NEG_INF, top_logp_BC), beam_size)
-    model_state = reorder_fn(model_state, gather_beams(top_beam_BC, alive_pick_BW))
+    with jax.named_scope('reorder'):
+      model_state = reorder_fn(model_state, gather_beams(top_beam_BC, alive_pick_BW))
 
     # Early stopping (see docstring); scores are sorted, so index 0 / -1.
     best_penalty_B = jnp.maximum(length_penalty(length + 1, alpha), max_penalty_B)
@@ -531,6 +572,7 @@ def beam_search(
       fin_seqs_BWT=fin_seqs_BWT,
       fin_scores_BW=fin_scores_BW,
       done_B=done_B | at_limit_B | (fin_scores_BW[:, -1] >= best_reachable_B),
+      steps_B=carry.steps_B + ~done_B,
       model_state=model_state,
     )
 
@@ -546,9 +588,10 @@ def beam_search(
     fin_seqs_BWT=seqs_BWT,
     fin_scores_BW=jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
     done_B=jnp.zeros((batch_size,), bool),
+    steps_B=jnp.zeros((batch_size,), jnp.int32),
     model_state=expand_to_beams(init_state, beam_size),
   )
   final = lax.while_loop(cond_fn, body_fn, init)
   fin_seqs_BWT, fin_scores_BW = final.fin_seqs_BWT, final.fin_scores_BW
   fin_seqs_BWT = jnp.where((fin_scores_BW > NEG_INF)[:, :, None], fin_seqs_BWT, pad_id)
-  return Decoded(tokens=fin_seqs_BWT, scores=fin_scores_BW, done=final.done_B)
+  return Decoded(tokens=fin_seqs_BWT, scores=fin_scores_BW, done=final.done_B, steps=final.steps_B)

@@ -231,30 +231,6 @@ def _kept(filtered):
   return set(np.flatnonzero(np.isfinite(np.asarray(filtered))).tolist())
 
 
-@pytest.mark.parametrize('grid', [0.0, 0.25])
-def test_candidates_from_logits_are_those_of_the_whole_log_softmax(grid):
-  """`_top_k_candidates` against a top-k over every W * V candidate log-prob: the same values
-  and indices, ties included (`grid` > 0 rounds the logits to it: many exact ties), and for
-  the empty beams of the first step (-inf) the same values."""
-  batch_size, beam_size, vocab_size, k = 6, 4, 97, 8
-  logits = np.random.default_rng(3).normal(size=(batch_size, beam_size, vocab_size)) * 3
-  logits = np.round(logits / grid) * grid if grid else logits
-  logits[:, :, :2] = -np.inf  # Tokens never emitted (pad, bos).
-  logits = jnp.asarray(logits, jnp.float32)
-  alive = jnp.asarray(np.random.default_rng(4).uniform(-9, 0, (batch_size, beam_size)), jnp.float32)
-  first_step = jnp.where(jnp.arange(beam_size) == 0, 0.0, decoding.NEG_INF)
-  first_step = jnp.broadcast_to(first_step, (batch_size, beam_size))
-  for alive_logp in (alive, first_step):
-    expected = decoding._top_k_over_beams(
-      alive_logp[:, :, None] + jax.nn.log_softmax(logits, axis=-1), k
-    )
-    values, indices = decoding._top_k_candidates(logits, alive_logp, k)
-    np.testing.assert_array_equal(values, expected[0])
-    finite = np.isfinite(np.asarray(values))
-    assert finite.all() if alive_logp is alive else finite.any()
-    np.testing.assert_array_equal(np.asarray(indices)[finite], np.asarray(expected[1])[finite])
-
-
 def test_filter_logits_top_k():
   logits = jnp.array([1.0, 3.0, 2.0, 0.0, -1.0])
   assert _kept(decoding.filter_logits(logits, top_k=2)) == {1, 2}

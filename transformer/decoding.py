@@ -379,40 +379,6 @@ def sample_decode(
 # ------------------------------------------------------------------------------
 
 
-def _top_k_candidates(
-  logits_BWV: jax.Array, alive_logp_BW: jax.Array, k: int
-) -> tuple[jax.Array, jax.Array]:
-  """The best k one-token extensions of each sentence's beams: log-probs and flat indices [B, k].
-
-  The values, indices and tie order of `_top_k_over_beams` over the candidates
-  `alive_logp_BW[:, :, None] + jax.nn.log_softmax(logits_BWV)`, without making those W * V
-  log-probabilities (two arrays of B * W * V floats written and read again at every step, most
-  of the cost of choosing). A candidate's log-prob is `alive + ((logit - max) - lse)`, the
-  operations of `jax.nn.log_softmax` in its order, so each beam's best 2k logits hold its best k
-  candidates: the log-prob does not decrease with the logit, and a logit outside the 2k ranks
-  below k others unless more than k log-probs tie to the last bit. Those 2k are scored, put back
-  in vocabulary order (`lax.top_k` prefers the lower index on ties), and the best k of each beam,
-  then of all W * k, are taken as before. Candidates of an empty beam (-inf) may name other
-  tokens than before: they are never chosen over a finite one, nor output.
-  """
-  batch_size, beam_size, vocab_size = logits_BWV.shape
-  if 2 * k >= vocab_size:
-    logp_BWV = jax.nn.log_softmax(logits_BWV, axis=-1)
-    return _top_k_over_beams(alive_logp_BW[:, :, None] + logp_BWV, k)
-  max_BW1 = jnp.max(logits_BWV, axis=-1, keepdims=True)
-  lse_BW1 = jnp.log(jnp.sum(jnp.exp(logits_BWV - max_BW1), axis=-1, keepdims=True))
-  logits_BWk, token_BWk = lax.top_k(logits_BWV, 2 * k)
-  order_BWk = jnp.argsort(token_BWk, axis=-1)  # Vocabulary order, as the full arrays have it.
-  token_BWk = jnp.take_along_axis(token_BWk, order_BWk, axis=-1)
-  logits_BWk = jnp.take_along_axis(logits_BWk, order_BWk, axis=-1)
-  cand_BWk = alive_logp_BW[:, :, None] + ((logits_BWk - max_BW1) - lse_BW1)
-  beam_top_BWk, beam_pick_BWk = lax.top_k(cand_BWk, k)
-  beam_token_BWk = jnp.take_along_axis(token_BWk, beam_pick_BWk, axis=-1)
-  top_BC, pick_BC = lax.top_k(beam_top_BWk.reshape(batch_size, beam_size * k), k)
-  token_BC = jnp.take_along_axis(beam_token_BWk.reshape(batch_size, beam_size * k), pick_BC, axis=1)
-  return top_BC, (pick_BC // k) * vocab_size + token_BC
-
-
 def _top_k_over_beams(cand_BWV: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   """`lax.top_k` over the flattened [B, W * V] candidates, in two stages.
 
@@ -530,13 +496,14 @@ def beam_search(
 
     logits_NV, model_state = logits_fn(carry.last_BW.reshape(num_rows, 1), carry.model_state)
     vocab_size = logits_NV.shape[-1]
-    logits_BWV = logits_NV.astype(jnp.float32).reshape(batch_size, beam_size, vocab_size)
-
-    # Best C candidates per sentence (by alive log-prob + the token's log-softmax); C = 2W
-    # leaves at least W without EOS.
+    # Best C candidates per sentence; C = 2W leaves at least W without EOS.
     num_cands = min(2 * beam_size, beam_size * vocab_size)
     with jax.named_scope('choose'):  # Named for profiles (bench/decode_speed.py --profile).
-      top_logp_BC, top_flat_BC = _top_k_candidates(logits_BWV, carry.alive_logp_BW, num_cands)
+      logp_BWV = jax.nn.log_softmax(logits_NV.astype(jnp.float32), axis=-1).reshape(
+        batch_size, beam_size, vocab_size
+      )
+      cand_logp_BWV = carry.alive_logp_BW[:, :, None] + logp_BWV
+      top_logp_BC, top_flat_BC = _top_k_over_beams(cand_logp_BWV, num_cands)
     top_beam_BC = top_flat_BC // vocab_size
     top_token_BC = (top_flat_BC % vocab_size).astype(jnp.int32)
     top_seqs_BCT = gather_beams(carry.alive_seqs_BWT, top_beam_BC).at[:, :, step].set(top_token_BC)

@@ -172,6 +172,25 @@ def test_bucket_lock_renews_its_lease(object_stores, monkeypatch):
   assert workdir_lock.read_holder(workdir) is None
 
 
+def test_bucket_lock_whose_create_landed_but_was_retried_is_taken(object_stores, monkeypatch):
+  """A 5xx answer to a conditional create that did land, retried by the client (gcsfs, s3fs):
+  the retry finds the object and says "exists". The lock reads its own token there: taken."""
+  workdir = storage.join(object_stores.bucket('s3'), 'run')
+  create = storage.create_exclusive
+
+  def landed_then_exists(path, data):
+    create(path, data)
+    raise FileExistsError(path)
+
+  monkeypatch.setattr(storage, 'create_exclusive', landed_then_exists)
+  with workdir_lock.WorkdirLock(workdir):
+    assert workdir_lock.read_holder(workdir)['pid'] == os.getpid()
+    monkeypatch.setattr(storage, 'create_exclusive', create)
+    with pytest.raises(workdir_lock.WorkdirLockedError, match='in use by another'):
+      workdir_lock.WorkdirLock(workdir).acquire()  # Another taker, its own token: refused.
+  assert workdir_lock.read_holder(workdir) is None
+
+
 def test_bucket_lock_race_has_one_winner(object_stores):
   workdir = storage.join(object_stores.bucket('s3'), 'run')
   results, locks = [], []

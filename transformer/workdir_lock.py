@@ -217,16 +217,21 @@ class WorkdirLock:
           holder = _read_record(self.path)
         if holder is None:
           continue  # Released meanwhile.
+        if self._on_bucket and holder == record:
+          # Our own write (the record's token is new): the store client retried a conditional
+          # create whose first try landed but was answered with a 5xx; the retry got "exists".
+          break
         alive = holder_alive(holder)
         if alive is False:
           self._remove_stale(holder)
           continue
         raise WorkdirLockedError(self._refusal(holder, alive)) from None
-      self._record = text
-      if self._on_bucket:
-        self._start_renewing(record)
-      return
-    raise WorkdirLockedError(f'Could not take {self.path}: other processes keep taking it.')
+      break
+    else:
+      raise WorkdirLockedError(f'Could not take {self.path}: other processes keep taking it.')
+    self._record = text
+    if self._on_bucket:
+      self._start_renewing(record)
 
   def _start_renewing(self, record: dict[str, Any]) -> None:
     """Rewrites the bucket lock's `renewed` every quarter lease while this process holds it."""

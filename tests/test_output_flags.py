@@ -113,6 +113,7 @@ NOT_OUTPUTS = {
   ('bench/decode_speed.py', 'workdir'): 'the run decoded',
   ('bench/decode_speed.py', 'checkpoint'): 'a checkpoint of the run',
   ('bench/decode_speed.py', 'split'): 'a split',
+  ('bench/decode_speed.py', 'decoders'): 'which decoders are timed',
   ('bench/peer_flax_wmt.py', 'flax_wmt_dir'): "the peer example's code, read",
   ('bench/same_outputs.py', 'before'): 'a checkout run',
   ('bench/same_outputs.py', 'after'): 'a checkout run',

@@ -1,5 +1,6 @@
 """eval.py end to end on a tiny trained run: BLEU files, averaging, text input, bad input."""
 
+import functools
 import json
 import os
 import shutil
@@ -202,6 +203,25 @@ def test_translate_lines_keeps_empty_lines_and_alignment(run):
     config, run.model_config, params, lines[3:], options=options, batch_size=2
   )
   assert alone == outputs[3:]
+
+
+def test_translate_lines_compiles_once_for_any_parameters(run):
+  """A second call with the same model and options reuses the compiled decoder; the parameters
+  are its arguments, so other parameters translate as their own."""
+  workdir, config = run
+  run = evaluation.setup(config)
+  params, _ = evaluation.restore_params(run, workdir, 'latest')
+  other = jax.tree.map(lambda x: x * 0.5, params)
+  lines = ['A man is riding a bike.', 'Two dogs play in the snow.']
+  options = inference.DecodeOptions(decoder='greedy', max_extra_len=7)  # Options of its own.
+  translate = functools.partial(
+    translation.decode.translate_lines, config, run.model_config, options=options, batch_size=2
+  )
+  before = translation.decode._cached_translate_fn.cache_info()
+  first, halved, again = translate(params, lines), translate(other, lines), translate(params, lines)
+  after = translation.decode._cached_translate_fn.cache_info()
+  assert (after.misses - before.misses, after.hits - before.hits) == (1, 2)
+  assert again == first and halved != first
 
 
 def test_missing_checkpoint_lists_existing_steps(run):

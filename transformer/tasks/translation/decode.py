@@ -163,8 +163,8 @@ def make_translate_fn(
   return inference.TwoPass(jitted(first_pass=True), full)
 
 
-# `translate_lines` called again in one process (a bench's second pass, a notebook, each file of
-# a list) reuses the jitted functions of the same model and options, compiled once; without it,
+# `translate_lines` called again in one process (a bench's second pass, a notebook, a server)
+# reuses the jitted functions of the same model and options, compiled once; without it,
 # every call traced and compiled every shape again (7.3 s of a 12.2 s greedy call on
 # test_2016_flickr). Params are arguments of the functions, so any parameters may be passed.
 _cached_translate_fn = functools.lru_cache(maxsize=8)(make_translate_fn)

@@ -189,6 +189,13 @@ def test_bucket_lock_whose_create_landed_but_was_retried_is_taken(object_stores,
     with pytest.raises(workdir_lock.WorkdirLockedError, match='in use by another'):
       workdir_lock.WorkdirLock(workdir).acquire()  # Another taker, its own token: refused.
   assert workdir_lock.read_holder(workdir) is None
+  # The same for the marker that claims the breaking of a dead run's lock (a lapsed lease).
+  dead = {'host': 'another-host', 'pid': 4242, 'token': 'abc', 'lease_seconds': 60.0}
+  storage.write_json(workdir_lock.lock_path(workdir), {**dead, 'renewed': time.time() - 61})
+  monkeypatch.setattr(storage, 'create_exclusive', landed_then_exists)
+  with workdir_lock.WorkdirLock(workdir):
+    assert workdir_lock.read_holder(workdir)['pid'] == os.getpid()
+    assert [n for n in storage.listdir(workdir) if 'break' in n] == []  # The marker went.
 
 
 def test_bucket_lock_race_has_one_winner(object_stores):

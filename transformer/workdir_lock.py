@@ -117,6 +117,13 @@ def read_holder(workdir: str) -> dict[str, Any] | None:
   return _read_record(lock_path(workdir))
 
 
+def _read_bytes_or_none(path: str) -> bytes | None:
+  try:
+    return storage.read_bytes(path)
+  except FileNotFoundError:
+    return None
+
+
 def _read_record(path: str) -> dict[str, Any] | None:
   """`read_holder` of the lock file at `path`."""
   try:
@@ -280,11 +287,14 @@ class WorkdirLock:
   def _break_stale_object(self, holder: dict[str, Any]) -> None:
     """Removes a bucket lock whose holder is dead, if this process wins the right to."""
     marker = f'{self.path}.break-{holder.get("token") or holder.get("pid")}'
+    claim = json.dumps({**_this_process(), 'token': uuid.uuid4().hex}).encode('utf-8')
     try:
-      storage.create_exclusive(marker, json.dumps(_this_process()).encode('utf-8'))
+      storage.create_exclusive(marker, claim)
     except FileExistsError:
-      time.sleep(_WRITE_GRACE_SECONDS)  # Another run breaks it; then both race to create.
-      return
+      # Ours all the same where the client retried a create that landed (a 5xx answered).
+      if _read_bytes_or_none(marker) != claim:
+        time.sleep(_WRITE_GRACE_SECONDS)  # Another run breaks it; then both race to create.
+        return
     try:
       if _read_record(self.path) == holder:  # Still the dead one's.
         storage.remove(self.path)

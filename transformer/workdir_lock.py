@@ -126,9 +126,8 @@ def _read_bytes_or_none(path: str) -> bytes | None:
 
 def _read_record(path: str) -> dict[str, Any] | None:
   """`read_holder` of the lock file at `path`."""
-  try:
-    text = storage.read_bytes(path)
-  except FileNotFoundError:
+  text = _read_bytes_or_none(path)
+  if text is None:
     return None
   try:
     holder = json.loads(text)

@@ -173,14 +173,14 @@ def profile(translate: inference.TwoPass, params, batches) -> None:
   seconds, wall = collections.Counter(), 0.0
   row_steps = done_row_steps = 0
   for _, group in sorted(by_shape.items()):
-    src = jnp.asarray(group[0]['src_tokens'])
-    op_names = _op_names(translate.first_fn.lower(params, src, key).compile().as_text())
-    jax.block_until_ready(translate.first_fn(params, src, key))  # Compiled, as measured.
+    # Compiled here, so that the operations traced are those whose names are read.
+    compiled = translate.first_fn.lower(params, jnp.asarray(group[0]['src_tokens']), key).compile()
+    op_names = _op_names(compiled.as_text())
     trace_dir = tempfile.mkdtemp(prefix='decode_profile_')
     with jax.profiler.trace(trace_dir):
       start = time.perf_counter()
       for b in group:
-        decoded = translate.first_fn(params, jnp.asarray(b['src_tokens']), key)
+        decoded = compiled(params, jnp.asarray(b['src_tokens']), key)
         steps = np.asarray(decoded.steps)  # Waits for the decode; copies the steps out.
         np.asarray(decoded.tokens)
         rows_per_sentence = decoded.tokens.shape[1] if decoded.tokens.ndim == 3 else 1
@@ -304,8 +304,8 @@ def main(argv):
   lengths = sorted({b['src_tokens'].shape[1] for b in batches})
   logging.info('Decoding %d sentences of %s.', num_sentences, split)
 
-  results, profiled = {}, None
-  for name, options in decoders().items():
+  results, profiled, chosen = {}, None, decoders()
+  for name, options in chosen.items():
     translate = translation.decode.make_translate_fn(model_config, options)
     if _ONE_PASS.value and isinstance(translate, inference.TwoPass):
       # Its second pass alone: every step in one pass, the decoding before issue 14.
@@ -331,7 +331,7 @@ def main(argv):
     f'{rows}, source lengths {lengths}); tokenized in {pipeline_seconds:.1f} s, not timed '
     'below'
   )
-  beam = [o for o in decoders().values() if o.decoder == 'beam']
+  beam = [o for o in chosen.values() if o.decoder == 'beam']
   alpha = f'; beam alpha {beam[0].alpha}' if beam else ''
   print(f'options: output limit source length + {MAX_EXTRA_LEN}{alpha}')
   header = (

@@ -14,6 +14,7 @@ import threading
 import time
 
 import boto3
+import fsspec
 import pytest
 
 from transformer import storage, workdir_lock
@@ -174,25 +175,29 @@ def test_bucket_lock_renews_its_lease(object_stores, monkeypatch):
 
 def test_bucket_lock_whose_create_landed_but_was_retried_is_taken(object_stores, monkeypatch):
   """A 5xx answer to a conditional create that did land, retried by the client (gcsfs, s3fs):
-  the retry finds the object and says "exists". The lock reads its own token there: taken."""
+  the retry finds the object and says "exists". `storage.create_exclusive` finds its own bytes
+  there (the lock's record and the stale-lock breaker's marker carry a token): created."""
   workdir = storage.join(object_stores.bucket('s3'), 'run')
-  create = storage.create_exclusive
+  filesystem = fsspec.filesystem('s3')
+  put = filesystem.pipe_file
 
-  def landed_then_exists(path, data):
-    create(path, data)
-    raise FileExistsError(path)
+  def landed_then_exists(key, data, **kwargs):
+    put(key, data, **kwargs)
+    raise FileExistsError(key)
 
-  monkeypatch.setattr(storage, 'create_exclusive', landed_then_exists)
+  monkeypatch.setattr(filesystem, 'pipe_file', landed_then_exists)
   with workdir_lock.WorkdirLock(workdir):
     assert workdir_lock.read_holder(workdir)['pid'] == os.getpid()
-    monkeypatch.setattr(storage, 'create_exclusive', create)
+    monkeypatch.setattr(filesystem, 'pipe_file', put)
     with pytest.raises(workdir_lock.WorkdirLockedError, match='in use by another'):
       workdir_lock.WorkdirLock(workdir).acquire()  # Another taker, its own token: refused.
+    with pytest.raises(FileExistsError):  # Other bytes there: not this call's.
+      storage.create_exclusive(workdir_lock.lock_path(workdir), b'{}')
   assert workdir_lock.read_holder(workdir) is None
   # The same for the marker that claims the breaking of a dead run's lock (a lapsed lease).
   dead = {'host': 'another-host', 'pid': 4242, 'token': 'abc', 'lease_seconds': 60.0}
   storage.write_json(workdir_lock.lock_path(workdir), {**dead, 'renewed': time.time() - 61})
-  monkeypatch.setattr(storage, 'create_exclusive', landed_then_exists)
+  monkeypatch.setattr(filesystem, 'pipe_file', landed_then_exists)
   with workdir_lock.WorkdirLock(workdir):
     assert workdir_lock.read_holder(workdir)['pid'] == os.getpid()
     assert [n for n in storage.listdir(workdir) if 'break' in n] == []  # The marker went.

@@ -459,6 +459,9 @@ def create_exclusive(path: str, data: bytes) -> None:
 
   Locally `O_CREAT | O_EXCL`; on a bucket a conditional PUT: GCS `ifGenerationMatch=0`, S3
   `If-None-Match: *` (fsspec's `mode='create'`). Two processes on any hosts: one wins.
+  On a bucket, the clients retry a request answered with a 5xx even where its first try landed,
+  and the retry finds the object: an object that holds exactly `data` is taken as this call's.
+  Callers that must know they won a race (locks) put a token of their own in `data`.
   """
   if not is_url(path):
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -468,8 +471,17 @@ def create_exclusive(path: str, data: bytes) -> None:
       os.fsync(f.fileno())
     return
   filesystem, key = _filesystem(path)
-  filesystem.pipe_file(key, data, mode='create')
-  filesystem.invalidate_cache(key)
+  try:
+    filesystem.pipe_file(key, data, mode='create')
+  except FileExistsError:
+    try:
+      if read_bytes(path) == data:
+        return
+    except FileNotFoundError:
+      pass
+    raise
+  finally:
+    filesystem.invalidate_cache(key)
 
 
 def bucket_errors(path: str, name: str) -> list[str]:

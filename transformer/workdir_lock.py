@@ -117,17 +117,11 @@ def read_holder(workdir: str) -> dict[str, Any] | None:
   return _read_record(lock_path(workdir))
 
 
-def _read_bytes_or_none(path: str) -> bytes | None:
-  try:
-    return storage.read_bytes(path)
-  except FileNotFoundError:
-    return None
-
-
 def _read_record(path: str) -> dict[str, Any] | None:
   """`read_holder` of the lock file at `path`."""
-  text = _read_bytes_or_none(path)
-  if text is None:
+  try:
+    text = storage.read_bytes(path)
+  except FileNotFoundError:
     return None
   try:
     holder = json.loads(text)
@@ -223,21 +217,16 @@ class WorkdirLock:
           holder = _read_record(self.path)
         if holder is None:
           continue  # Released meanwhile.
-        if self._on_bucket and holder == record:
-          # Our own write (the record's token is new): the store client retried a conditional
-          # create whose first try landed but was answered with a 5xx; the retry got "exists".
-          break
         alive = holder_alive(holder)
         if alive is False:
           self._remove_stale(holder)
           continue
         raise WorkdirLockedError(self._refusal(holder, alive)) from None
-      break
-    else:
-      raise WorkdirLockedError(f'Could not take {self.path}: other processes keep taking it.')
-    self._record = text
-    if self._on_bucket:
-      self._start_renewing(record)
+      self._record = text
+      if self._on_bucket:
+        self._start_renewing(record)
+      return
+    raise WorkdirLockedError(f'Could not take {self.path}: other processes keep taking it.')
 
   def _start_renewing(self, record: dict[str, Any]) -> None:
     """Rewrites the bucket lock's `renewed` every quarter lease while this process holds it."""
@@ -286,14 +275,13 @@ class WorkdirLock:
   def _break_stale_object(self, holder: dict[str, Any]) -> None:
     """Removes a bucket lock whose holder is dead, if this process wins the right to."""
     marker = f'{self.path}.break-{holder.get("token") or holder.get("pid")}'
+    # A token of its own: `storage.create_exclusive` takes an object holding exactly this as its.
     claim = json.dumps({**_this_process(), 'token': uuid.uuid4().hex}).encode('utf-8')
     try:
       storage.create_exclusive(marker, claim)
     except FileExistsError:
-      # Ours all the same where the client retried a create that landed (a 5xx answered).
-      if _read_bytes_or_none(marker) != claim:
-        time.sleep(_WRITE_GRACE_SECONDS)  # Another run breaks it; then both race to create.
-        return
+      time.sleep(_WRITE_GRACE_SECONDS)  # Another run breaks it; then both race to create.
+      return
     try:
       if _read_record(self.path) == holder:  # Still the dead one's.
         storage.remove(self.path)

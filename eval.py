@@ -87,7 +87,11 @@ _N_BOOTSTRAP = flags.DEFINE_integer(
   "confidence interval (sacreBLEU's, seeded by SACREBLEU_SEED, default 12345); 1: none.",
 )
 _BATCH_SIZE = flags.DEFINE_integer(
-  'batch_size', inference.MAX_DECODE_ROWS, 'Most sentences decoded at once.'
+  'batch_size',
+  None,
+  f'Most sentences decoded at once (default: {inference.MAX_DECODE_ROWS} on accelerators; on '
+  f'one CPU device {inference.CPU_DECODE_HYPOTHESES} hypotheses, sentences x beams, with a '
+  'batch decoding on each core).',
 )
 _MAX_TOKENS = flags.DEFINE_integer(
   'max_tokens',

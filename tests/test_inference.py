@@ -1,6 +1,9 @@
 """The model wired to the decoders: cached greedy decoding equals argmax of the full pass."""
 
 import functools
+import os
+import threading
+import time
 
 import flax.linen as nn
 import jax
@@ -113,6 +116,71 @@ def test_length_sorted_batches_keep_every_row_once_in_few_shapes():
         assert index == -1 and not row.any()
   assert sorted(seen) == np.flatnonzero(valid).tolist()
   assert [lengths[i] for i in seen] == sorted(lengths[valid], reverse=True)
+
+
+class _Slow:
+  """A decode function over numbers: row r of batch `rng`'s output is [r + 1, key bits], after
+  a sleep that makes batches decoded at once finish out of order; records the calls."""
+
+  def __init__(self):
+    self.calls, self.threads, self.lock = [], set(), threading.Lock()
+
+  def __call__(self, params, tokens_BS, rng):
+    key_bits = int(jax.random.key_data(rng).sum()) % 1000 + 3
+    with self.lock:
+      self.calls.append(int(tokens_BS[0, 0]))
+      self.threads.add(threading.get_ident())
+    time.sleep(0.05 if int(tokens_BS[0, 0]) % 2 else 0.0)  # Odd batches end later.
+    return np.stack([tokens_BS[:, 0] + 1, np.full(len(tokens_BS), key_bits)], axis=1)
+
+
+class _Digits:
+  def decode(self, ids):
+    return ' '.join(map(str, ids))
+
+
+@pytest.mark.parametrize('max_sentences', [None, 5])
+def test_batches_decoded_at_once_give_the_outputs_of_one_at_a_time(max_sentences):
+  batches = [
+    {
+      'src_tokens': np.array([[10 * b + r + 1, 0] for r in range(2)], np.int32),
+      'index': np.array([2 * b, 2 * b + 1]),
+      'valid': np.array([True, b != 3]),  # Batch 3's second row is padding.
+    }
+    for b in range(6)
+  ]
+  decoded = {}
+  for concurrency in (1, 3):
+    fn = _Slow()
+    decoded[concurrency], speed = inference.decode_batches(
+      fn, None, batches, _Digits(), jax.random.key(7), max_sentences, concurrency=concurrency
+    )
+    assert list(decoded[concurrency]) == sorted(decoded[concurrency])  # Batch order.
+    if max_sentences:  # Stops after batch 2 (6 sentences); at most the window ran beyond.
+      assert len(decoded[concurrency]) == 6 and len(fn.calls) <= 3 + concurrency - 1
+    else:
+      assert sorted(fn.calls) == [10 * b + 1 for b in range(6)]
+    assert speed['sentences_per_sec'] > 0
+    assert (len(fn.threads) > 1) == (concurrency > 1)
+  assert decoded[1] == decoded[3]
+  # Each batch kept its own key (fold_in of its position), whichever thread decoded it.
+  keys = {index // 2: text.split()[1] for index, text in decoded[3].items()}
+  assert len(set(keys.values())) == len(keys)
+
+
+def test_default_batches_are_small_and_side_by_side_on_one_cpu_device_only():
+  beam = inference.DecodeOptions(beam_size=5)
+  greedy = inference.DecodeOptions(decoder='greedy')
+  one = jax.sharding.Mesh(np.array(jax.devices()[:1]), ('data',))
+  for mesh in (None, one):  # The default device, or a mesh of one: this CPU.
+    assert inference.batch_size(beam, mesh) == inference.CPU_DECODE_HYPOTHESES // 5
+    assert inference.batch_size(greedy, mesh) == inference.CPU_DECODE_HYPOTHESES
+    assert inference.concurrent_batches(mesh) == len(os.sched_getaffinity(0))  # Linux.
+  assert inference.batch_size(inference.DecodeOptions(beam_size=64), None) == 1
+  if jax.device_count() > 1:  # A mesh of several devices starts its programs in one order.
+    two = jax.sharding.Mesh(np.array(jax.devices()[:2]), ('data',))
+    assert inference.batch_size(beam, two) == inference.MAX_DECODE_ROWS
+    assert inference.concurrent_batches(two) == 1
 
 
 @pytest.mark.parametrize('decoder', ['beam', 'greedy'])

@@ -1,7 +1,9 @@
 """Decoding shared by the tasks: options, decoder loop, jit over the mesh, batches -> text.
 
 `length_sorted_batches` groups inputs by length and `decode_batches` turns the
-outputs back into text in input order.
+outputs back into text in input order. `batch_size` and `concurrent_batches` choose
+the batches by the devices: large ones on an accelerator; on a CPU, small ones decoded
+side by side, one per core.
 Each task supplies the model side (`tasks.translation.decode.translate`,
 `tasks.language_model.generate.generate`): a step function `logits_fn(tokens, state)` and
 its initial state; `run_decoder` runs the decoder of `DecodeOptions` (beam
@@ -12,9 +14,14 @@ short first pass and again, in full, the few rows that need more steps.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import contextlib
 import dataclasses
+import os
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import jax
 import ml_collections
@@ -30,6 +37,12 @@ DECODERS = ('beam', 'greedy', 'sample')
 # Default decoding batches (`length_sorted_batches`): source token slots, and most sentences.
 MAX_DECODE_TOKENS = 4096
 MAX_DECODE_ROWS = 256
+# On one CPU device, most hypotheses (sentences x beams) per decoding batch (`batch_size`). A
+# decoding step there runs mostly on one core and costs more per row in a large batch (its
+# caches leave the CPU's caches; its rows step until the batch's slowest sentence is done):
+# on a 2-core x86 host, beam 5 decoded 2.5x as many sentences per second in batches of 4
+# sentences, two at once, as in batches of 256 (docs/benchmarks.md, "Decoding on a CPU").
+CPU_DECODE_HYPOTHESES = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +85,40 @@ class DecodeOptions:
     if self.decoder not in DECODERS:
       raise InvalidInput(f'decoder={self.decoder!r} is not one of {DECODERS}.')
     config_lib.raise_if(config_lib.decode_errors(vars(self)), 'decode options')
+
+
+def _single_cpu_device(mesh: Mesh | None) -> bool:
+  """Whether the decoder runs on one CPU device (`mesh`'s, or the default device's)."""
+  devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
+  return len(devices) == 1 and devices[0].platform == 'cpu' and jax.process_count() == 1
+
+
+def batch_size(options: DecodeOptions, mesh: Mesh | None) -> int:
+  """The default of most sentences per decoding batch for the devices that decode.
+
+  `MAX_DECODE_ROWS` on accelerators and meshes of several devices; on one CPU device,
+  `CPU_DECODE_HYPOTHESES` hypotheses: that many sentences over the beam size (at least 1).
+  A sentence's output does not depend on its batch (beam search and greedy decoding).
+  """
+  if not _single_cpu_device(mesh):
+    return MAX_DECODE_ROWS
+  hypotheses = options.beam_size if options.decoder == 'beam' else 1
+  return max(1, CPU_DECODE_HYPOTHESES // hypotheses)
+
+
+def concurrent_batches(mesh: Mesh | None) -> int:
+  """Decoding batches run at once (`decode_batches`): the cores on one CPU device, else 1.
+
+  A CPU runs each decoding step mostly on one core, so that batches decoded side by
+  side use the others. Elsewhere one at a time: an accelerator runs one program at a
+  time, and the programs of a mesh of several devices (or processes) must start in the
+  same order on each.
+  """
+  if not _single_cpu_device(mesh):
+    return 1
+  if hasattr(os, 'sched_getaffinity'):  # The cores this process may run on (Linux).
+    return len(os.sched_getaffinity(0))
+  return os.cpu_count() or 1
 
 
 def run_decoder(
@@ -175,6 +222,10 @@ class TwoPass:
   full_fn: Callable[..., decoding.Decoded]
   second_pass_rows: int = 8
   rows_again: int = 0  # Rows decoded a second time, over all calls.
+  # Calls may come from several threads at once (`decode_batches`' concurrency).
+  _count_lock: threading.Lock = dataclasses.field(
+    default_factory=threading.Lock, repr=False, compare=False
+  )
 
   def __call__(self, params, tokens_BS, rng: jax.Array) -> np.ndarray:
     first = self.first_fn(params, tokens_BS, rng)
@@ -185,7 +236,8 @@ class TwoPass:
       rows_BS = np.zeros((self.second_pass_rows, tokens_BS.shape[1]), np.int32)  # PAD rows.
       rows_BS[: len(rows)] = np.asarray(tokens_BS)[rows]
       tokens_BT[rows] = np.asarray(self.full_fn(params, rows_BS, rng).tokens)[: len(rows)]
-    self.rows_again += len(again)
+    with self._count_lock:
+      self.rows_again += len(again)
     return tokens_BT
 
 
@@ -235,6 +287,38 @@ def length_sorted_batches(
   return out
 
 
+def decode_in_order(
+  decode_fn, params, batches: Iterable[dict[str, np.ndarray]], rng, input_key: str, concurrency: int
+) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+  """(batch, its output tokens) in batch order; up to `concurrency` batches decoding at once.
+
+  Batch i is decoded with `jax.random.fold_in(rng, i)` however many run at once, so the
+  outputs are the same. Closing the iterator early waits for the batches in flight.
+  """
+
+  def decode(i: int, batch: dict[str, np.ndarray]) -> np.ndarray:
+    return np.asarray(decode_fn(params, batch[input_key], jax.random.fold_in(rng, i)))
+
+  if concurrency <= 1:
+    for i, batch in enumerate(batches):
+      yield batch, decode(i, batch)
+    return
+  with concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix='decode') as pool:
+    in_flight = collections.deque()
+    try:
+      for i, batch in enumerate(batches):
+        in_flight.append((batch, pool.submit(decode, i, batch)))
+        if len(in_flight) == concurrency:
+          batch, future = in_flight.popleft()
+          yield batch, future.result()
+      while in_flight:
+        batch, future = in_flight.popleft()
+        yield batch, future.result()
+    finally:
+      for _, future in in_flight:
+        future.cancel()
+
+
 def decode_batches(
   decode_fn,
   params,
@@ -243,6 +327,7 @@ def decode_batches(
   rng: jax.Array,
   max_sentences: int | None = None,
   input_key: str = 'src_tokens',
+  concurrency: int = 1,
 ) -> tuple[dict[int, str], dict[str, float]]:
   """Detokenized outputs keyed by input index, and decode-speed figures.
 
@@ -250,18 +335,21 @@ def decode_batches(
   (`translation.decode.make_translate_fn`, or `language_model.generate.make_generate_fn` with
   `input_key='prompt_tokens'`).
   With `max_sentences`, stops after the batch that reaches that many sentences.
+  `concurrency` batches are decoded at once (`concurrent_batches`), in threads; the
+  outputs are those of one at a time.
   """
   translations: dict[int, str] = {}
   num_tokens = 0
   start = time.perf_counter()
-  for i, batch in enumerate(batches):
-    tokens = np.asarray(decode_fn(params, batch[input_key], jax.random.fold_in(rng, i)))
-    for index, valid, row in zip(batch['index'], batch['valid'], tokens, strict=True):
-      if valid:
-        translations[int(index)] = tokenizer.decode(row.tolist())
-        num_tokens += int(np.count_nonzero(row))
-    if max_sentences is not None and len(translations) >= max_sentences:
-      break
+  decoded = decode_in_order(decode_fn, params, batches, rng, input_key, concurrency)
+  with contextlib.closing(decoded):
+    for batch, tokens in decoded:
+      for index, valid, row in zip(batch['index'], batch['valid'], tokens, strict=True):
+        if valid:
+          translations[int(index)] = tokenizer.decode(row.tolist())
+          num_tokens += int(np.count_nonzero(row))
+      if max_sentences is not None and len(translations) >= max_sentences:
+        break
   seconds = time.perf_counter() - start
   speed = {
     'decode_seconds': seconds,

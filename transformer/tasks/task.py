@@ -56,7 +56,8 @@ class EvalRequest:
   rules: sharding.Rules
   split: str  # The split to score.
   options: inference.DecodeOptions
-  batch_size: int = inference.MAX_DECODE_ROWS  # Most sentences (prompts) decoded at once.
+  # Most sentences (prompts) decoded at once; None: `inference.batch_size`'s for `mesh`.
+  batch_size: int | None = None
   max_tokens: int = inference.MAX_DECODE_TOKENS  # Source token slots per decoding batch.
   seed: int = 0  # Of the decoder's key (sampling).
   n_bootstrap: int = scoring.DEFAULT_BOOTSTRAP  # Resamples of each confidence interval.

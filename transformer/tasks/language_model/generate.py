@@ -129,7 +129,7 @@ def continue_prompts(
   prompts: Sequence[str],
   *,
   options: inference.DecodeOptions,
-  batch_size: int,
+  batch_size: int | None = None,
   seed: int = 0,
   mesh: Mesh | None = None,
   rules: sharding.Rules = (),
@@ -144,7 +144,8 @@ def continue_prompts(
     params: The parameters to generate with.
     prompts: The texts to continue; an empty one gets a document written from scratch.
     options: The decoder (greedy or sample) and its settings.
-    batch_size: Most prompts decoded at once.
+    batch_size: Most prompts decoded at once (default: `inference.batch_size`'s for the
+      devices of `mesh`).
     seed: Of the sampler's key.
     mesh: The devices the rows are split over (None: one device).
     rules: `mesh`'s logical axis rules.
@@ -156,8 +157,15 @@ def continue_prompts(
     config.data, vocab_size=config.vocab_size, seed=config.seed
   )
   generate_fn = make_generate_fn(model_config, options, mesh, rules)
+  batch_size = batch_size or inference.batch_size(options, mesh)
   batches = data.prompt_batches(prompts, tokenizer, batch_size, config.model.max_len)
   texts, _ = inference.decode_batches(
-    generate_fn, params, batches, tokenizer, jax.random.key(seed), input_key='prompt_tokens'
+    generate_fn,
+    params,
+    batches,
+    tokenizer,
+    jax.random.key(seed),
+    input_key='prompt_tokens',
+    concurrency=inference.concurrent_batches(mesh),
   )
   return [texts[i] for i in range(len(prompts))]

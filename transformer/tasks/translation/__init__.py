@@ -62,7 +62,7 @@ class Translation:
       return lambda params: {}
     translate_fn = decode.make_translate_fn(model_config, validation.decode_options(), mesh, rules)
     return lambda params: evaluate.validation_bleu(
-      data_config, validation, params, tokenizer, translate_fn
+      data_config, validation, params, tokenizer, translate_fn, mesh
     )
 
   @staticmethod

@@ -177,7 +177,7 @@ def translate_lines(
   lines: Sequence[str],
   *,
   options: inference.DecodeOptions,
-  batch_size: int,
+  batch_size: int | None = None,
   seed: int = 0,
   max_tokens: int = inference.MAX_DECODE_TOKENS,
   mesh: Mesh | None = None,
@@ -194,7 +194,8 @@ def translate_lines(
     params: The parameters to translate with.
     lines: The source sentences.
     options: The decoder and its settings.
-    batch_size: Most sentences decoded at once.
+    batch_size: Most sentences decoded at once (default: `inference.batch_size`'s for the
+      devices of `mesh`); on one CPU device, `inference.concurrent_batches` batches at once.
     seed: Of the decoder's key (sampling).
     max_tokens: Most source token slots per batch.
     mesh: The devices the rows are split over (None: one device).
@@ -225,6 +226,7 @@ def translate_lines(
       shown,
     )
   translate_fn = _cached_translate_fn(model_config, options, mesh, tuple(rules))
+  batch_size = batch_size or inference.batch_size(options, mesh)
   batches = inference.length_sorted_batches(
     data.text_batches(lines, tokenizer, batch_size, max_len),
     max_tokens=max_tokens,
@@ -232,6 +234,11 @@ def translate_lines(
     max_len=max_len,
   )
   translations, _ = inference.decode_batches(
-    translate_fn, params, batches, tokenizer, jax.random.key(seed)
+    translate_fn,
+    params,
+    batches,
+    tokenizer,
+    jax.random.key(seed),
+    concurrency=inference.concurrent_batches(mesh),
   )
   return [translations.get(i, '') for i in range(len(lines))]

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import ml_collections
+from jax.sharding import Mesh
 
 from transformer import datasets, inference, scoring
 from transformer import tokenizer as tokenizer_lib
@@ -26,13 +27,25 @@ def validation_bleu(
   params,
   vocab: tokenizer_lib.Tokenizer,
   translate_fn,
+  mesh: Mesh | None = None,
 ) -> dict[str, float]:
-  """sacreBLEU of the first `config.eval_bleu_sentences` validation sentences, cased and not."""
+  """sacreBLEU of the first `config.eval_bleu_sentences` validation sentences, cased and not.
+
+  In batches of at most 64 sentences, fewer on one CPU device (`inference.batch_size`,
+  several at once there: `inference.concurrent_batches`), in input order.
+  """
   count = validation.eval_bleu_sentences
   split = data_config.eval_split
-  batches = data.translation_batches(data_config, vocab, split, min(64, count))
+  rows = min(64, count, inference.batch_size(validation.decode_options(), mesh))
+  batches = data.translation_batches(data_config, vocab, split, rows)
   translations, speed = inference.decode_batches(
-    translate_fn, params, batches, vocab, jax.random.key(validation.seed), max_sentences=count
+    translate_fn,
+    params,
+    batches,
+    vocab,
+    jax.random.key(validation.seed),
+    max_sentences=count,
+    concurrency=inference.concurrent_batches(mesh),
   )
   hypotheses = [translations[i] for i in sorted(translations)][:count]
   references = data.translation_references(data_config, split)[: len(hypotheses)]
@@ -55,6 +68,7 @@ def evaluate_split(
   tokenizer: tokenizer_lib.Tokenizer | None = None,
   max_tokens: int = inference.MAX_DECODE_TOKENS,
   n_bootstrap: int = scoring.DEFAULT_BOOTSTRAP,
+  concurrency: int = 1,
 ) -> tuple[list[str], dict, list[str]]:
   """Translates every line of `split` in input order and scores it against the references.
 
@@ -72,6 +86,7 @@ def evaluate_split(
     tokenizer: The run's vocabulary (default: loaded from `config`).
     max_tokens: Most source token slots per batch.
     n_bootstrap: Resamples of each score's bootstrap 95% interval (1: none).
+    concurrency: Batches decoded at once (`inference.concurrent_batches`).
 
   Returns:
     One output line per line of the split's source file (lines that were empty
@@ -90,7 +105,7 @@ def evaluate_split(
     max_len=config.data.max_eval_len,
   )
   translations, speed = inference.decode_batches(
-    translate_fn, params, batches, tokenizer, jax.random.key(seed)
+    translate_fn, params, batches, tokenizer, jax.random.key(seed), concurrency=concurrency
   )
   references = data.translation_references(config.data, split)
   ordered = [translations[i] for i in sorted(translations)]
@@ -129,11 +144,12 @@ def evaluator(request: task.EvalRequest) -> Callable[[Any, str], task.Evaluation
       params,
       translate_fn,
       split=split,
-      batch_size=request.batch_size,
+      batch_size=request.batch_size or inference.batch_size(options, request.mesh),
       seed=request.seed,
       tokenizer=tokenizer,
       max_tokens=request.max_tokens,
       n_bootstrap=n_bootstrap,
+      concurrency=inference.concurrent_batches(request.mesh),
     )
     results.update(
       checkpoint=label,

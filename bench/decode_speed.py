@@ -24,6 +24,8 @@ tokenized:
     timed end to end (copy in, decode, copy out);
   * "2nd pass": sentences decoded again in full after the short first pass
     (`inference.TwoPass`, how eval.py decodes with beam search).
+With --concurrency=N, N batches decode at once in threads (`inference.decode_in_order`),
+as eval.py decodes on one CPU device with its default --batch_size (32 hypotheses).
 With --one_pass (default) each two-pass decoder (beam search) is also timed in one
 pass of every step, the decoding before the two passes, side by side.
 
@@ -89,6 +91,12 @@ _CHECKPOINT = flags.DEFINE_string(
 _SPLIT = flags.DEFINE_string('split', None, 'Split to decode (default: config.data.test_split).')
 _BATCH_SIZE = flags.DEFINE_integer(
   'batch_size', inference.MAX_DECODE_ROWS, 'Most sentences per decoding batch.'
+)
+_CONCURRENCY = flags.DEFINE_integer(
+  'concurrency',
+  1,
+  'Batches decoded at once, in threads (eval.py: one per core on one CPU device, '
+  '`inference.concurrent_batches`).',
 )
 _MAX_TOKENS = flags.DEFINE_integer(
   'max_tokens',
@@ -270,7 +278,10 @@ def measure(translate, params, batches: list[dict[str, np.ndarray]]) -> dict[str
   seconds = []
   for _ in range(2):
     start = time.perf_counter()
-    outputs = [np.asarray(translate(params, jnp.asarray(b['src_tokens']), key)) for b in batches]
+    decoded = inference.decode_in_order(
+      translate, params, batches, key, 'src_tokens', _CONCURRENCY.value
+    )
+    outputs = [tokens for _, tokens in decoded]
     seconds.append(time.perf_counter() - start)
   sentences = sum(int(b['valid'].sum()) for b in batches)
   tokens = sum(
@@ -333,7 +344,10 @@ def main(argv):
   )
   beam = [o for o in chosen.values() if o.decoder == 'beam']
   alpha = f'; beam alpha {beam[0].alpha}' if beam else ''
-  print(f'options: output limit source length + {MAX_EXTRA_LEN}{alpha}')
+  print(
+    f'options: output limit source length + {MAX_EXTRA_LEN}{alpha}; '
+    f'{_CONCURRENCY.value} batch(es) at once'
+  )
   header = (
     f'{"decoder":<16} {"with compiles s":>15} {"decode s":>9} {"sent/s":>7} '
     f'{"out tok/s":>10} {"tok/sent":>8} {"2nd pass":>8}'

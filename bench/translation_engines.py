@@ -15,7 +15,11 @@ translated, text to text, by each engine from those same weights with beam searc
     `L ** p` (p from `--penalties`).
 Speed: sentences per second of the whole text-to-text call, penalty off, measured on the
 second of two identical passes (the first compiles this project's shapes and warms the others'
-caches), every engine given all the machine's cores, one engine at a time, in one run.
+caches), every engine given all the machine's cores, one engine at a time, in one run, each in
+its fastest thread setting found on a CPU: eval.py as it decodes there (small batches, one per
+core at once: `inference.batch_size`, `inference.concurrent_batches`), CTranslate2 one thread
+per batch with a batch on each core (`inter_threads`), transformers with torch's threads over
+all cores (one thread per process was slower).
 BLEU: sacreBLEU's default (cased, 13a) and lowercased, as eval.py scores them.
 
 Writes the figures as JSON to `--output` and prints them as a Markdown table.
@@ -75,8 +79,7 @@ class Ours:
       self.model_config,
       self.run.params,
       lines,
-      options=options,
-      batch_size=inference.MAX_DECODE_ROWS,
+      options=options,  # eval.py's default batches (`inference.batch_size`).
     )
 
 
@@ -130,8 +133,11 @@ class CTranslate2:
     import sentencepiece  # pylint: disable=g-import-not-at-top
 
     self.name = f'CTranslate2 {quantization}'
+    # Its fastest setting on a CPU for models of this size: one thread per batch, as many
+    # batches at once as cores (beam 5: 2.9x the sentences/s of one batch on every core,
+    # docs/benchmarks.md); `translate` hands it every batch at once.
     self.translator = ctranslate2.Translator(
-      directory, device='cpu', intra_threads=os.cpu_count() or 1, inter_threads=1
+      directory, device='cpu', intra_threads=1, inter_threads=os.cpu_count() or 1
     )
     self.processor = sentencepiece.SentencePieceProcessor(
       model_file=f'{directory}/sentencepiece.model'
@@ -141,17 +147,24 @@ class CTranslate2:
   def translate(self, lines: list[str], penalty: float) -> list[str]:
     pieces = [self.processor.encode(line, out_type=str) for line in lines]
     out = [''] * len(lines)
-    for batch in _length_sorted(lines, [len(p) for p in pieces], self.batch_size):
-      results = self.translator.translate_batch(
-        [pieces[i] for i in batch],
-        beam_size=self.beam_size,
-        length_penalty=penalty,
-        # +1: the source's EOS, counted in eval.py's source length.
-        max_decoding_length=max(len(pieces[i]) for i in batch) + 1 + MAX_EXTRA_LEN,
-        suppress_sequences=[['<pad>'], ['<s>']],  # As eval.py and the HF export do.
+    submitted = [
+      (
+        batch,
+        self.translator.translate_batch(
+          [pieces[i] for i in batch],
+          beam_size=self.beam_size,
+          length_penalty=penalty,
+          # +1: the source's EOS, counted in eval.py's source length.
+          max_decoding_length=max(len(pieces[i]) for i in batch) + 1 + MAX_EXTRA_LEN,
+          suppress_sequences=[['<pad>'], ['<s>']],  # As eval.py and the HF export do.
+          asynchronous=True,  # Decoded by its inter_threads workers, several at once.
+        ),
       )
+      for batch in _length_sorted(lines, [len(p) for p in pieces], self.batch_size)
+    ]
+    for batch, results in submitted:
       for i, result in zip(batch, results, strict=True):
-        out[i] = self.processor.decode(result.hypotheses[0])
+        out[i] = self.processor.decode(result.result().hypotheses[0])
     return out
 
 

@@ -157,7 +157,8 @@ def continue_prompts(
     config.data, vocab_size=config.vocab_size, seed=config.seed
   )
   generate_fn = make_generate_fn(model_config, options, mesh, rules)
-  batch_size = batch_size or inference.batch_size(options, mesh)
+  if batch_size is None:
+    batch_size = inference.batch_size(options, mesh)
   batches = data.prompt_batches(prompts, tokenizer, batch_size, config.model.max_len)
   texts, _ = inference.decode_batches(
     generate_fn,

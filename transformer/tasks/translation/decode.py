@@ -226,7 +226,8 @@ def translate_lines(
       shown,
     )
   translate_fn = _cached_translate_fn(model_config, options, mesh, tuple(rules))
-  batch_size = batch_size or inference.batch_size(options, mesh)
+  if batch_size is None:
+    batch_size = inference.batch_size(options, mesh)
   batches = inference.length_sorted_batches(
     data.text_batches(lines, tokenizer, batch_size, max_len),
     max_tokens=max_tokens,

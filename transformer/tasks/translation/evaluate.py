@@ -134,6 +134,9 @@ def evaluator(request: task.EvalRequest) -> Callable[[Any, str], task.Evaluation
   translate_fn = decode.make_translate_fn(
     request.model_config, options, request.mesh, request.rules
   )
+  batch_size = request.batch_size
+  if batch_size is None:  # eval.py's default: `inference.batch_size`'s for the devices.
+    batch_size = inference.batch_size(options, request.mesh)
   tag = options.tag() + (f'_seed{request.seed}' if options.decoder == 'sample' else '')
   n_bootstrap = request.n_bootstrap
   interval = f' (± 95% bootstrap interval, {n_bootstrap} resamples)' if n_bootstrap > 1 else ''
@@ -144,7 +147,7 @@ def evaluator(request: task.EvalRequest) -> Callable[[Any, str], task.Evaluation
       params,
       translate_fn,
       split=split,
-      batch_size=request.batch_size or inference.batch_size(options, request.mesh),
+      batch_size=batch_size,
       seed=request.seed,
       tokenizer=tokenizer,
       max_tokens=request.max_tokens,

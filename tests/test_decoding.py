@@ -166,9 +166,19 @@ def run_sample(table, source_B, max_lengths_B, rng, temperature, top_p, *, max_d
   ).tokens
 
 
-@functools.partial(jax.jit, static_argnames=('beam_size', 'max_decode_len', 'max_steps'))
+@functools.partial(
+  jax.jit, static_argnames=('beam_size', 'max_decode_len', 'max_steps', 'num_results')
+)
 def decode_beam(
-  table, source_B, max_lengths_B, alpha, *, beam_size, max_decode_len, max_steps=None
+  table,
+  source_B,
+  max_lengths_B,
+  alpha,
+  *,
+  beam_size,
+  max_decode_len,
+  max_steps=None,
+  num_results=None,
 ):
   return decoding.beam_search(
     toy_logits_fn(table),
@@ -180,6 +190,7 @@ def decode_beam(
     bos_id=BOS,
     eos_id=EOS,
     max_steps=max_steps,
+    num_results=num_results,
   )
 
 
@@ -219,6 +230,23 @@ def test_expand_and_reorder_beam_rows_keep_scalars():
   reordered = decoding.reorder_beam_rows(expanded, jnp.array([[2, 2, 0], [1, 0, 2]]))
   np.testing.assert_array_equal(reordered['rows'], [2, 2, 0, 4, 3, 5])
   assert reordered['index'].shape == () and int(reordered['index']) == 5
+
+
+@pytest.mark.parametrize('num_positions', [32, 20])
+def test_reordering_the_written_prefix_of_caches_equals_reordering_them_whole(num_positions):
+  rng = np.random.default_rng(0)
+  beam_indices_BW = rng.integers(0, 3, size=(2, 3)).astype(np.int32)
+  reorder = jax.jit(decoding.reorder_beam_prefix)
+  for length in (0, 1, 15, 16, 17, num_positions):
+    # Positions not yet written hold zeros, as in a decoding cache.
+    written = np.arange(num_positions) < length
+    caches = {
+      'key': rng.normal(size=(6, 2, 3, num_positions)).astype(np.float32) * written,
+      'value': rng.normal(size=(6, 4, num_positions)).astype(np.float32) * written,
+    }
+    got = reorder(caches, beam_indices_BW, jnp.int32(length))
+    expected = decoding.reorder_beam_rows(caches, beam_indices_BW)
+    jax.tree.map(np.testing.assert_array_equal, got, expected)
 
 
 def test_gather_beams():
@@ -407,6 +435,45 @@ def test_beam_search_stops_early():
   np.testing.assert_array_equal(tokens[:, 0, :2], [[EOS, PAD], [EOS, PAD]])
   for b in range(2):
     np.testing.assert_allclose(scores[b, 0], oracle_log_prob(table, source[b], [EOS]), atol=1e-6)
+
+
+@pytest.mark.parametrize('alpha', [0.0, 0.6, -0.5])
+def test_the_best_results_of_a_search_stopped_for_them_are_the_full_searchs(alpha):
+  # A search returning only its best R stops once no alive hypothesis can beat the R-th
+  # finished one: the same best R (tokens, scores, order), in fewer steps where the W-th
+  # is still open.
+  table = make_table(3, 12, 6, eos_bias=1.0)
+  source = np.arange(6, dtype=np.int32) * 7
+  limits = np.array([12, 12, 4, 9, 2, 12], np.int32)
+  run = functools.partial(decode_beam, table, source, limits, alpha, beam_size=4, max_decode_len=12)
+  full = run()
+  assert np.asarray(full.done).all()
+  fewer_steps = []
+  for num_results in (1, 2):
+    out = run(num_results=num_results)
+    assert out.tokens.shape == (6, num_results, 12) and out.scores.shape == (6, num_results)
+    np.testing.assert_array_equal(out.tokens, full.tokens[:, :num_results])
+    np.testing.assert_array_equal(out.scores, full.scores[:, :num_results])
+    assert np.asarray(out.done).all() and np.all(out.steps <= full.steps)
+    fewer_steps.append(int((out.steps < full.steps).sum()))
+  assert fewer_steps[0] >= fewer_steps[1] and fewer_steps[0] > 0, fewer_steps
+  with pytest.raises(ValueError, match='num_results'):
+    run(num_results=5)
+
+
+def test_argmax_first_is_jnp_argmax():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(8, 300)).astype(np.float32)
+  logits[1, [5, 40, 299]] = 9.0  # Ties: the first.
+  logits[2] = -np.inf  # All -inf: 0.
+  logits[3, [7, 100]] = np.nan  # NaN: the first NaN, as jnp.argmax.
+  logits[4, 250] = np.inf
+  logits[5] = np.round(logits[5])  # Many ties.
+  logits[6, -1] = 50.0
+  got = jax.jit(decoding.argmax_first)(logits)
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(got, jnp.argmax(jnp.asarray(logits), axis=-1))
+  np.testing.assert_array_equal(got[:5], [np.argmax(logits[0]), 5, 0, 7, 250])
 
 
 # ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ beam and output letters cannot be read as them:
      by default `max_decode_len`.
   C: candidates kept per sentence in one beam-search step (2 * W).
   M: finished hypotheses and candidates merged (W + C).
+  R: hypotheses returned per sentence by beam search (`num_results`, <= W).
 
 Step-function contract:
   `logits_fn(tokens_N1, state) -> (logits_NV, new_state)`. `tokens_N1` holds
@@ -138,6 +139,51 @@ def reorder_beam_rows(tree: PyTree, beam_indices_BW: jax.Array) -> PyTree:
   return jax.tree.map(gather, tree)
 
 
+def reorder_beam_prefix(
+  caches: PyTree, beam_indices_BW: jax.Array, length: jax.Array, chunk: int = 16
+) -> PyTree:
+  """`reorder_beam_rows` of caches whose last axis is time, moving only positions < `length`.
+
+  A self-attention cache [N, ..., T] holds the steps decoded so far at positions
+  0 .. length - 1 and zeros after them (a step writes its own position before it reads
+  any), so the rows of the written positions are all a reorder must move: the result
+  equals `reorder_beam_rows(caches, beam_indices_BW)`. The positions moved are the
+  first `length` rounded up to a multiple of `chunk`, one static size per branch of a
+  `lax.switch`, written back in place; so a step early in a long cache moves little
+  (a whole-cache gather reads, writes and copies every position into the loop's
+  buffer: 22% of a beam step at T = 32 on a CPU, docs/benchmarks.md).
+
+  Args:
+    caches: pytree of arrays [N, ..., T], one T for all.
+    beam_indices_BW: as in `reorder_beam_rows`.
+    length: int32 scalar, the positions written (may be traced).
+    chunk: static; prefixes of a multiple of it (or all T) are compiled.
+  """
+  leaves, treedef = jax.tree.flatten(caches)
+  if not leaves:
+    return caches
+  (num_positions,) = {x.shape[-1] for x in leaves}
+  batch_size, beam_size = beam_indices_BW.shape
+  rows_N = (jnp.arange(batch_size)[:, None] * beam_size + beam_indices_BW).reshape(-1)
+
+  def move_chunk(i, leaves):
+    start = i * chunk
+    return [
+      lax.dynamic_update_slice_in_dim(
+        x,
+        jnp.take(lax.dynamic_slice_in_dim(x, start, chunk, axis=-1), rows_N, axis=0, mode='clip'),
+        start,
+        axis=-1,
+      )
+      for x in leaves
+    ]
+
+  if num_positions % chunk:
+    return reorder_beam_rows(caches, beam_indices_BW)
+  num_chunks = jnp.minimum((length + chunk - 1) // chunk, num_positions // chunk)
+  return jax.tree.unflatten(treedef, lax.fori_loop(0, num_chunks, move_chunk, leaves))
+
+
 def filter_logits(
   logits: jax.Array, *, top_k: int = 0, top_p: jax.Array | float = 1.0
 ) -> jax.Array:
@@ -182,6 +228,32 @@ def filter_logits(
     keep_sorted = keep_sorted & in_nucleus
   keep = jnp.take_along_axis(keep_sorted, rank, axis=-1)
   return jnp.where(keep, logits, NEG_INF)
+
+
+def argmax_first(logits_BV: jax.Array) -> jax.Array:
+  """`jnp.argmax(logits_BV, axis=-1)`: the first index of each row's maximum (or first NaN).
+
+  On a CPU, computed as the row maximum and then the smallest index holding it: two
+  plain reductions, which XLA:CPU vectorises, where `jnp.argmax`'s reduction of
+  (value, index) pairs runs element by element (921 against 208 us over [32, 8,000]
+  logits on one core, docs/benchmarks.md). Elsewhere `jnp.argmax` itself. A NaN is
+  the maximum, as for `jnp.argmax`.
+  """
+  vocab_size = logits_BV.shape[-1]
+
+  def two_reductions(logits_BV):
+    max_B1 = jnp.max(logits_BV, axis=-1, keepdims=True)  # NaN where the row holds one.
+    holds_max_BV = (logits_BV == max_B1) | jnp.isnan(logits_BV)
+    # Indices as float32 (exact below 2**24) keep the reduction a vectorised float min.
+    index_dtype = jnp.float32 if vocab_size < 2**24 else jnp.int32
+    index_BV = lax.broadcasted_iota(index_dtype, logits_BV.shape, logits_BV.ndim - 1)
+    return jnp.min(jnp.where(holds_max_BV, index_BV, vocab_size), axis=-1).astype(jnp.int32)
+
+  return lax.platform_dependent(
+    logits_BV,
+    cpu=two_reductions,
+    default=lambda logits_BV: jnp.argmax(logits_BV, axis=-1).astype(jnp.int32),
+  )
 
 
 def _num_steps(max_steps: int | None, max_decode_len: int) -> int:
@@ -286,7 +358,7 @@ def greedy_decode(
   return _decode_one_per_row(
     logits_fn,
     init_state,
-    lambda logits_BV, _: jnp.argmax(logits_BV, axis=-1),
+    lambda logits_BV, _: argmax_first(logits_BV),
     batch_size=batch_size,
     max_decode_len=max_decode_len,
     max_lengths=max_lengths,
@@ -350,7 +422,7 @@ def sample_decode(
   greedy_only = isinstance(temperature, (int, float)) and temperature <= 0
 
   def choose_fn(logits_BV, step):
-    greedy_B = jnp.argmax(logits_BV, axis=-1)
+    greedy_B = argmax_first(logits_BV)
     if greedy_only:
       return greedy_B
     positive = temperature > 0
@@ -422,6 +494,7 @@ def beam_search(
   pad_id: int = 0,
   reorder_fn: ReorderFn | None = None,
   max_steps: int | None = None,
+  num_results: int | None = None,
 ) -> Decoded:
   """Beam search with the GNMT length penalty and early stopping.
 
@@ -438,7 +511,8 @@ def beam_search(
   Finished hypotheses are never extended and their scores never change.
 
   Sentence b is done once it has reached `max_lengths[b]` or once no alive
-  hypothesis can beat its worst finished one (so it needs W finished). Every
+  hypothesis can beat the R-th best of its finished ones (R = `num_results`, by
+  default W; so it needs R finished): its best R are then final. Every
   future hypothesis extends an alive one, so its log-prob is at most the best
   alive log-prob (<= 0), and its length lies in (current, max_lengths[b]];
   hence its score is at most
@@ -446,7 +520,9 @@ def beam_search(
   monotone in the length. With alpha >= 0 that is the usual bound with the
   penalty at the maximum length; with alpha < 0 it uses the next length. The
   finished set of a done sentence is frozen and the loop ends when every
-  sentence is done.
+  sentence is done. A later hypothesis that ties a finished one ranks below it, so
+  stopping early changes none of the best R: a caller that reads only the best
+  hypothesis (R = 1) gets the one of the whole search, in fewer steps.
 
   Since reaching the limit finishes a hypothesis, every sentence that is done
   ends with finished hypotheses, so the usual "return the alive beams of a
@@ -473,9 +549,11 @@ def beam_search(
     max_steps: T, static, steps decoded (see module doc; default `max_decode_len`). A
       sentence not done within them has `done` False and its hypotheses are
       not final.
+    num_results: R, static, in [1, W] (default W): the hypotheses returned per
+      sentence, the best R of the search.
 
   Returns:
-    `Decoded`: tokens int32[B, W, T] and scores float32[B, W] (length-normalised
+    `Decoded`: tokens int32[B, R, T] and scores float32[B, R] (length-normalised
     log-probabilities), best first; done bool[B].
   """
   max_lengths = jnp.asarray(max_lengths)
@@ -484,6 +562,9 @@ def beam_search(
   num_steps = _num_steps(max_steps, max_decode_len)
   limits_B = _row_limits(max_lengths, batch_size, max_decode_len)
   max_penalty_B = length_penalty(limits_B, alpha)
+  num_results = beam_size if num_results is None else num_results
+  if not 1 <= num_results <= beam_size:
+    raise ValueError(f'num_results must be in [1, beam_size={beam_size}], got {num_results}.')
 
   reorder_fn = reorder_beam_rows if reorder_fn is None else reorder_fn
 
@@ -538,7 +619,7 @@ def beam_search(
       last_BW=gather_beams(top_token_BC, alive_pick_BW),
       fin_seqs_BWT=fin_seqs_BWT,
       fin_scores_BW=fin_scores_BW,
-      done_B=done_B | at_limit_B | (fin_scores_BW[:, -1] >= best_reachable_B),
+      done_B=done_B | at_limit_B | (fin_scores_BW[:, num_results - 1] >= best_reachable_B),
       steps_B=carry.steps_B + ~done_B,
       model_state=model_state,
     )
@@ -559,6 +640,7 @@ def beam_search(
     model_state=expand_to_beams(init_state, beam_size),
   )
   final = lax.while_loop(cond_fn, body_fn, init)
-  fin_seqs_BWT, fin_scores_BW = final.fin_seqs_BWT, final.fin_scores_BW
-  fin_seqs_BWT = jnp.where((fin_scores_BW > NEG_INF)[:, :, None], fin_seqs_BWT, pad_id)
-  return Decoded(tokens=fin_seqs_BWT, scores=fin_scores_BW, done=final.done_B, steps=final.steps_B)
+  fin_seqs_BRT = final.fin_seqs_BWT[:, :num_results]
+  fin_scores_BR = final.fin_scores_BW[:, :num_results]
+  fin_seqs_BRT = jnp.where((fin_scores_BR > NEG_INF)[:, :, None], fin_seqs_BRT, pad_id)
+  return Decoded(tokens=fin_seqs_BRT, scores=fin_scores_BR, done=final.done_B, steps=final.steps_B)

@@ -152,6 +152,7 @@ def run_decoder(
       beam_size=options.beam_size,
       alpha=options.alpha,
       reorder_fn=reorder_fn,
+      num_results=1,  # Only the best is read: the search stops once it is final.
       **common,
     )
     return beams._replace(tokens=beams.tokens[:, 0], scores=beams.scores[:, 0])

@@ -74,17 +74,30 @@ def _logits_fn(model: Transformer, params):
 # Decoding-state leaves that are equal across the beams of a sentence (the encoder output's
 # keys/values and the source segments): beam search leaves them where they are.
 _BEAM_INVARIANT = ('cross_key', 'cross_value', 'src_segments')
+# The self-attention caches, [N, H, K, T]: only the positions written so far move.
+_SELF_ATTENTION_CACHE = ('cached_key', 'cached_value')
 
 
 def _reorder_beam_state(state, beam_indices_BW: jax.Array):
-  """`decoding.reorder_beam_rows` on every leaf but the beam-invariant ones."""
+  """`decoding.reorder_beam_rows` on every leaf but the beam-invariant ones.
 
-  def reorder(path, x):
-    if any(getattr(key, 'key', None) in _BEAM_INVARIANT for key in path):
-      return x
-    return decoding.reorder_beam_rows(x, beam_indices_BW)
-
-  return jax.tree_util.tree_map_with_path(reorder, state)
+  The self-attention caches move by `decoding.reorder_beam_prefix`: the positions
+  written so far only (`cache_index`, the same in every layer), the same result.
+  """
+  flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+  names = [[getattr(key, 'key', None) for key in path] for path, _ in flat]
+  written = next(x for (_, x), n in zip(flat, names, strict=True) if n[-1] == 'cache_index')
+  caches = [x for (_, x), n in zip(flat, names, strict=True) if n[-1] in _SELF_ATTENTION_CACHE]
+  moved = iter(decoding.reorder_beam_prefix(caches, beam_indices_BW, written))
+  leaves = [
+    next(moved)
+    if n[-1] in _SELF_ATTENTION_CACHE
+    else x
+    if set(n) & set(_BEAM_INVARIANT)
+    else decoding.reorder_beam_rows(x, beam_indices_BW)
+    for (_, x), n in zip(flat, names, strict=True)
+  ]
+  return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def first_pass_steps(src_len: int, max_decode_len: int) -> int:

@@ -95,7 +95,7 @@ _BATCH_SIZE = flags.DEFINE_integer(
 _CONCURRENCY = flags.DEFINE_integer(
   'concurrency',
   1,
-  'Batches decoded at once, in threads (eval.py: one per core on one CPU device, '
+  'Batches decoded at once, in threads (eval.py: two per core on one CPU device, '
   '`inference.concurrent_batches`).',
 )
 _MAX_TOKENS = flags.DEFINE_integer(

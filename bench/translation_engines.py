@@ -16,7 +16,7 @@ translated, text to text, by each engine from those same weights with beam searc
 Speed: sentences per second of the whole text-to-text call, penalty off, measured on the
 second of two identical passes (the first compiles this project's shapes and warms the others'
 caches), every engine given all the machine's cores, one engine at a time, in one run, each in
-its fastest thread setting found on a CPU: eval.py as it decodes there (small batches, one per
+its fastest thread setting found on a CPU: eval.py as it decodes there (small batches, two per
 core at once: `inference.batch_size`, `inference.concurrent_batches`), CTranslate2 one thread
 per batch with a batch on each core (`inter_threads`), transformers with torch's threads over
 all cores (one thread per process was slower).

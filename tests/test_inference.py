@@ -175,7 +175,7 @@ def test_default_batches_are_small_and_side_by_side_on_one_cpu_device_only():
   for mesh in (None, one):  # The default device, or a mesh of one: this CPU.
     assert inference.batch_size(beam, mesh) == inference.CPU_DECODE_HYPOTHESES // 5
     assert inference.batch_size(greedy, mesh) == inference.CPU_DECODE_HYPOTHESES
-    assert inference.concurrent_batches(mesh) == len(os.sched_getaffinity(0))  # Linux.
+    assert inference.concurrent_batches(mesh) == 2 * len(os.sched_getaffinity(0))  # Linux.
   assert inference.batch_size(inference.DecodeOptions(beam_size=64), None) == 1
   if jax.device_count() > 1:  # A mesh of several devices starts its programs in one order.
     two = jax.sharding.Mesh(np.array(jax.devices()[:2]), ('data',))

@@ -112,7 +112,7 @@ def concurrent_batches(mesh: Mesh | None) -> int:
   A CPU runs each decoding step mostly on one core, so that batches decoded side by
   side use the others; two per core, so that a core has a batch to run while the
   other waits between its operations (on 2 cores, 4 batches at once decoded beam
-  search 1.17-1.23x and greedy 1.09-1.14x as fast as 2, docs/benchmarks.md).
+  search 1.17-1.23x and greedy 1.05-1.14x as fast as 2, docs/benchmarks.md).
   Elsewhere one at a time: an accelerator runs one program at a time, and the programs
   of a mesh of several devices (or processes) must start in the same order on each.
   """

@@ -147,39 +147,38 @@ def reorder_beam_prefix(
   A self-attention cache [N, ..., T] holds the steps decoded so far at positions
   0 .. length - 1 and zeros after them (a step writes its own position before it reads
   any), so the rows of the written positions are all a reorder must move: the result
-  equals `reorder_beam_rows(caches, beam_indices_BW)`. The positions moved are the
-  first `length` rounded up to a multiple of `chunk`, one static size per branch of a
-  `lax.switch`, written back in place; so a step early in a long cache moves little
-  (a whole-cache gather reads, writes and copies every position into the loop's
-  buffer: 22% of a beam step at T = 32 on a CPU, docs/benchmarks.md).
+  equals `reorder_beam_rows(caches, beam_indices_BW)`. They move `chunk` positions at a
+  time, in place, in a loop of ceil(length / chunk) iterations, so a step early in a
+  long cache moves little; a whole-cache gather reads, writes and then copies every
+  position into the loop's buffer (21% of a beam step at T = 32 on a CPU,
+  docs/benchmarks.md). Caches whose T `chunk` does not divide move whole.
 
   Args:
     caches: pytree of arrays [N, ..., T], one T for all.
     beam_indices_BW: as in `reorder_beam_rows`.
     length: int32 scalar, the positions written (may be traced).
-    chunk: static; prefixes of a multiple of it (or all T) are compiled.
+    chunk: static, positions moved per iteration (16: 8 cost more than they saved).
   """
   leaves, treedef = jax.tree.flatten(caches)
   if not leaves:
     return caches
   (num_positions,) = {x.shape[-1] for x in leaves}
+  if num_positions % chunk:
+    return reorder_beam_rows(caches, beam_indices_BW)
   batch_size, beam_size = beam_indices_BW.shape
   rows_N = (jnp.arange(batch_size)[:, None] * beam_size + beam_indices_BW).reshape(-1)
 
   def move_chunk(i, leaves):
     start = i * chunk
-    return [
-      lax.dynamic_update_slice_in_dim(
-        x,
-        jnp.take(lax.dynamic_slice_in_dim(x, start, chunk, axis=-1), rows_N, axis=0, mode='clip'),
-        start,
-        axis=-1,
-      )
+    moved = [
+      jnp.take(lax.dynamic_slice_in_dim(x, start, chunk, axis=-1), rows_N, axis=0, mode='clip')
       for x in leaves
     ]
+    return [
+      lax.dynamic_update_slice_in_dim(x, part, start, axis=-1)
+      for x, part in zip(leaves, moved, strict=True)
+    ]
 
-  if num_positions % chunk:
-    return reorder_beam_rows(caches, beam_indices_BW)
   num_chunks = jnp.minimum((length + chunk - 1) // chunk, num_positions // chunk)
   return jax.tree.unflatten(treedef, lax.fori_loop(0, num_chunks, move_chunk, leaves))
 

@@ -86,18 +86,25 @@ def _reorder_beam_state(state, beam_indices_BW: jax.Array):
   """
   flat, treedef = jax.tree_util.tree_flatten_with_path(state)
   names = [[getattr(key, 'key', None) for key in path] for path, _ in flat]
-  written = next(x for (_, x), n in zip(flat, names, strict=True) if n[-1] == 'cache_index')
-  caches = [x for (_, x), n in zip(flat, names, strict=True) if n[-1] in _SELF_ATTENTION_CACHE]
-  moved = iter(decoding.reorder_beam_prefix(caches, beam_indices_BW, written))
-  leaves = [
-    next(moved)
-    if n[-1] in _SELF_ATTENTION_CACHE
-    else x
-    if set(n) & set(_BEAM_INVARIANT)
-    else decoding.reorder_beam_rows(x, beam_indices_BW)
-    for (_, x), n in zip(flat, names, strict=True)
-  ]
-  return jax.tree_util.tree_unflatten(treedef, leaves)
+  leaves = [x for _, x in flat]
+  is_cache = [n[-1] in _SELF_ATTENTION_CACHE for n in names]
+  written = next(x for x, n in zip(leaves, names, strict=True) if n[-1] == 'cache_index')
+  moved = iter(
+    decoding.reorder_beam_prefix(
+      [x for x, cache in zip(leaves, is_cache, strict=True) if cache], beam_indices_BW, written
+    )
+  )
+
+  def reordered(x, name, cache):
+    if cache:
+      return next(moved)
+    if set(name) & set(_BEAM_INVARIANT):
+      return x
+    return decoding.reorder_beam_rows(x, beam_indices_BW)
+
+  return jax.tree_util.tree_unflatten(
+    treedef, [reordered(*args) for args in zip(leaves, names, is_cache, strict=True)]
+  )
 
 
 def first_pass_steps(src_len: int, max_decode_len: int) -> int:

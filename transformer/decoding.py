@@ -68,8 +68,8 @@ NEG_INF = float('-inf')
 class Decoded(NamedTuple):
   """What a decoder returns (T = `max_steps`)."""
 
-  tokens: jax.Array  # int32 [B, T] (greedy, sampling) or [B, W, T] (beam search, best first).
-  scores: jax.Array | None  # Beam search: float32 [B, W], length-normalised log-probs.
+  tokens: jax.Array  # int32 [B, T] (greedy, sampling) or [B, R, T] (beam search, best first).
+  scores: jax.Array | None  # Beam search: float32 [B, R], length-normalised log-probs.
   done: jax.Array  # bool [B]: the row finished within the T steps (always without max_steps).
   # int32 [B]: the steps the row was decoded until it was done (T where it was not); the loop
   # ran max(steps) steps, the rows of done ones along (bench/decode_speed.py --profile).

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import decoding
+from transformer import beam_search, decoding
 
 PAD, EOS, BOS = 0, 1, 2
 NUM_BUCKETS = 97  # Hash buckets of the toy model's prefix code.
@@ -180,7 +180,7 @@ def decode_beam(
   max_steps=None,
   num_results=None,
 ):
-  return decoding.beam_search(
+  return beam_search.beam_search(
     toy_logits_fn(table),
     toy_state(source_B, max_decode_len),
     beam_size=beam_size,
@@ -215,19 +215,19 @@ LIMITS8 = np.array([8, 8, 3, 5, 8, 1, 8, 6], np.int32)
 
 
 def test_length_penalty():
-  np.testing.assert_allclose(decoding.length_penalty(1, 0.6), 1.0)
-  np.testing.assert_allclose(decoding.length_penalty(np.array([7, 13]), 1.0), [2.0, 3.0])
-  np.testing.assert_allclose(decoding.length_penalty(4, 0.0), 1.0)
+  np.testing.assert_allclose(beam_search.length_penalty(1, 0.6), 1.0)
+  np.testing.assert_allclose(beam_search.length_penalty(np.array([7, 13]), 1.0), [2.0, 3.0])
+  np.testing.assert_allclose(beam_search.length_penalty(4, 0.0), 1.0)
 
 
 def test_expand_and_reorder_beam_rows_keep_scalars():
   state = {'index': jnp.array(5), 'rows': jnp.arange(2 * 3).reshape(2, 3)}
-  expanded = decoding.expand_to_beams(state, 3)
+  expanded = beam_search.expand_to_beams(state, 3)
   assert expanded['index'].shape == () and int(expanded['index']) == 5
   np.testing.assert_array_equal(expanded['rows'][:, 0], [0, 0, 0, 3, 3, 3])
   # Make rows distinguishable, then let sentence 0 keep beams (2, 2, 0), sentence 1 (1, 0, 2).
   expanded = {'index': expanded['index'], 'rows': jnp.arange(6)}
-  reordered = decoding.reorder_beam_rows(expanded, jnp.array([[2, 2, 0], [1, 0, 2]]))
+  reordered = beam_search.reorder_beam_rows(expanded, jnp.array([[2, 2, 0], [1, 0, 2]]))
   np.testing.assert_array_equal(reordered['rows'], [2, 2, 0, 4, 3, 5])
   assert reordered['index'].shape == () and int(reordered['index']) == 5
 
@@ -236,7 +236,7 @@ def test_expand_and_reorder_beam_rows_keep_scalars():
 def test_reordering_the_written_prefix_of_caches_equals_reordering_them_whole(num_positions):
   rng = np.random.default_rng(0)
   beam_indices_BW = rng.integers(0, 3, size=(2, 3)).astype(np.int32)
-  reorder = jax.jit(decoding.reorder_beam_prefix)
+  reorder = jax.jit(beam_search.reorder_beam_prefix)
   for length in (0, 1, 15, 16, 17, num_positions):
     # Positions not yet written hold zeros, as in a decoding cache.
     written = np.arange(num_positions) < length
@@ -245,13 +245,13 @@ def test_reordering_the_written_prefix_of_caches_equals_reordering_them_whole(nu
       'value': rng.normal(size=(6, 4, num_positions)).astype(np.float32) * written,
     }
     got = reorder(caches, beam_indices_BW, jnp.int32(length))
-    expected = decoding.reorder_beam_rows(caches, beam_indices_BW)
+    expected = beam_search.reorder_beam_rows(caches, beam_indices_BW)
     jax.tree.map(np.testing.assert_array_equal, got, expected)
 
 
 def test_gather_beams():
   x_BK2 = jnp.arange(2 * 3 * 2).reshape(2, 3, 2)
-  out = decoding.gather_beams(x_BK2, jnp.array([[2, 0], [1, 1]]))
+  out = beam_search.gather_beams(x_BK2, jnp.array([[2, 0], [1, 1]]))
   np.testing.assert_array_equal(out, [[[4, 5], [0, 1]], [[8, 9], [8, 9]]])
 
 
@@ -417,7 +417,7 @@ def test_beam_search_stops_early():
       jax.debug.callback(lambda step: calls.append(int(step)), state['step'])
       return inner(tokens_N1, state)
 
-    return decoding.beam_search(
+    return beam_search.beam_search(
       counting_logits_fn,
       toy_state(source, max_decode_len),
       beam_size=2,

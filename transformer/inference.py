@@ -28,8 +28,8 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
+from transformer import beam_search, decoding, input_pipeline, paper, sharding
 from transformer import config as config_lib
-from transformer import decoding, input_pipeline, paper, sharding
 from transformer import tokenizer as tokenizer_lib
 from transformer.errors import InvalidInput
 
@@ -130,13 +130,13 @@ def run_decoder(
   options: DecodeOptions,
   max_decode_len: int,
   max_lengths_B: jax.Array,
-  reorder_fn: decoding.ReorderFn | None = None,
+  reorder_fn: beam_search.ReorderFn | None = None,
   max_steps: int | None = None,
 ) -> decoding.Decoded:
   """The decoder of `options` over a step function: tokens [B, max_steps] (the best beam).
 
   `reorder_fn` reorders the step function's state along the beams (beam search;
-  default: every leaf, `decoding.reorder_beam_rows`). `max_steps` (default
+  default: every leaf, `beam_search.reorder_beam_rows`). `max_steps` (default
   `max_decode_len`): see `decoding`; `done` says which rows finished within them.
   """
   batch = max_lengths_B.shape[0]
@@ -148,7 +148,7 @@ def run_decoder(
     max_steps=max_steps,
   )
   if options.decoder == 'beam':
-    beams = decoding.beam_search(
+    beams = beam_search.beam_search(
       logits_fn,
       state,
       beam_size=options.beam_size,

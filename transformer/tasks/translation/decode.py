@@ -21,7 +21,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh
 
-from transformer import decoding, inference, sharding
+from transformer import beam_search, decoding, inference, sharding
 from transformer import tokenizer as tokenizer_lib
 from transformer.config import ModelConfig
 from transformer.model import Transformer
@@ -79,9 +79,9 @@ _SELF_ATTENTION_CACHE = ('cached_key', 'cached_value')
 
 
 def _reorder_beam_state(state, beam_indices_BW: jax.Array):
-  """`decoding.reorder_beam_rows` on every leaf but the beam-invariant ones.
+  """`beam_search.reorder_beam_rows` on every leaf but the beam-invariant ones.
 
-  The self-attention caches move by `decoding.reorder_beam_prefix`: the positions
+  The self-attention caches move by `beam_search.reorder_beam_prefix`: the positions
   written so far only (`cache_index`, the same in every layer), the same result.
   """
   flat, treedef = jax.tree_util.tree_flatten_with_path(state)
@@ -90,7 +90,7 @@ def _reorder_beam_state(state, beam_indices_BW: jax.Array):
   is_cache = [n[-1] in _SELF_ATTENTION_CACHE for n in names]
   written = next(x for x, n in zip(leaves, names, strict=True) if n[-1] == 'cache_index')
   moved = iter(
-    decoding.reorder_beam_prefix(
+    beam_search.reorder_beam_prefix(
       [x for x, cache in zip(leaves, is_cache, strict=True) if cache], beam_indices_BW, written
     )
   )
@@ -100,7 +100,7 @@ def _reorder_beam_state(state, beam_indices_BW: jax.Array):
       return next(moved)
     if set(name) & set(_BEAM_INVARIANT):
       return x
-    return decoding.reorder_beam_rows(x, beam_indices_BW)
+    return beam_search.reorder_beam_rows(x, beam_indices_BW)
 
   return jax.tree_util.tree_unflatten(
     treedef, [reordered(*args) for args in zip(leaves, names, is_cache, strict=True)]

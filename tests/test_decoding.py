@@ -236,25 +236,17 @@ def test_expand_and_reorder_beam_rows_keep_scalars():
 def test_reordering_the_written_prefix_of_caches_equals_reordering_them_whole(num_positions):
   rng = np.random.default_rng(0)
   beam_indices_BW = rng.integers(0, 3, size=(2, 3)).astype(np.int32)
-  reorder = jax.jit(beam_search.reorder_beam_prefix, static_argnames='axis')
+  reorder = jax.jit(beam_search.reorder_beam_prefix)
   for length in (0, 1, 15, 16, 17, num_positions):
     # Positions not yet written hold zeros, as in a decoding cache.
     written = np.arange(num_positions) < length
-    # Time on axis 2 (the decoding cache's [N, H, T, K]) and last.
-    for axis, caches in (
-      (
-        2,
-        {
-          'key': rng.normal(size=(6, 2, num_positions, 3)) * written[:, None],
-          'value': rng.normal(size=(6, 2, num_positions, 4)) * written[:, None],
-        },
-      ),
-      (-1, {'value': rng.normal(size=(6, 4, num_positions)) * written}),
-    ):
-      caches = jax.tree.map(lambda x: x.astype(np.float32), caches)
-      got = reorder(caches, beam_indices_BW, jnp.int32(length), axis=axis)
-      expected = beam_search.reorder_beam_rows(caches, beam_indices_BW)
-      jax.tree.map(np.testing.assert_array_equal, got, expected)
+    caches = {
+      'key': rng.normal(size=(6, 2, 3, num_positions)).astype(np.float32) * written,
+      'value': rng.normal(size=(6, 4, num_positions)).astype(np.float32) * written,
+    }
+    got = reorder(caches, beam_indices_BW, jnp.int32(length))
+    expected = beam_search.reorder_beam_rows(caches, beam_indices_BW)
+    jax.tree.map(np.testing.assert_array_equal, got, expected)
 
 
 def test_gather_beams():

@@ -578,10 +578,10 @@ def test_grouped_query_attention_caches_fewer_heads():
     mutable=['cache'],
   )
   layer = cache['cache']['decoder']['layer_0']
-  # [B, G, S, K]: 2 key/value heads where multi-head attention caches 4.
-  assert layer['self_attention']['cached_key'].shape == (1, 2, 8, 4)
-  assert layer['self_attention']['cached_value'].shape == (1, 2, 8, 4)
-  assert layer['cross_attention']['cross_key'].shape == (1, 2, 8, 4)
+  # [B, G, K, S]: 2 key/value heads where multi-head attention caches 4.
+  assert layer['self_attention']['cached_key'].shape == (1, 2, 4, 8)
+  assert layer['self_attention']['cached_value'].shape == (1, 2, 4, 8)
+  assert layer['cross_attention']['cross_key'].shape == (1, 2, 4, 8)
 
 
 def test_num_kv_heads_follows_num_heads_and_must_divide_it():

@@ -18,7 +18,7 @@ attention likewise has no position information of its own).
 Three ways to compute eq. 1 (`config.model.attention_impl`, `implementation`):
 this module's einsum, which materialises the [B, H, L, S] weights (attention
 maps read them; attention dropout drops them; cached decoding steps read the
-[B, H, S, K] cache in place); `jax.nn.dot_product_attention`, which takes
+[B, H, K, S] cache in place); `jax.nn.dot_product_attention`, which takes
 the masks as they are (`mask`, `is_causal`) and on NVIDIA GPUs runs cuDNN's
 fused flash-attention kernel; and on TPUs JAX's Pallas kernel, splash attention
 (`tpu_attention.py`), which takes the segment ids the masks are built from and
@@ -93,9 +93,8 @@ def dot_product_attention(
   """Eq. 1: softmax(Q K^T / sqrt(d_k) + bias) V, per head; the softmax runs in float32.
 
   `bias_BHLS` (float32, e.g. ALiBi's) is added to the scaled logits before masking.
-  With `kv_heads_first`, keys and values come as [B, H, S, K] (the decoding cache's
-  layout: each head's positions are rows the two products read as they lie, and a
-  step's key is one contiguous row per head, so that no step transposes the cache).
+  With `kv_heads_first`, keys and values come as [B, H, K, S] (the decoding cache's
+  layout: the one the two products read, so that no step transposes the cache).
   Keys and values may have fewer heads G than the queries' H (grouped-query attention,
   `num_kv_heads`): query head h reads key/value head h // (H / G), as
   `jax.nn.dot_product_attention` groups them.
@@ -103,7 +102,7 @@ def dot_product_attention(
   """
   batch, length, heads, depth = query_BLHK.shape
   query_BLHK = query_BLHK / jnp.sqrt(depth).astype(query_BLHK.dtype)
-  key_spec, value_spec = ('bhsk', 'bhsk') if kv_heads_first else ('bshk', 'bshk')
+  key_spec, value_spec = ('bhks', 'bhks') if kv_heads_first else ('bshk', 'bshk')
   kv_heads = key_BSHK.shape[1 if kv_heads_first else 2]
   if kv_heads == heads:
     logits_BHLS = jnp.einsum(f'blhk,{key_spec}->bhls', query_BLHK, key_BSHK)
@@ -225,8 +224,8 @@ def implementation(
 
 
 def _heads_first(x_BSHK: jax.Array) -> jax.Array:
-  """[B, S, H, K] -> [B, H, S, K], the layout of the decoding cache."""
-  return jnp.transpose(x_BSHK, (0, 2, 1, 3))
+  """[B, S, H, K] -> [B, H, K, S], the layout of the decoding cache."""
+  return jnp.transpose(x_BSHK, (0, 2, 3, 1))
 
 
 class _Projection(nn.Module):
@@ -332,7 +331,7 @@ class MultiHeadAttention(nn.Module):
 
     if self.decode and self.is_cross_attention:
       # Keys and values of the encoder output, projected once per source sentence and
-      # kept as [B, H, S, K].
+      # kept as [B, H, K, S].
       key_BSHK = self.variable(
         'cache', 'cross_key', lambda: _heads_first(queries_or_keys('key', inputs_kv_BSD))
       )
@@ -363,7 +362,7 @@ class MultiHeadAttention(nn.Module):
     dropout = not deterministic and cfg.attention_dropout_rate > 0.0
     # eval.py's attention maps read the weights through `mutable=['intermediates']`.
     maps = self.is_mutable_collection('intermediates')
-    kv_length = key_BSHK.shape[2 if self.decode else 1]  # A cache: [B, H, S, K].
+    kv_length = key_BSHK.shape[-1] if self.decode else key_BSHK.shape[1]  # A cache: [B, H, K, S].
     impl = implementation(
       cfg,
       query_BLHK.shape[1],
@@ -403,18 +402,16 @@ class MultiHeadAttention(nn.Module):
   def _update_cache(self, key_B1HK, value_B1HK, mask_B11S, positions_B1):
     """Writes one step's key/value at the cache index; masks positions not yet written.
 
-    Returns the keys and values to attend over, as [B, H, S, K], the mask and the key
-    positions. The cache is kept in that layout, [B, H, max_decode_len, K], so that a
-    step writes one contiguous row per head in place (in [B, H, K, S] it touched every
-    cache line of the cache: 8% of a beam step on a CPU, docs/benchmarks.md) and the
-    products read the cache as it lies. The
+    Returns the keys and values to attend over, as [B, H, K, S], the mask and the key
+    positions. The cache is kept in that layout, [B, H, K, max_decode_len], so that a
+    step writes one column in place and reads the cache as the products want it. The
     call that creates the cache (no cache passed in) writes nothing: it only allocates
     the buffers, sets the index to 0 and attends to itself.
     """
     cfg = self.config
     is_initialized = self.has_variable('cache', 'cached_key')
     batch, _, heads, head_dim = key_B1HK.shape
-    shape = (batch, heads, cfg.max_decode_len, head_dim)
+    shape = (batch, heads, head_dim, cfg.max_decode_len)
     cached_key = self.variable('cache', 'cached_key', jnp.zeros, shape, key_B1HK.dtype)
     cached_value = self.variable('cache', 'cached_value', jnp.zeros, shape, value_B1HK.dtype)
     cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
@@ -424,10 +421,10 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(f'Cached decoding takes one token per step, got {key_B1HK.shape[1]}.')
     index = cache_index.value
     cached_key.value = jax.lax.dynamic_update_slice(
-      cached_key.value, _heads_first(key_B1HK), (0, 0, index, 0)
+      cached_key.value, _heads_first(key_B1HK), (0, 0, 0, index)
     )
     cached_value.value = jax.lax.dynamic_update_slice(
-      cached_value.value, _heads_first(value_B1HK), (0, 0, index, 0)
+      cached_value.value, _heads_first(value_B1HK), (0, 0, 0, index)
     )
     cache_index.value = index + 1
     # Causality: step `index` sees cache positions 0..index.

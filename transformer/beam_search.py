@@ -80,30 +80,29 @@ def reorder_beam_rows(tree: PyTree, beam_indices_BW: jax.Array) -> PyTree:
 
 
 def reorder_beam_prefix(
-  caches: PyTree, beam_indices_BW: jax.Array, length: jax.Array, axis: int, chunk: int = 16
+  caches: PyTree, beam_indices_BW: jax.Array, length: jax.Array, chunk: int = 16
 ) -> PyTree:
-  """`reorder_beam_rows` of caches with a time axis, moving only positions < `length`.
+  """`reorder_beam_rows` of caches whose last axis is time, moving only positions < `length`.
 
-  A self-attention cache [N, ..., T, ...] holds the steps decoded so far at positions
-  0 .. length - 1 of its time `axis` and zeros after them (a step writes its own
-  position before it reads any), so the rows of the written positions are all a
-  reorder must move: the result equals `reorder_beam_rows(caches, beam_indices_BW)`.
-  They move `chunk` positions at a time, in place, in a loop of ceil(length / chunk)
-  iterations, so a step early in a long cache moves little; a whole-cache gather reads,
-  writes and then copies every position into the loop's buffer (21% of a beam step at
-  T = 32 on a CPU, docs/benchmarks.md). Caches whose T `chunk` does not divide move whole.
+  A self-attention cache [N, ..., T] holds the steps decoded so far at positions
+  0 .. length - 1 and zeros after them (a step writes its own position before it reads
+  any), so the rows of the written positions are all a reorder must move: the result
+  equals `reorder_beam_rows(caches, beam_indices_BW)`. They move `chunk` positions at a
+  time, in place, in a loop of ceil(length / chunk) iterations, so a step early in a
+  long cache moves little; a whole-cache gather reads, writes and then copies every
+  position into the loop's buffer (21% of a beam step at T = 32 on a CPU,
+  docs/benchmarks.md). Caches whose T `chunk` does not divide move whole.
 
   Args:
-    caches: pytree of arrays [N, ...], one T on `axis` for all.
+    caches: pytree of arrays [N, ..., T], one T for all.
     beam_indices_BW: as in `reorder_beam_rows`.
     length: int32 scalar, the positions written (may be traced).
-    axis: static, the time axis (> 0).
     chunk: static, positions moved per iteration (16: 8 cost more than they saved).
   """
   leaves, treedef = jax.tree.flatten(caches)
   if not leaves:
     return caches
-  (num_positions,) = {x.shape[axis] for x in leaves}
+  (num_positions,) = {x.shape[-1] for x in leaves}
   if num_positions % chunk:
     return reorder_beam_rows(caches, beam_indices_BW)
   batch_size, beam_size = beam_indices_BW.shape
@@ -112,11 +111,11 @@ def reorder_beam_prefix(
   def move_chunk(i, leaves):
     start = i * chunk
     moved = [
-      jnp.take(lax.dynamic_slice_in_dim(x, start, chunk, axis=axis), rows_N, axis=0, mode='clip')
+      jnp.take(lax.dynamic_slice_in_dim(x, start, chunk, axis=-1), rows_N, axis=0, mode='clip')
       for x in leaves
     ]
     return [
-      lax.dynamic_update_slice_in_dim(x, part, start, axis=axis)
+      lax.dynamic_update_slice_in_dim(x, part, start, axis=-1)
       for x, part in zip(leaves, moved, strict=True)
     ]
 

@@ -74,9 +74,8 @@ def _logits_fn(model: Transformer, params):
 # Decoding-state leaves that are equal across the beams of a sentence (the encoder output's
 # keys/values and the source segments): beam search leaves them where they are.
 _BEAM_INVARIANT = ('cross_key', 'cross_value', 'src_segments')
-# The self-attention caches, [N, H, T, K]: only the positions written so far move.
+# The self-attention caches, [N, H, K, T]: only the positions written so far move.
 _SELF_ATTENTION_CACHE = ('cached_key', 'cached_value')
-_CACHE_TIME_AXIS = 2
 
 
 def _reorder_beam_state(state, beam_indices_BW: jax.Array):
@@ -92,10 +91,7 @@ def _reorder_beam_state(state, beam_indices_BW: jax.Array):
   written = next(x for x, n in zip(leaves, names, strict=True) if n[-1] == 'cache_index')
   moved = iter(
     beam_search.reorder_beam_prefix(
-      [x for x, cache in zip(leaves, is_cache, strict=True) if cache],
-      beam_indices_BW,
-      written,
-      axis=_CACHE_TIME_AXIS,
+      [x for x, cache in zip(leaves, is_cache, strict=True) if cache], beam_indices_BW, written
     )
   )
 

@@ -221,7 +221,12 @@ def test_two_passes_give_the_one_pass_translations(decoder, monkeypatch):
   assert max(done_counts) >= 2 and max(done_counts) < 4, done_counts
 
 
-def test_beam_search_translates_in_two_passes():
+@pytest.mark.parametrize('decoder', ['beam', 'greedy'])
+def test_beam_search_and_greedy_translate_in_two_passes_sampling_in_one(decoder):
   cfg, _, _ = _setup()
-  fn = translation.decode.make_translate_fn(cfg, inference.DecodeOptions(max_extra_len=5))
-  assert isinstance(fn, inference.TwoPass)
+  make = translation.decode.make_translate_fn
+  assert isinstance(
+    make(cfg, inference.DecodeOptions(decoder=decoder, max_extra_len=5)), inference.TwoPass
+  )
+  sampling = make(cfg, inference.DecodeOptions(decoder='sample', max_extra_len=5))
+  assert not isinstance(sampling, inference.TwoPass)

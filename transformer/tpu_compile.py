@@ -13,7 +13,7 @@ What is compiled is what the run builds: the train step and the eval step of
 `train_steps.jit_train_step` / `jit_eval_step` over the state of
 `train_steps.abstract_state_and_shardings`, at the config's global batch, mesh, remat, dtype
 and attention; and for translation the decoders of eval.py (`translation.decode.translate`,
-greedy in one pass and beam search's first pass, `inference.TwoPass`) at the config's
+the first pass of greedy decoding and of beam search, `inference.TwoPass`) at the config's
 `decode.*` settings, jitted with their rows over the mesh as `inference.jit_rows` does.
 
 The slice, its chips' figures and its compile-only devices are `transformer/tpu_topology.py`'s
@@ -245,13 +245,13 @@ def _functions(
     for name in decoders:
       decoder = 'beam' if name == 'beam search' else 'greedy'
       options = inference.DecodeOptions.from_config(config, decoder)
-      # As `translation.decode.make_translate_fn` and `inference.jit_rows` jit it; beam search
-      # decodes its first pass over every batch (`inference.TwoPass`), greedy its only one.
+      # As `translation.decode.make_translate_fn` and `inference.jit_rows` jit it: the first
+      # pass, which every batch decodes (`inference.TwoPass`).
       decode_fn = functools.partial(
         translation.decode.translate,
         model_config=eval_model.config,
         options=options,
-        first_pass=decoder == 'beam',
+        first_pass=True,
       )
       jitted = jax.jit(
         lambda params, src_BS, key_data, fn=decode_fn: fn(

@@ -164,11 +164,12 @@ def make_translate_fn(
 ):
   """`translate(params, src_tokens, rng) -> tokens` as a host array, jitted per source shape.
 
-  Beam search runs in two passes (`inference.TwoPass`): `first_pass_steps` steps
-  first, then all of them for the rows that need more. Greedy decoding and sampling
-  run in one: a greedy step is cheap beside a beam step, so that the compiles of a
-  second pass would cost more than the shorter cache saves (docs/benchmarks.md).
-  Rows are split over the mesh (`inference.jit_rows`).
+  Beam search and greedy decoding run in two passes (`inference.TwoPass`):
+  `first_pass_steps` steps first, then all of them for the rows that need more (its
+  shapes compiled only then). Greedy decoding's shorter cache made its compiled decode
+  1.13-1.18x as fast, the whole eval.py call the same within noise (docs/benchmarks.md).
+  Sampling runs in one: a row's samples depend on its batch. Rows are split over the
+  mesh (`inference.jit_rows`).
   """
 
   def jitted(first_pass: bool):
@@ -178,7 +179,7 @@ def make_translate_fn(
     return inference.jit_rows(decode_fn, mesh, rules)
 
   full = jitted(first_pass=False)
-  if options.decoder != 'beam':
+  if options.decoder == 'sample':
     return lambda params, src_tokens_BS, rng: np.asarray(full(params, src_tokens_BS, rng).tokens)
   return inference.TwoPass(jitted(first_pass=True), full)
 

@@ -392,7 +392,15 @@ def test_every_damaged_array_file_is_detected_or_harmless(reference, tmp_path):
   """A flipped byte in any data file of a checkpoint is reported, or the arrays come out intact."""
   config = tiny.get_config()
   abstract = evaluation.setup(config).abstract_state
-  original = jax.tree.leaves(_state(reference, 6))
+  saved = _state(reference, 6)
+  original, original_params = jax.tree.leaves(saved), jax.tree.leaves(saved['params'])
+  intact = checkpoints.Checkpointer(str(reference), read_only=True)
+  try:
+    restored = jax.tree.leaves(intact.restore_params(6, abstract))
+    for a, b in zip(original_params, restored, strict=True):
+      np.testing.assert_array_equal(a, b)
+  finally:
+    intact.close()
   data_files = sorted((reference / 'checkpoints' / '6' / 'state').rglob('d/*'))
   assert len(data_files) > 3
   by_checksum = 0
@@ -401,15 +409,22 @@ def test_every_damaged_array_file_is_detected_or_harmless(reference, tmp_path):
     shutil.copytree(reference, workdir)
     _flip_middle_byte(workdir / data_file.relative_to(reference))
     checkpointer = checkpoints.Checkpointer(str(workdir), read_only=True)
+    reads = {  # The whole state; the parameters alone (eval.py's read), leaves as in _state.
+      'state': lambda c=checkpointer: jax.tree.leaves(
+        flax.serialization.to_state_dict(c.restore(6, abstract, None))
+      ),
+      'params': lambda c=checkpointer: jax.tree.leaves(c.restore_params(6, abstract)),
+    }
     try:
-      restored = checkpointer.restore(6, abstract, None)
-    except checkpoints.CorruptCheckpointError as e:
-      assert str(e).startswith(f'Checkpoint 6 ({workdir}/checkpoints/6) cannot be restored: ')
-      by_checksum += 'differ from the checksums written with them' in str(e)
-    else:
-      as_saved = flax.serialization.to_state_dict(restored)  # Leaves in the order of _state.
-      for a, b in zip(original, jax.tree.leaves(as_saved), strict=True):
-        np.testing.assert_array_equal(a, b)
+      for read, expected in zip(reads.values(), (original, original_params), strict=True):
+        try:
+          restored = read()
+        except checkpoints.CorruptCheckpointError as e:
+          assert str(e).startswith(f'Checkpoint 6 ({workdir}/checkpoints/6) cannot be restored: ')
+          by_checksum += 'differ from the checksums written with them' in str(e)
+        else:
+          for a, b in zip(expected, restored, strict=True):
+            np.testing.assert_array_equal(a, b)
     finally:
       checkpointer.close()
   # Orbax's compressed chunks carry no checksum: a flip there decodes to wrong values, which
@@ -1232,7 +1247,7 @@ def test_eval_avg_racing_the_rotation_reads_the_checkpoints_again(reference, tmp
   shutil.copytree(reference, workdir)
   run = evaluation.setup(evaluation.load_run_config(str(workdir)))
   assert run.config.keep_checkpoints == 3 and _entries(workdir) == ['2', '4', '6']
-  restore = checkpoints.Checkpointer.restore
+  restore = checkpoints.Checkpointer.restore_params  # eval.py reads the parameters alone.
   calls = []
 
   def rotate_then_restore(self, step, *args):
@@ -1244,7 +1259,7 @@ def test_eval_avg_racing_the_rotation_reads_the_checkpoints_again(reference, tmp
 
   caplog.set_level('INFO')
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(checkpoints.Checkpointer, 'restore', rotate_then_restore)
+    patch.setattr(checkpoints.Checkpointer, 'restore_params', rotate_then_restore)
     _, label = evaluation.restore_params(run, str(workdir), 'avg:3')
   assert label == 'avg3_4-8' and calls == [2, 4, 6, 8]
   assert (
@@ -1434,7 +1449,10 @@ def test_eval_avg_racing_the_rotation_twice_selects_again_each_time(reference, t
   folder = workdir / 'checkpoints'
   run = evaluation.setup(evaluation.load_run_config(str(workdir)))
   assert run.config.keep_checkpoints == 3 and _steps(workdir) == [2, 4, 6]
-  restore, commit_time = checkpoints.Checkpointer.restore, orbax_step.Metadata.commit_timestamp
+  restore, commit_time = (  # eval.py reads the parameters alone.
+    checkpoints.Checkpointer.restore_params,
+    orbax_step.Metadata.commit_timestamp,
+  )
   calls, listing_rotations, lock = [], [], threading.Lock()
 
   def rotate() -> None:
@@ -1464,7 +1482,7 @@ def test_eval_avg_racing_the_rotation_twice_selects_again_each_time(reference, t
 
   caplog.set_level('INFO')
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(checkpoints.Checkpointer, 'restore', rotating_restore(False))
+    patch.setattr(checkpoints.Checkpointer, 'restore_params', rotating_restore(False))
     patch.setattr(orbax_step.Metadata, 'commit_timestamp', commit_time_while_rotating)
     _, label = evaluation.restore_params(run, str(workdir), 'avg:3')
   # Read 2 (gone: 8 came); listed 4 (gone: 10 came) and listed again; then read 6, 8 and 10.
@@ -1479,7 +1497,7 @@ def test_eval_avg_racing_the_rotation_twice_selects_again_each_time(reference, t
     pytest.MonkeyPatch.context() as patch,
     pytest.raises(errors.Refusal) as error,
   ):
-    patch.setattr(checkpoints.Checkpointer, 'restore', rotating_restore(True))
+    patch.setattr(checkpoints.Checkpointer, 'restore_params', rotating_restore(True))
     evaluation.restore_params(run, str(workdir), 'avg:3')
   attempts = evaluation.ROTATION_RETRIES + 1
   assert str(error.value).startswith(

@@ -211,7 +211,7 @@ def load_params(
       try:
         total = None
         for step in steps:
-          params = checkpointer.restore(step, abstract_state, None).params
+          params = checkpointer.restore_params(step, abstract_state)
           total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
         break
       except checkpoints.CheckpointGoneError as e:

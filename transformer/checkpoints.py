@@ -347,7 +347,7 @@ class Checkpointer:
     """The parameters of checkpoint `step` alone, in `abstract_state.params`' shapes and shardings.
 
     The rest of the state (the optimizer's moments: twice the parameters' bytes with Adam)
-    is not read: averaging 10 checkpoints for eval.py took 2.8 s against 14.6 s on a CPU
+    is not read: averaging 10 checkpoints for eval.py took 3.0 s against 14.6 s on a CPU
     (docs/benchmarks.md). Checked as `restore` checks, the checksums of the arrays read
     after; the shapes are compared (`check_compatible`, 0.4 s a checkpoint) only when the
     read fails, so that a checkpoint of another model is named as such.

@@ -372,7 +372,7 @@ class Checkpointer:
     finally:
       handler.close()
     self._check_checksums(step, restored, saved_checksums)
-    logging.info('Restored the parameters of checkpoint %s/%d.', self.directory, step)
+    logging.info('Restored checkpoint %s/%d: its parameters.', self.directory, step)
     return restored['params']
 
   def _saved_checksums(self, step: int) -> dict | None:

@@ -444,6 +444,17 @@ def test_reading_the_parameters_alone_names_another_model_and_a_removed_checkpoi
     with pytest.raises(errors.InvalidInput, match='written by an incompatible model') as e:
       checkpointer.restore_params(6, abstract)
     assert 'ffn/wi/kernel' in str(e.value) and 'cannot be restored' not in str(e.value)
+    # A model lacking one of the checkpoint's parameters: the read of the others succeeds,
+    # and is refused all the same.
+    abstract = evaluation.setup(tiny.get_config()).abstract_state
+    params = flax.traverse_util.flatten_dict(abstract.params, sep='/')
+    lacking = next(key for key in params if key.endswith('/bias'))
+    fewer = {key: value for key, value in params.items() if key != lacking}
+    with pytest.raises(errors.InvalidInput, match='written by an incompatible model') as e:
+      checkpointer.restore_params(
+        6, abstract.replace(params=flax.traverse_util.unflatten_dict(fewer, sep='/'))
+      )
+    assert f'params/{lacking}' in str(e.value) and 'absent in this model' in str(e.value)
     # A step that is not there (as one the run rotated out): gone, not corrupt.
     with pytest.raises(checkpoints.CheckpointGoneError):
       checkpointer.restore_params(7, evaluation.setup(tiny.get_config()).abstract_state)

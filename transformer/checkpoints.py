@@ -348,9 +348,11 @@ class Checkpointer:
 
     The rest of the state (the optimizer's moments: twice the parameters' bytes with Adam)
     is not read: averaging 10 checkpoints for eval.py took 3.0 s against 14.6 s on a CPU
-    (docs/benchmarks.md). Checked as `restore` checks, the checksums of the arrays read
-    after; the shapes are compared (`check_compatible`, 0.4 s a checkpoint) only when the
-    read fails, so that a checkpoint of another model is named as such.
+    (docs/benchmarks.md). Checked as `restore` checks: the checksums of the arrays read
+    after, and the model against the checkpoint, every array's shape (`check_compatible`,
+    0.4 s a checkpoint), only where the read fails or the checkpoint holds parameters the
+    model lacks (which a partial read leaves out silently; the saved checksums name every
+    array), so that a checkpoint of another model is named as such.
     """
     item = {'params': abstract_state.params}
     # The state item's own handler, on its folder: the manager's handler for it restores
@@ -371,6 +373,9 @@ class Checkpointer:
       raise self._read_error(step, e) from e
     finally:
       handler.close()
+    saved_params = {key for key in saved_checksums or {} if key.startswith('params/')}
+    if saved_checksums is None or saved_params != set(_leaves(restored)):
+      self.check_compatible(step, abstract_state)  # Raises, naming the arrays that differ.
     self._check_checksums(step, restored, saved_checksums)
     logging.info('Restored checkpoint %s/%d: its parameters.', self.directory, step)
     return restored['params']

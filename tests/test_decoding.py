@@ -624,6 +624,26 @@ def test_sampling_is_reproducible_per_key_and_well_formed():
     assert_well_formed(row, L8)
 
 
+def test_a_sampled_row_depends_on_its_own_key_alone():
+  # Row b of a batch, sampled with key k_b, is what the row sampled alone (or in any other
+  # batch) with k_b gives; one key k stands for the keys fold_in(k, b).
+  table = make_table(4, L8, 6, scale=0.5)
+  source, limits = np.arange(16, dtype=np.int32), np.full(16, L8, np.int32)
+  sample = functools.partial(run_sample, table, temperature=1.0, top_p=1.0, max_decode_len=L8)
+  keys = decoding.row_keys(jax.random.key(9), np.arange(16))
+  batch = np.asarray(sample(source, limits, keys))
+  np.testing.assert_array_equal(np.asarray(sample(source, limits, jax.random.key(9))), batch)
+  order = np.random.default_rng(0).permutation(16)
+  shuffled = np.asarray(sample(source[order], limits[order], keys[order]))
+  np.testing.assert_array_equal(shuffled, batch[order])
+  for b in (0, 5, 11):
+    alone = sample(source[b : b + 1], limits[b : b + 1], keys[b : b + 1])
+    np.testing.assert_array_equal(np.asarray(alone)[0], batch[b])
+  assert len({tuple(row) for row in batch}) > 8  # The rows' keys differ: so do their samples.
+  with pytest.raises(ValueError, match=r'rng must be one key or 16 \(one per row\)'):
+    sample(source, limits, keys[:3])
+
+
 def test_sampling_rejects_legacy_keys():
   with pytest.raises(TypeError, match='jax.random.key'):
     decoding.sample_decode(

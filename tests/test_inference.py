@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import inference
+from transformer import decoding, inference
 from transformer import tokenizer as tokenizer_lib
 from transformer.config import ModelConfig
 from transformer.model import Transformer
@@ -118,20 +118,24 @@ def test_length_sorted_batches_keep_every_row_once_in_few_shapes():
   assert [lengths[i] for i in seen] == sorted(lengths[valid], reverse=True)
 
 
+def _key_bits(key_data) -> np.ndarray:
+  return np.asarray(key_data, np.int64).sum(axis=-1) % 1000 + 3
+
+
 class _Slow:
-  """A decode function over numbers: row r of batch `rng`'s output is [r + 1, key bits], after
-  a sleep that makes batches decoded at once finish out of order; records the calls."""
+  """A decode function over numbers: row r's output is [its first token + 1, its key's bits],
+  after a sleep that makes batches decoded at once finish out of order; records the calls."""
 
   def __init__(self):
     self.calls, self.threads, self.lock = [], set(), threading.Lock()
 
   def __call__(self, params, tokens_BS, rng):
-    key_bits = int(jax.random.key_data(rng).sum()) % 1000 + 3
+    assert rng.shape == (len(tokens_BS),)  # A key per row.
     with self.lock:
       self.calls.append(int(tokens_BS[0, 0]))
       self.threads.add(threading.get_ident())
     time.sleep(0.05 if int(tokens_BS[0, 0]) % 2 else 0.0)  # Odd batches end later.
-    return np.stack([tokens_BS[:, 0] + 1, np.full(len(tokens_BS), key_bits)], axis=1)
+    return np.stack([tokens_BS[:, 0] + 1, _key_bits(jax.random.key_data(rng))], axis=1)
 
 
 class _Digits:
@@ -163,9 +167,38 @@ def test_batches_decoded_at_once_give_the_outputs_of_one_at_a_time(max_sentences
     assert speed['sentences_per_sec'] > 0
     assert (len(fn.threads) > 1) == (concurrency > 1)
   assert decoded[1] == decoded[3]
-  # Each batch kept its own key (fold_in of its position), whichever thread decoded it.
-  keys = {index // 2: text.split()[1] for index, text in decoded[3].items()}
-  assert len(set(keys.values())) == len(keys)
+  # Each row had its own key, fold_in of its index, whichever batch or thread decoded it.
+  for index, text in decoded[3].items():
+    expected = _key_bits(jax.random.key_data(jax.random.fold_in(jax.random.key(7), index)))
+    assert int(text.split()[1]) == expected, index
+  assert len({text.split()[1] for text in decoded[3].values()}) == len(decoded[3])
+
+
+def test_sampled_translations_do_not_depend_on_batch_size_or_concurrency():
+  # eval.py's batches differ by device (accelerators: 256 rows, one CPU: 32 hypotheses) and
+  # cores (batches at once): a sentence's samples depend on the seed and its line alone.
+  cfg, params, _ = _setup()
+  sources = np.random.default_rng(5).integers(4, VOCAB, size=(7, 8)).astype(np.int32)
+  for row, length in enumerate([8, 3, 6, 2, 7, 5, 4]):
+    sources[row, length - 1] = tokenizer_lib.EOS_ID
+    sources[row, length:] = 0
+  rows = [{'src_tokens': sources, 'index': np.arange(7), 'valid': np.ones(7, bool)}]
+
+  def translations(decoder, max_rows, concurrency, seed=0):
+    fn = translation.decode.make_translate_fn(
+      cfg, inference.DecodeOptions(decoder=decoder, max_extra_len=5)
+    )
+    batches = inference.length_sorted_batches(rows, max_tokens=64, max_rows=max_rows, max_len=8)
+    decoded, _ = inference.decode_batches(
+      fn, params, batches, _Digits(), jax.random.key(seed), concurrency=concurrency
+    )
+    return decoded
+
+  sampled = translations('sample', max_rows=8, concurrency=1)
+  assert translations('sample', max_rows=1, concurrency=3) == sampled
+  assert translations('sample', max_rows=2, concurrency=2) == sampled
+  assert translations('sample', max_rows=8, concurrency=1, seed=1) != sampled
+  assert translations('greedy', max_rows=8, concurrency=1) != sampled
 
 
 def test_default_batches_are_small_and_side_by_side_on_one_cpu_device_only():
@@ -183,22 +216,25 @@ def test_default_batches_are_small_and_side_by_side_on_one_cpu_device_only():
     assert inference.concurrent_batches(two) == 1
 
 
-@pytest.mark.parametrize('decoder', ['beam', 'greedy'])
+@pytest.mark.parametrize('decoder', ['beam', 'greedy', 'sample'])
 def test_translation_does_not_depend_on_batch_or_padding(decoder):
-  # Sorted decoding puts each sentence in another batch, padded to another width.
+  # Sorted decoding puts each sentence in another batch, padded to another width, with its key.
   cfg, params, src = _setup()
   fn = translation.decode.make_translate_fn(
     cfg, inference.DecodeOptions(decoder=decoder, max_extra_len=5)
   )
-  together = np.asarray(fn(params, src, jax.random.key(0)))
+  keys = decoding.row_keys(jax.random.key(0), np.arange(src.shape[0]))
+  together = np.asarray(fn(params, src, keys))
   for i in range(src.shape[0]):
-    alone = np.asarray(fn(params, jnp.pad(src[i : i + 1], ((0, 1), (0, 4))), jax.random.key(0)))
+    alone = np.asarray(
+      fn(params, jnp.pad(src[i : i + 1], ((0, 1), (0, 4))), keys[np.array([i, i])])
+    )
     np.testing.assert_array_equal(alone[0, : together.shape[1]], together[i])
     assert not alone[0, together.shape[1] :].any()
     assert np.count_nonzero(alone[1]) <= 1  # The all-PAD row ends after one step.
 
 
-@pytest.mark.parametrize('decoder', ['beam', 'greedy'])
+@pytest.mark.parametrize('decoder', ['beam', 'greedy', 'sample'])
 def test_two_passes_give_the_one_pass_translations(decoder, monkeypatch):
   # A short first pass, then the rows it left unfinished again with every step: the same
   # tokens as one pass with every step (sources of width 6 + 5 extra: 11 steps).
@@ -221,12 +257,8 @@ def test_two_passes_give_the_one_pass_translations(decoder, monkeypatch):
   assert max(done_counts) >= 2 and max(done_counts) < 4, done_counts
 
 
-@pytest.mark.parametrize('decoder', ['beam', 'greedy'])
-def test_beam_search_and_greedy_translate_in_two_passes_sampling_in_one(decoder):
+@pytest.mark.parametrize('decoder', ['beam', 'greedy', 'sample'])
+def test_every_decoder_translates_in_two_passes(decoder):
   cfg, _, _ = _setup()
-  make = translation.decode.make_translate_fn
-  assert isinstance(
-    make(cfg, inference.DecodeOptions(decoder=decoder, max_extra_len=5)), inference.TwoPass
-  )
-  sampling = make(cfg, inference.DecodeOptions(decoder='sample', max_extra_len=5))
-  assert not isinstance(sampling, inference.TwoPass)
+  options = inference.DecodeOptions(decoder=decoder, max_extra_len=5)
+  assert isinstance(translation.decode.make_translate_fn(cfg, options), inference.TwoPass)

@@ -264,7 +264,7 @@ def test_parameter_that_does_not_divide_over_the_tensor_mesh_axis_is_named():
 
 
 @needs_8_devices
-def test_sharded_greedy_and_beam_decoding_match_single_device():
+def test_sharded_decoding_matches_single_device():
   config = _config(MESHES['mixed'])
   mesh, rules = _mesh(config)
   model_config = ModelConfig.from_config(config).replace(deterministic=True)
@@ -274,6 +274,8 @@ def test_sharded_greedy_and_beam_decoding_match_single_device():
   for options in (
     inference.DecodeOptions(decoder='greedy', max_extra_len=6),
     inference.DecodeOptions(beam_size=2, max_extra_len=6),
+    # Each row's key goes with the row to its device (and the padding rows get keys too).
+    inference.DecodeOptions(decoder='sample', max_extra_len=6),
   ):
     expected = np.asarray(
       translation.decode.make_translate_fn(model_config, options)(

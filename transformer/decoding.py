@@ -153,6 +153,11 @@ def argmax_first(logits_BV: jax.Array) -> jax.Array:
   )
 
 
+def row_keys(rng: jax.Array, row_ids_B) -> jax.Array:
+  """One key per row, [B]: `jax.random.fold_in(rng, id)` for each of `row_ids_B` (int32 [B])."""
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, jnp.asarray(row_ids_B, jnp.int32))
+
+
 def steps_to_decode(max_steps: int | None, max_decode_len: int) -> int:
   """Validates `max_steps` (default `max_decode_len`)."""
   if max_decode_len < 1:
@@ -289,14 +294,17 @@ def sample_decode(
   tempered distribution) and one token per row is sampled. A temperature <= 0
   decodes greedily; small positive temperatures approach greedy decoding
   continuously (the logits are shifted by their maximum before scaling, so a
-  tiny temperature cannot overflow). Step t uses `jax.random.fold_in(rng, t)`,
-  so a fixed key gives reproducible samples. Length handling is as in
-  `greedy_decode`.
+  tiny temperature cannot overflow). Every row has its own key, and step t of
+  row b samples with `jax.random.fold_in(key_b, t)`: a row's samples depend on
+  its key and its logits alone, not on the other rows of the batch, so a row
+  decoded in another batch (or again, with more steps: `max_steps`) with its key
+  gets the same tokens. Length handling is as in `greedy_decode`.
 
   Args:
     logits_fn: step function (see module doc) over N = B rows.
     init_state: initial state, ndim >= 1 leaves with leading dimension B.
-    rng: a typed key from `jax.random.key` (legacy uint32 keys are rejected).
+    rng: typed keys from `jax.random.key` (legacy uint32 keys are rejected): one per
+      row, [B]; or one, whose `jax.random.fold_in(rng, b)` is row b's key.
     batch_size: B (static).
     max_decode_len: static bound on the output length.
     max_lengths: int32[B], per-row maximum output length, EOS included.
@@ -316,6 +324,10 @@ def sample_decode(
       'sample_decode expects a typed key from jax.random.key, got an array '
       f'of dtype {rng.dtype} (a legacy PRNGKey?).'
     )
+  if rng.ndim == 0:
+    rng = row_keys(rng, jnp.arange(batch_size))
+  if rng.shape != (batch_size,):
+    raise ValueError(f'rng must be one key or {batch_size} (one per row), got {rng.shape}.')
   greedy_only = isinstance(temperature, (int, float)) and temperature <= 0
 
   def choose_fn(logits_BV, step):
@@ -326,7 +338,11 @@ def sample_decode(
     shifted_BV = logits_BV - jnp.max(logits_BV, axis=-1, keepdims=True)
     scaled_BV = shifted_BV / jnp.where(positive, temperature, 1.0)
     filtered_BV = filter_logits(scaled_BV, top_k=top_k, top_p=top_p)
-    sampled_B = jax.random.categorical(jax.random.fold_in(rng, step), filtered_BV, axis=-1)
+
+    def sample_row(key, logits_V):
+      return jax.random.categorical(jax.random.fold_in(key, step), logits_V)
+
+    sampled_B = jax.vmap(sample_row)(rng, filtered_BV)
     return jnp.where(positive, sampled_B, greedy_B)
 
   return _decode_one_per_row(

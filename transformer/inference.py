@@ -196,12 +196,13 @@ def jit_rows(decode_fn, mesh: Mesh | None, rules: sharding.Rules):
     tokens_BS = np.asarray(tokens_BS)
     batch = tokens_BS.shape[0]
     padded_BS = np.pad(tokens_BS, [(0, -batch % shards), (0, 0)])  # All-PAD rows.
+    key_data = np.asarray(jax.random.key_data(rng))
+    if rng.ndim:  # One key per row: split with the rows (the padding rows' keys are zeros).
+      key_data = sharding.from_host(np.pad(key_data, [(0, -batch % shards), (0, 0)]), rows)
+    else:
+      key_data = sharding.from_host(key_data, sharding.replicated(mesh))
     with sharding.activated(mesh, rules):
-      outputs = jitted(
-        params,
-        sharding.from_host(padded_BS, rows),
-        sharding.from_host(jax.random.key_data(rng), sharding.replicated(mesh)),
-      )
+      outputs = jitted(params, sharding.from_host(padded_BS, rows), key_data)
     return jax.tree.map(lambda x: sharding.to_host(x)[:batch], outputs)
 
   return sharded_decode
@@ -213,12 +214,14 @@ class TwoPass:
 
   `first_fn` and `full_fn`: `(params, tokens_BS, rng) -> decoding.Decoded`, the same
   decoder with a few steps (and a cache sized to them) and with all of them; both
-  return tokens of the full width. Only for decoders whose output for a row does not
-  depend on the other rows of its batch (beam search, greedy; not sampling): then
-  the result is exactly the full decoder's, and a batch costs the steps its rows
+  return tokens of the full width. For decoders whose output for a row does not depend
+  on the other rows of its batch (beam search, greedy, sampling with a key per row):
+  then the result is exactly the full decoder's, and a batch costs the steps its rows
   need rather than its length limit. The unfinished rows (rare: outputs much longer
   than their input) go again in batches of `second_pass_rows` rows, one compiled
-  shape per input width. Called like `first_fn`; returns the tokens as a host array.
+  shape per input width, each row with its own key. Called like `first_fn` (`rng`: a
+  key per row, or one, whose `fold_in(rng, b)` is row b's, as `decoding.sample_decode`
+  reads it); returns the tokens as a host array.
   """
 
   first_fn: Callable[..., decoding.Decoded]
@@ -231,14 +234,19 @@ class TwoPass:
   )
 
   def __call__(self, params, tokens_BS, rng: jax.Array) -> np.ndarray:
+    if rng.ndim == 0:
+      rng = _row_keys(rng, np.arange(tokens_BS.shape[0]))
     first = self.first_fn(params, tokens_BS, rng)
     tokens_BT, done_B = np.array(first.tokens), np.asarray(first.done)
     again = np.flatnonzero(~done_B)
     for start in range(0, len(again), self.second_pass_rows):
       rows = again[start : start + self.second_pass_rows]
+      picked = np.zeros(self.second_pass_rows, np.int32)  # The padding rows take row 0's key.
+      picked[: len(rows)] = rows
       rows_BS = np.zeros((self.second_pass_rows, tokens_BS.shape[1]), np.int32)  # PAD rows.
       rows_BS[: len(rows)] = np.asarray(tokens_BS)[rows]
-      tokens_BT[rows] = np.asarray(self.full_fn(params, rows_BS, rng).tokens)[: len(rows)]
+      again_BT = self.full_fn(params, rows_BS, rng[picked]).tokens
+      tokens_BT[rows] = np.asarray(again_BT)[: len(rows)]
     with self._count_lock:
       self.rows_again += len(again)
     return tokens_BT
@@ -290,27 +298,32 @@ def length_sorted_batches(
   return out
 
 
+_row_keys = jax.jit(decoding.row_keys)  # Each batch's keys, in one compiled call.
+
+
 def decode_in_order(
   decode_fn, params, batches: Iterable[dict[str, np.ndarray]], rng, input_key: str, concurrency: int
 ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
   """(batch, its output tokens) in batch order; up to `concurrency` batches decoding at once.
 
-  Batch i is decoded with `jax.random.fold_in(rng, i)` however many run at once, so the
-  outputs are the same. Closing the iterator early waits for the batches in flight.
+  Each row is decoded with its own key, `jax.random.fold_in(rng, index)` of the row's
+  `index` (its input's position): a sampled output depends on the seed and its input
+  alone, not on the batch it lands in, the batch size, the device or how many batches
+  run at once. Closing the iterator early waits for the batches in flight.
   """
 
-  def decode(i: int, batch: dict[str, np.ndarray]) -> np.ndarray:
-    return np.asarray(decode_fn(params, batch[input_key], jax.random.fold_in(rng, i)))
+  def decode(batch: dict[str, np.ndarray]) -> np.ndarray:
+    return np.asarray(decode_fn(params, batch[input_key], _row_keys(rng, batch['index'])))
 
   if concurrency <= 1:
-    for i, batch in enumerate(batches):
-      yield batch, decode(i, batch)
+    for batch in batches:
+      yield batch, decode(batch)
     return
   with concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix='decode') as pool:
     in_flight = collections.deque()
     try:
-      for i, batch in enumerate(batches):
-        in_flight.append((batch, pool.submit(decode, i, batch)))
+      for batch in batches:
+        in_flight.append((batch, pool.submit(decode, batch)))
         if len(in_flight) == concurrency:
           batch, future = in_flight.popleft()
           yield batch, future.result()

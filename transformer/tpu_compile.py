@@ -241,7 +241,7 @@ def _functions(
     rows = -(-rows // shards) * shards
     rows_sharding = sharding.rows_sharding(mesh, rules)
     src = jax.ShapeDtypeStruct((rows, width), jnp.int32, sharding=rows_sharding)
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
+    key = jax.ShapeDtypeStruct((rows, 2), jnp.uint32, sharding=rows_sharding)  # A key per row.
     for name in decoders:
       decoder = 'beam' if name == 'beam search' else 'greedy'
       options = inference.DecodeOptions.from_config(config, decoder)

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from absl import logging
 from jax.sharding import Mesh
 
@@ -164,12 +163,12 @@ def make_translate_fn(
 ):
   """`translate(params, src_tokens, rng) -> tokens` as a host array, jitted per source shape.
 
-  Beam search and greedy decoding run in two passes (`inference.TwoPass`):
-  `first_pass_steps` steps first, then all of them for the rows that need more (its
-  shapes compiled only then). Greedy decoding's shorter cache made its compiled decode
-  1.13-1.18x as fast, the whole eval.py call the same within noise (docs/benchmarks.md).
-  Sampling runs in one: a row's samples depend on its batch. Rows are split over the
-  mesh (`inference.jit_rows`).
+  Every decoder runs in two passes (`inference.TwoPass`): `first_pass_steps` steps
+  first, then all of them for the rows that need more (its shapes compiled only then).
+  A row's output does not depend on its batch (sampling: each row has its own key), so
+  the two passes give one pass's outputs. Greedy decoding's shorter cache made its
+  compiled decode 1.13-1.18x as fast, the whole eval.py call the same within noise
+  (docs/benchmarks.md). Rows are split over the mesh (`inference.jit_rows`).
   """
 
   def jitted(first_pass: bool):
@@ -178,10 +177,7 @@ def make_translate_fn(
     )
     return inference.jit_rows(decode_fn, mesh, rules)
 
-  full = jitted(first_pass=False)
-  if options.decoder == 'sample':
-    return lambda params, src_tokens_BS, rng: np.asarray(full(params, src_tokens_BS, rng).tokens)
-  return inference.TwoPass(jitted(first_pass=True), full)
+  return inference.TwoPass(jitted(first_pass=True), jitted(first_pass=False))
 
 
 # `translate_lines` called again in one process (a bench's second pass, a notebook, a server)

@@ -18,10 +18,11 @@ then
   python eval.py --workdir=workdirs/lm --prompt="A man in a red shirt"
   python eval.py --workdir=workdirs/lm --prompt="Two dogs" --decoder=sample --top_p=0.9
 
-Expected (measured, one run on a 2-core x86 CPU shared with other jobs):
-4.2M parameters; validation perplexity 36.3 at step 300, 28.5 at 600, 24.4 at
-900 and 23.1 at 1,200 (token accuracy 40.2%), test_2016_flickr perplexity 22.5;
-67 min of wall time at 0.17-0.87 steps/s under a load average of 5-10.
+Expected (measured, one run on a 2-core x86 CPU, 2026-12-07): 4.2M parameters;
+validation perplexity 36.4 at step 300, 27.6 at 600, 24.2 at 900 and 22.75 at
+1,200 (token accuracy 40.6%), test_2016_flickr perplexity 22.2; 16 min of wall
+time at 1.1-1.9 steps/s, the cores shared with test runs for part of it (an
+earlier run, under a load average of 5-10: 67 min, perplexity 23.1 at 1,200).
 `bench/train_throughput.py --config=configs/lm_default.py` measured 0.75 steps/s
 at 46% of the float32 matmul peak measured in the same run (82 GFLOP/s): at that
 share of the idle machine's peak (docs/benchmarks.md) about 10 min alone

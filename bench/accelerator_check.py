@@ -42,6 +42,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+# First: on a CPU-only host it keeps JAX from loading libtpu and the CUDA plugin
+# (transformer/__init__.py).
+import transformer  # noqa: E402, F401, I001
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402

@@ -33,6 +33,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tests'))
 
+# First: on a CPU-only host it keeps JAX from loading libtpu and the CUDA plugin
+# (transformer/__init__.py).
+import transformer  # noqa: E402, F401, I001
+
 import grain  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

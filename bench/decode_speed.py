@@ -56,6 +56,10 @@ if any(arg in ('--profile', '--profile=true', '--profile=True') for arg in sys.a
     os.environ.get('XLA_FLAGS', '') + ' --xla_cpu_enable_xprof_traceme=true'
   ).strip()
 
+# First: on a CPU-only host it keeps JAX from loading libtpu and the CUDA plugin
+# (transformer/__init__.py).
+import transformer  # noqa: E402, F401, I001
+
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -40,6 +40,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# First: on a CPU-only host it keeps JAX from loading libtpu and the CUDA plugin
+# (transformer/__init__.py).
+import transformer  # noqa: E402, F401, I001
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

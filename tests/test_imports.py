@@ -164,3 +164,32 @@ def test_an_event_file_is_written_without_importing_torch_which_imports_as_befor
   assert result.stdout.splitlines() == ["['tensorboardX']", '0.0'], result.stdout
   (event_file,) = tmp_path.iterdir()
   assert event_file.name.startswith('events.out.tfevents.')
+
+
+# Libraries that load JAX's plugins (libtpu, the CUDA plugin) when they import JAX.
+_JAX_LIBRARIES = {'jax', 'flax', 'optax', 'orbax', 'grain', 'chex'}
+
+
+def _first_module_imports(path: pathlib.Path) -> list[str]:
+  """The top-level packages a script imports at module level, in order."""
+  names = []
+  for node in ast.parse(path.read_text(encoding='utf-8')).body:
+    if isinstance(node, ast.Import):
+      names += [alias.name.split('.')[0] for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+      names.append(node.module.split('.')[0])
+  return names
+
+
+def test_scripts_import_the_package_before_jax():
+  # transformer/__init__.py keeps JAX from loading libtpu and the CUDA plugin on a CPU-only host
+  # (otherwise 105 + 93 MiB more per process and their errors on the console): it works only
+  # when it runs before the first import of JAX.
+  scripts = sorted(REPO_ROOT.glob('*.py')) + sorted((REPO_ROOT / 'bench').glob('*.py'))
+  late = []
+  for script in scripts:
+    names = _first_module_imports(script)
+    jax_at = next((i for i, n in enumerate(names) if n in _JAX_LIBRARIES), None)
+    if jax_at is not None and 'transformer' not in names[:jax_at]:
+      late.append(f'{script.relative_to(REPO_ROOT)} imports {names[jax_at]} first')
+  assert not late, late

@@ -255,8 +255,9 @@ def test_a_listed_trial_enqueued_twice_at_once_runs_once(tmp_path):
   """Two workers enqueued the same trial at once (Optuna does not prevent it across processes):
   the worker asking the later copy fails it as a duplicate, uncounted, and runs the next."""
   sweep, study, (a, b) = _two_workers(tmp_path, [1.0, 2.0])
-  for driver in (a, b):
-    driver.optuna_study.enqueue_trial({'lr_scale': 1.0}, skip_if_exists=False)
+  for driver in (a, b):  # As `_enqueue_next` enqueues a listed trial, each before the other's.
+    values = {'lr_scale': 1.0}
+    driver.optuna_study.enqueue_trial(values, user_attrs={sweep_study._LISTED: values})
   assert [_values_of(a._ask()), _values_of(b._ask()), _values_of(a._ask())] == [1.0, 2.0, None]
   trials = _trials(sweep, study)
   assert [(t.number, t.state.name, t.params['lr_scale']) for t in trials] == [
@@ -264,7 +265,8 @@ def test_a_listed_trial_enqueued_twice_at_once_runs_once(tmp_path):
     (1, 'FAIL', 1.0),
     (2, 'RUNNING', 2.0),
   ]
-  assert trials[1].user_attrs == {'duplicate_of': 0}  # No name: not in the summary.
+  assert 'name' not in trials[1].user_attrs  # Not in the summary.
+  assert trials[1].user_attrs['duplicate_of'] == 0
   assert sweep_study.studied(sweep, study).trials == ()  # Names are set as trials start.
 
 

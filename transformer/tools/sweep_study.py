@@ -52,9 +52,12 @@ def _alive(pid: int) -> bool:
   return True
 
 
+_LISTED = 'listed_values'  # The user attribute that holds a listed trial's values.
+
+
 def _values(trial) -> dict[str, Any]:
   """A trial's values: those it was enqueued with (set before it is asked), else its params."""
-  return trial.system_attrs.get('fixed_params') or trial.params
+  return trial.user_attrs.get(_LISTED) or trial.params
 
 
 def _rounded(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -208,7 +211,8 @@ class _Driver:
     held = [_values(trial) for trial in self.optuna_study.get_trials(deepcopy=False)]
     for trial in self.sweep.trials:
       if dict(trial.overrides) not in held:
-        self.optuna_study.enqueue_trial(dict(trial.overrides))
+        values = dict(trial.overrides)
+        self.optuna_study.enqueue_trial(values, user_attrs={_LISTED: values})
         return
 
   def _held_before(self, asked) -> int | None:

@@ -245,7 +245,7 @@ def test_two_passes_give_the_one_pass_translations(decoder, monkeypatch):
   one_pass = np.asarray(jax.jit(translate)(params, src, jax.random.key(0)).tokens)
   done_counts = set()
   for steps in (3, 8):
-    monkeypatch.setattr(translation.decode, 'first_pass_steps', lambda src_len, limit, k=steps: k)
+    monkeypatch.setattr(inference, 'first_pass_steps', lambda src_len, limit, k=steps: k)
     first_fn = jax.jit(functools.partial(translate, first_pass=True))  # Compiled once, used twice.
     first = first_fn(params, src, jax.random.key(0))
     assert not np.asarray(first.tokens)[:, steps:].any()

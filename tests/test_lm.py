@@ -297,6 +297,29 @@ def test_greedy_continuation_is_the_argmax_of_the_full_forward_pass():
     )
 
 
+@pytest.mark.parametrize('decoder', ['greedy', 'sample'])
+def test_generation_in_two_passes_gives_the_one_pass_outputs(decoder, monkeypatch):
+  # A short first pass (prompts of width 8 + 6 new tokens: 14 steps), then the rows it left
+  # unfinished again with every step, each with its own key: one pass's tokens.
+  _, params, prompts = _tiny_model()
+  options = inference.DecodeOptions(decoder=decoder, max_extra_len=6, temperature=1.5)
+  generate = functools.partial(
+    language_model.generate.generate, model_config=_tiny_model()[0], options=options
+  )
+  one_pass = jax.jit(generate)(params, prompts, jax.random.key(4))
+  for steps in (4, 9):
+    monkeypatch.setattr(inference, 'first_pass_steps', lambda width, limit, k=steps: k)
+    first = jax.jit(functools.partial(generate, first_pass=True))
+    decoded = first(params, prompts, jax.random.key(4))
+    assert not np.asarray(decoded.tokens)[:, steps:].any()
+    done = np.asarray(decoded.done)
+    assert steps > 4 or not done[0]  # The 5-token prompt's row needs more than 4 steps.
+    two_pass = inference.TwoPass(first, jax.jit(generate), second_pass_rows=2)
+    np.testing.assert_array_equal(two_pass(params, prompts, jax.random.key(4)), one_pass.tokens)
+    assert two_pass.rows_again == 3 - done.sum()
+  assert isinstance(_generate_fn(options), inference.TwoPass)
+
+
 def test_sampling_is_reproducible_with_a_fixed_seed():
   sample = lambda seed, **kw: _generate(seed, decoder='sample', temperature=1.5, top_p=0.95, **kw)
   first = sample(1)

@@ -208,6 +208,18 @@ def jit_rows(decode_fn, mesh: Mesh | None, rules: sharding.Rules):
   return sharded_decode
 
 
+def first_pass_steps(input_len: int, max_decode_len: int) -> int:
+  """Steps of the first decoding pass (`TwoPass`) for inputs (sources, prompts) `input_len` wide.
+
+  Twice the width: an output (a translation; a prompt with its continuation) rarely needs
+  more, while the length limit, the width + `max_extra_len` (50), is usually far longer.
+  Every step costs in proportion to the self-attention cache, which is sized to the pass's
+  steps. At least 24: with shorter caches XLA:CPU sums the attention in another order, and
+  the logits would differ from one pass's in the last bits (docs/benchmarks.md).
+  """
+  return min(max_decode_len, max(24, 2 * input_len))
+
+
 @dataclasses.dataclass
 class TwoPass:
   """Decodes in a short first pass, and again in full the rows it left unfinished.

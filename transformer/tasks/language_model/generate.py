@@ -90,24 +90,38 @@ def generate(
   *,
   model_config: ModelConfig,
   options: inference.DecodeOptions,
-) -> jax.Array:
-  """Each prompt followed by its continuation, int32 [B, P + max_extra_len], 0-padded after EOS.
+  first_pass: bool = False,
+) -> decoding.Decoded:
+  """Each prompt and its continuation: tokens int32 [B, P + max_extra_len], 0-padded after EOS.
 
   `prompt_tokens_BP`: pieces without BOS or EOS, 0-padded on the right (an
   all-zero row is an empty prompt). Row b holds its prompt in its first P_b
   positions, then at most `max_extra_len` new tokens (EOS included): the
   continuation ends at EOS, the end of the document. Greedy or sampling only.
+  With `first_pass`, only `inference.first_pass_steps` steps are decoded (the rest of
+  each row is padding) and `done` says which rows finished within them.
   """
   if options.decoder == 'beam':
     raise InvalidInput(
       "Generation decodes greedily or by sampling; decoder='beam' is for translation."
     )
-  max_decode_len = prompt_tokens_BP.shape[1] + options.max_extra_len
-  model, state = _init_state(params, prompt_tokens_BP, model_config, max_decode_len)
+  prompt_len = prompt_tokens_BP.shape[1]
+  max_decode_len = prompt_len + options.max_extra_len
+  max_steps = (
+    inference.first_pass_steps(prompt_len, max_decode_len) if first_pass else max_decode_len
+  )
+  model, state = _init_state(params, prompt_tokens_BP, model_config, max_steps)
   max_lengths_B = state['prompt_lengths'] + options.max_extra_len
-  return inference.run_decoder(
-    _logits_fn(model, params), state, rng, options, max_decode_len, max_lengths_B
-  ).tokens
+  decoded = inference.run_decoder(
+    _logits_fn(model, params),
+    state,
+    rng,
+    options,
+    max_decode_len,
+    max_lengths_B,
+    max_steps=max_steps,
+  )
+  return decoded._replace(tokens=jnp.pad(decoded.tokens, [(0, 0), (0, max_decode_len - max_steps)]))
 
 
 def make_generate_fn(
@@ -116,10 +130,20 @@ def make_generate_fn(
   mesh: Mesh | None = None,
   rules: sharding.Rules = (),
 ):
-  """`generate(params, prompt_tokens, rng)` jitted once per prompt width (`inference.jit_rows`)."""
-  return inference.jit_rows(
-    functools.partial(generate, model_config=model_config, options=options), mesh, rules
-  )
+  """`generate(params, prompt_tokens, rng) -> tokens` as a host array, jitted per prompt width.
+
+  In two passes (`inference.TwoPass`), as translation decodes: `inference.first_pass_steps`
+  steps first, then all of them for the rows that need more; each row has its own key, so
+  the outputs are one pass's. Rows are split over the mesh (`inference.jit_rows`).
+  """
+
+  def jitted(first_pass: bool):
+    decode_fn = functools.partial(
+      generate, model_config=model_config, options=options, first_pass=first_pass
+    )
+    return inference.jit_rows(decode_fn, mesh, rules)
+
+  return inference.TwoPass(jitted(first_pass=True), jitted(first_pass=False))
 
 
 def continue_prompts(

@@ -106,18 +106,6 @@ def _reorder_beam_state(state, beam_indices_BW: jax.Array):
   )
 
 
-def first_pass_steps(src_len: int, max_decode_len: int) -> int:
-  """Steps of the first decoding pass (`inference.TwoPass`) for sources of width `src_len`.
-
-  Twice the width: a translation rarely needs more, while the length limit, the
-  width + `max_extra_len` (50), is usually far longer. Every step costs in
-  proportion to the self-attention cache, which is sized to the pass's steps. At
-  least 24: with shorter caches XLA:CPU sums the attention in another order, and
-  the logits would differ from one pass's in the last bits (docs/benchmarks.md).
-  """
-  return min(max_decode_len, max(24, 2 * src_len))
-
-
 def translate(
   params,
   src_tokens_BS: jax.Array,
@@ -131,12 +119,12 @@ def translate(
 
   Each row's output is limited to its own source length + `max_extra_len`
   tokens (EOS included), as in the paper. With `first_pass`, only
-  `first_pass_steps` steps are decoded (the rest of each row is padding) and
+  `inference.first_pass_steps` steps are decoded (the rest of each row is padding) and
   `done` says which rows finished within them.
   """
   src_len = src_tokens_BS.shape[1]
   max_decode_len = src_len + options.max_extra_len
-  max_steps = first_pass_steps(src_len, max_decode_len) if first_pass else max_decode_len
+  max_steps = inference.first_pass_steps(src_len, max_decode_len) if first_pass else max_decode_len
   model, state = _init_state(params, src_tokens_BS, model_config, max_steps)
   src_lengths_B = jnp.sum(src_tokens_BS != 0, axis=1).astype(jnp.int32)
   # An all-PAD row (batch padding) is no sentence: one step ends it, instead of its running
@@ -163,7 +151,7 @@ def make_translate_fn(
 ):
   """`translate(params, src_tokens, rng) -> tokens` as a host array, jitted per source shape.
 
-  Every decoder runs in two passes (`inference.TwoPass`): `first_pass_steps` steps
+  Every decoder runs in two passes (`inference.TwoPass`): `inference.first_pass_steps` steps
   first, then all of them for the rows that need more (its shapes compiled only then).
   A row's output does not depend on its batch (sampling: each row has its own key), so
   the two passes give one pass's outputs. Greedy decoding's shorter cache made its

@@ -18,12 +18,14 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from jax.sharding import Mesh
@@ -133,12 +135,22 @@ def run_decoder(
   reorder_fn: beam_search.ReorderFn | None = None,
   max_steps: int | None = None,
 ) -> decoding.Decoded:
-  """The decoder of `options` over a step function: tokens [B, max_steps] (the best beam).
+  """The decoder of `options` over a step function: tokens [B, max_decode_len] (the best beam).
 
   `reorder_fn` reorders the step function's state along the beams (beam search;
   default: every leaf, `beam_search.reorder_beam_rows`). `max_steps` (default
-  `max_decode_len`): see `decoding`; `done` says which rows finished within them.
+  `max_decode_len`): see `decoding`; the positions after them are padding, and `done`
+  says which rows finished within them.
   """
+  decoded = _decode(
+    logits_fn, state, rng, options, max_decode_len, max_lengths_B, reorder_fn, max_steps
+  )
+  padding = max_decode_len - decoded.tokens.shape[1]
+  return decoded._replace(tokens=jnp.pad(decoded.tokens, [(0, 0), (0, padding)]))
+
+
+def _decode(logits_fn, state, rng, options, max_decode_len, max_lengths_B, reorder_fn, max_steps):
+  """`run_decoder`'s decoding: tokens [B, max_steps]."""
   batch = max_lengths_B.shape[0]
   common = dict(
     max_decode_len=max_decode_len,
@@ -208,6 +220,19 @@ def jit_rows(decode_fn, mesh: Mesh | None, rules: sharding.Rules):
   return sharded_decode
 
 
+def decode_steps(input_len: int, options: DecodeOptions, first_pass: bool) -> tuple[int, int]:
+  """(`max_decode_len`, `max_steps`) of a decoder for inputs `input_len` wide.
+
+  The length limit is the width + `options.max_extra_len` (the paper's limit for
+  translation; for prompts, the new tokens); the steps are those of `first_pass_steps`
+  in a first pass (`TwoPass`), else all of them.
+  """
+  max_decode_len = input_len + options.max_extra_len
+  return max_decode_len, (
+    first_pass_steps(input_len, max_decode_len) if first_pass else max_decode_len
+  )
+
+
 def first_pass_steps(input_len: int, max_decode_len: int) -> int:
   """Steps of the first decoding pass (`TwoPass`) for inputs (sources, prompts) `input_len` wide.
 
@@ -218,6 +243,14 @@ def first_pass_steps(input_len: int, max_decode_len: int) -> int:
   the logits would differ from one pass's in the last bits (docs/benchmarks.md).
   """
   return min(max_decode_len, max(24, 2 * input_len))
+
+
+def two_pass_fn(decode_fn, mesh: Mesh | None, rules: sharding.Rules) -> TwoPass:
+  """`decode_fn(params, tokens_BS, rng, *, first_pass)` in two passes, each jitted (`jit_rows`)."""
+  return TwoPass(
+    jit_rows(functools.partial(decode_fn, first_pass=True), mesh, rules),
+    jit_rows(functools.partial(decode_fn, first_pass=False), mesh, rules),
+  )
 
 
 @dataclasses.dataclass

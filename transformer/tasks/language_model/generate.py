@@ -105,14 +105,10 @@ def generate(
     raise InvalidInput(
       "Generation decodes greedily or by sampling; decoder='beam' is for translation."
     )
-  prompt_len = prompt_tokens_BP.shape[1]
-  max_decode_len = prompt_len + options.max_extra_len
-  max_steps = (
-    inference.first_pass_steps(prompt_len, max_decode_len) if first_pass else max_decode_len
-  )
+  max_decode_len, max_steps = inference.decode_steps(prompt_tokens_BP.shape[1], options, first_pass)
   model, state = _init_state(params, prompt_tokens_BP, model_config, max_steps)
   max_lengths_B = state['prompt_lengths'] + options.max_extra_len
-  decoded = inference.run_decoder(
+  return inference.run_decoder(
     _logits_fn(model, params),
     state,
     rng,
@@ -121,7 +117,6 @@ def generate(
     max_lengths_B,
     max_steps=max_steps,
   )
-  return decoded._replace(tokens=jnp.pad(decoded.tokens, [(0, 0), (0, max_decode_len - max_steps)]))
 
 
 def make_generate_fn(
@@ -137,13 +132,8 @@ def make_generate_fn(
   the outputs are one pass's. Rows are split over the mesh (`inference.jit_rows`).
   """
 
-  def jitted(first_pass: bool):
-    decode_fn = functools.partial(
-      generate, model_config=model_config, options=options, first_pass=first_pass
-    )
-    return inference.jit_rows(decode_fn, mesh, rules)
-
-  return inference.TwoPass(jitted(first_pass=True), jitted(first_pass=False))
+  decode_fn = functools.partial(generate, model_config=model_config, options=options)
+  return inference.two_pass_fn(decode_fn, mesh, rules)
 
 
 def continue_prompts(

@@ -122,15 +122,13 @@ def translate(
   `inference.first_pass_steps` steps are decoded (the rest of each row is padding) and
   `done` says which rows finished within them.
   """
-  src_len = src_tokens_BS.shape[1]
-  max_decode_len = src_len + options.max_extra_len
-  max_steps = inference.first_pass_steps(src_len, max_decode_len) if first_pass else max_decode_len
+  max_decode_len, max_steps = inference.decode_steps(src_tokens_BS.shape[1], options, first_pass)
   model, state = _init_state(params, src_tokens_BS, model_config, max_steps)
   src_lengths_B = jnp.sum(src_tokens_BS != 0, axis=1).astype(jnp.int32)
   # An all-PAD row (batch padding) is no sentence: one step ends it, instead of its running
   # to the length limit and holding up the loop.
   max_lengths_B = jnp.where(src_lengths_B > 0, src_lengths_B + options.max_extra_len, 1)
-  decoded = inference.run_decoder(
+  return inference.run_decoder(
     _logits_fn(model, params),
     state,
     rng,
@@ -140,7 +138,6 @@ def translate(
     _reorder_beam_state,
     max_steps=max_steps,
   )
-  return decoded._replace(tokens=jnp.pad(decoded.tokens, [(0, 0), (0, max_decode_len - max_steps)]))
 
 
 def make_translate_fn(
@@ -159,13 +156,8 @@ def make_translate_fn(
   (docs/benchmarks.md). Rows are split over the mesh (`inference.jit_rows`).
   """
 
-  def jitted(first_pass: bool):
-    decode_fn = functools.partial(
-      translate, model_config=model_config, options=options, first_pass=first_pass
-    )
-    return inference.jit_rows(decode_fn, mesh, rules)
-
-  return inference.TwoPass(jitted(first_pass=True), jitted(first_pass=False))
+  decode_fn = functools.partial(translate, model_config=model_config, options=options)
+  return inference.two_pass_fn(decode_fn, mesh, rules)
 
 
 # `translate_lines` called again in one process (a bench's second pass, a notebook, a server)

@@ -23,10 +23,10 @@ tokenized:
     the last batch excluded): the second time, every shape compiled; each batch
     timed end to end (copy in, decode, copy out);
   * "2nd pass": sentences decoded again in full after the short first pass
-    (`inference.TwoPass`, how eval.py decodes with beam search).
+    (`inference.TwoPass`, how eval.py decodes with every decoder).
 With --concurrency=N, N batches decode at once in threads (`inference.decode_in_order`),
 as eval.py decodes on one CPU device with its default --batch_size (32 hypotheses).
-With --one_pass (default) each two-pass decoder (beam search) is also timed in one
+With --one_pass (default) each two-pass decoder is also timed in one
 pass of every step, the decoding before the two passes, side by side.
 
 With --profile, beam search's first pass (where nearly every sentence is decoded) is
